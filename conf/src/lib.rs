@@ -1,0 +1,653 @@
+//! Configuration of nodes and clients.
+//!
+//! Every key has a default ([`Config::default`]); `conf/curvine.toml` documents
+//! each one. Sources apply in this order, later ones winning: defaults, the
+//! file (`--conf` or `CURVINE_CONF`), `CURVINE_*` environment variables
+//! (`node.data_dir` is `CURVINE_NODE_DATA_DIR`), then command-line flags and
+//! `-c key=value`. An unknown key or a bad value stops loading with an error
+//! that names the key, the value and what is allowed.
+
+mod units;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+pub use units::{ByteSize, Dur};
+
+/// Environment variable naming the config file.
+pub const CONF_ENV: &str = "CURVINE_CONF";
+/// Prefix of environment variables that set keys.
+pub const ENV_PREFIX: &str = "CURVINE_";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cluster: ClusterConf,
+    pub node: NodeConf,
+    pub meta: MetaConf,
+    pub client: ClientConf,
+    pub supervisor: SupervisorConf,
+    pub log: LogConf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConf {
+    /// Human name of the cluster, recorded when it is formatted.
+    pub name: String,
+    /// Shared secret of the cluster's nodes. Empty: generated when the cluster
+    /// is formatted and kept in the data directory.
+    pub cookie: String,
+    /// Number of namespace shards, fixed when the cluster is formatted (1..=256).
+    pub shards: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConf {
+    /// Where the node keeps its identity and shard environments. Empty: the
+    /// default for the user (`$HOME/.curvine/data`, or `/var/lib/curvine` without HOME).
+    pub data_dir: String,
+    /// Address of the client port (`host:port`).
+    pub listen: String,
+    /// Address of the cluster port for node-to-node messages. Empty: the
+    /// client port's host with port + 1.
+    pub cluster_listen: String,
+    /// Nodes of the cluster to join (`host:port` of their cluster ports).
+    pub seeds: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaConf {
+    /// Fsync every commit before acknowledging it. Turning this off trades
+    /// the last acknowledged operations on a machine crash for speed.
+    pub sync_commit: bool,
+    /// Most mutations grouped into one write transaction.
+    pub group_commit_max: u32,
+    /// Largest size of one shard's LMDB environment (address space reserved,
+    /// not disk used).
+    pub map_size: ByteSize,
+    /// Concurrent read transactions per shard environment.
+    pub max_readers: u32,
+    /// Step records of finished cross-shard operations older than this are swept.
+    pub op_record_ttl: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConf {
+    /// Nodes the client tries, in order (`host:port` of their client ports).
+    pub cluster: Vec<String>,
+    pub connect_timeout: Dur,
+    pub request_timeout: Dur,
+    /// Connections the client library opens to a node (requests are spread over them).
+    pub connections: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisorConf {
+    /// Delay before the first restart of a failed actor; doubles per restart.
+    pub restart_backoff: Dur,
+    /// Longest delay between restarts.
+    pub max_backoff: Dur,
+    /// Restarts allowed within `restart_window` before the failure escalates.
+    pub max_restarts: u32,
+    pub restart_window: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConf {
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a tracing
+    /// directive such as `info,curvine_actors=debug`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cluster: ClusterConf::default(),
+            node: NodeConf::default(),
+            meta: MetaConf::default(),
+            client: ClientConf::default(),
+            supervisor: SupervisorConf::default(),
+            log: LogConf::default(),
+        }
+    }
+}
+
+impl Default for ClusterConf {
+    fn default() -> Self {
+        ClusterConf { name: "curvine".into(), cookie: String::new(), shards: 16 }
+    }
+}
+
+impl Default for NodeConf {
+    fn default() -> Self {
+        NodeConf {
+            data_dir: String::new(),
+            listen: "127.0.0.1:8995".into(),
+            cluster_listen: String::new(),
+            seeds: Vec::new(),
+        }
+    }
+}
+
+impl Default for MetaConf {
+    fn default() -> Self {
+        MetaConf {
+            sync_commit: true,
+            group_commit_max: 512,
+            map_size: ByteSize(32 << 30),
+            max_readers: 126,
+            op_record_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+impl Default for ClientConf {
+    fn default() -> Self {
+        ClientConf {
+            cluster: vec!["127.0.0.1:8995".into()],
+            connect_timeout: Dur(std::time::Duration::from_secs(5)),
+            request_timeout: Dur(std::time::Duration::from_secs(60)),
+            connections: 2,
+        }
+    }
+}
+
+impl Default for SupervisorConf {
+    fn default() -> Self {
+        SupervisorConf {
+            restart_backoff: Dur(std::time::Duration::from_millis(100)),
+            max_backoff: Dur(std::time::Duration::from_secs(10)),
+            max_restarts: 10,
+            restart_window: Dur(std::time::Duration::from_secs(60)),
+        }
+    }
+}
+
+impl Default for LogConf {
+    fn default() -> Self {
+        LogConf { level: "info".into() }
+    }
+}
+
+/// A configuration error, naming the key, the value and what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfError {
+    #[error("unknown config key '{key}' (from {origin}){hint}")]
+    UnknownKey { key: String, origin: Source, hint: String },
+    #[error("invalid value {value} for config key '{key}' (from {origin}): {allowed}")]
+    InvalidValue { key: String, value: String, origin: Source, allowed: String },
+    #[error("cannot read config file {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("'{arg}' is not key=value")]
+    NotKeyValue { arg: String },
+}
+
+/// Where a key's value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    Default,
+    File(String),
+    Env(String),
+    Flag(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File(p) => write!(f, "file {p}"),
+            Source::Env(v) => write!(f, "env {v}"),
+            Source::Flag(a) => write!(f, "flag {a}"),
+        }
+    }
+}
+
+/// One key of the effective config with its value and where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: String,
+    pub value: String,
+    pub source: Source,
+}
+
+/// Builds a [`Config`] from layered sources.
+#[derive(Debug, Clone)]
+pub struct Loader {
+    values: BTreeMap<String, (toml::Value, Source)>,
+}
+
+fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, toml::Value)>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (k, v) in table {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                if v.is_table() {
+                    flatten(&key, v, out);
+                } else {
+                    out.push((key, v.clone()));
+                }
+            }
+        }
+        other => out.push((prefix.to_string(), other.clone())),
+    }
+}
+
+fn display_value(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+impl Default for Loader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Loader {
+    /// Starts from the defaults.
+    pub fn new() -> Loader {
+        let mut values = BTreeMap::new();
+        let defaults = toml::Value::try_from(Config::default()).unwrap_or(toml::Value::Table(Default::default()));
+        let mut flat = Vec::new();
+        flatten("", &defaults, &mut flat);
+        for (k, v) in flat {
+            values.insert(k, (v, Source::Default));
+        }
+        Loader { values }
+    }
+
+    /// All keys a config can set.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(|k| k.as_str())
+    }
+
+    fn unknown(&self, key: &str, source: Source) -> ConfError {
+        let section = key.split('.').next().unwrap_or("");
+        let similar: Vec<&str> = self.keys().filter(|k| k.starts_with(&format!("{section}."))).collect();
+        let hint = if similar.is_empty() {
+            format!("; sections are {}", self.sections().join(", "))
+        } else {
+            format!("; keys of [{section}] are {}", similar.join(", "))
+        };
+        ConfError::UnknownKey { key: key.to_string(), origin: source, hint }
+    }
+
+    fn sections(&self) -> Vec<String> {
+        let mut s: Vec<String> = self.keys().filter_map(|k| k.split('.').next()).map(String::from).collect();
+        s.dedup();
+        s
+    }
+
+    fn set_value(&mut self, key: &str, value: toml::Value, source: Source) -> Result<(), ConfError> {
+        let Some((default, _)) = self.values.get(key) else {
+            return Err(self.unknown(key, source));
+        };
+        // Keep the type of the default: a list key given a single string
+        // becomes a list, so `--seeds a:1` and `seeds = "a:1"` both work.
+        let value = match (default, value) {
+            (toml::Value::Array(_), toml::Value::String(s)) => toml::Value::Array(
+                s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|p| toml::Value::String(p.into())).collect(),
+            ),
+            (_, v) => v,
+        };
+        self.check_one(key, &value, &source)?;
+        self.values.insert(key.to_string(), (value, source));
+        Ok(())
+    }
+
+    /// Parses a value given as text (environment, `-c`): typed like the key's default.
+    fn parse_text(&self, key: &str, text: &str, source: &Source) -> Result<toml::Value, ConfError> {
+        let Some((default, _)) = self.values.get(key) else {
+            return Err(self.unknown(key, source.clone()));
+        };
+        let invalid = |allowed: &str| ConfError::InvalidValue {
+            key: key.to_string(),
+            value: format!("{text:?}"),
+            origin: source.clone(),
+            allowed: allowed.to_string(),
+        };
+        Ok(match default {
+            toml::Value::Boolean(_) => match text.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
+                "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
+                _ => return Err(invalid("expected true or false")),
+            },
+            toml::Value::Integer(_) => {
+                toml::Value::Integer(text.trim().parse().map_err(|_| invalid("expected an integer"))?)
+            }
+            toml::Value::Float(_) => toml::Value::Float(text.trim().parse().map_err(|_| invalid("expected a number"))?),
+            toml::Value::Array(_) => toml::Value::Array(
+                text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|p| toml::Value::String(p.into())).collect(),
+            ),
+            _ => toml::Value::String(text.to_string()),
+        })
+    }
+
+    /// Checks that a single key's value deserializes, so the error names it.
+    fn check_one(&self, key: &str, value: &toml::Value, source: &Source) -> Result<(), ConfError> {
+        let mut trial = self.clone();
+        trial.values.insert(key.to_string(), (value.clone(), source.clone()));
+        trial.build_unchecked().map(|_| ()).map_err(|reason| ConfError::InvalidValue {
+            key: key.to_string(),
+            value: display_value(value),
+            origin: source.clone(),
+            allowed: reason,
+        })
+    }
+
+    /// Applies a TOML file.
+    pub fn file(&mut self, path: &str) -> Result<&mut Self, ConfError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfError::File { path: path.to_string(), reason: e.to_string() })?;
+        self.toml_text(&text, path)
+    }
+
+    /// Applies TOML text read from `origin`.
+    pub fn toml_text(&mut self, text: &str, origin: &str) -> Result<&mut Self, ConfError> {
+        let value: toml::Value = toml::from_str(text)
+            .map_err(|e| ConfError::File { path: origin.to_string(), reason: e.to_string() })?;
+        let mut flat = Vec::new();
+        flatten("", &value, &mut flat);
+        for (key, v) in flat {
+            self.set_value(&key, v, Source::File(origin.to_string()))?;
+        }
+        Ok(self)
+    }
+
+    /// Applies `CURVINE_*` variables from the given environment (except `CURVINE_CONF`).
+    pub fn env_vars<I: IntoIterator<Item = (String, String)>>(&mut self, vars: I) -> Result<&mut Self, ConfError> {
+        let by_env: BTreeMap<String, String> = self
+            .keys()
+            .map(|k| (format!("{ENV_PREFIX}{}", k.replace('.', "_").to_ascii_uppercase()), k.to_string()))
+            .collect();
+        for (name, text) in vars {
+            if !name.starts_with(ENV_PREFIX) || name == CONF_ENV {
+                continue;
+            }
+            let Some(key) = by_env.get(&name) else {
+                return Err(ConfError::UnknownKey {
+                    key: name.clone(),
+                    origin: Source::Env(name),
+                    hint: "; variables are CURVINE_<SECTION>_<KEY>, e.g. CURVINE_NODE_DATA_DIR".into(),
+                });
+            };
+            let source = Source::Env(name.clone());
+            let value = self.parse_text(key, &text, &source)?;
+            self.set_value(key, value, source)?;
+        }
+        Ok(self)
+    }
+
+    /// Applies the process environment.
+    pub fn env(&mut self) -> Result<&mut Self, ConfError> {
+        self.env_vars(std::env::vars())
+    }
+
+    /// Applies `key=value` (from `-c`).
+    pub fn key_value(&mut self, arg: &str) -> Result<&mut Self, ConfError> {
+        let (key, text) = arg.split_once('=').ok_or_else(|| ConfError::NotKeyValue { arg: arg.to_string() })?;
+        let source = Source::Flag(format!("-c {}", key.trim()));
+        let value = self.parse_text(key.trim(), text, &source)?;
+        self.set_value(key.trim(), value, source)?;
+        Ok(self)
+    }
+
+    /// Applies a value given by a dedicated flag (`--data-dir`).
+    pub fn flag(&mut self, key: &str, text: &str, flag: &str) -> Result<&mut Self, ConfError> {
+        let source = Source::Flag(flag.to_string());
+        let value = self.parse_text(key, text, &source)?;
+        self.set_value(key, value, source)?;
+        Ok(self)
+    }
+
+    /// The usual layering for a program: file from `conf_path` or
+    /// `CURVINE_CONF`, then the environment, then `-c` arguments. Dedicated
+    /// flags are applied by the caller afterwards with [`Loader::flag`].
+    pub fn standard(conf_path: Option<&str>, overrides: &[String]) -> Result<Loader, ConfError> {
+        let mut loader = Loader::new();
+        let from_env = std::env::var(CONF_ENV).ok().filter(|p| !p.is_empty());
+        if let Some(path) = conf_path.map(String::from).or(from_env) {
+            loader.file(&path)?;
+        }
+        loader.env()?;
+        for kv in overrides {
+            loader.key_value(kv)?;
+        }
+        Ok(loader)
+    }
+
+    fn build_unchecked(&self) -> Result<Config, String> {
+        let mut root = toml::map::Map::new();
+        for (key, (value, _)) in &self.values {
+            let mut table = &mut root;
+            let parts: Vec<&str> = key.split('.').collect();
+            for part in &parts[..parts.len() - 1] {
+                table = table
+                    .entry(part.to_string())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
+                    .as_table_mut()
+                    .ok_or_else(|| format!("'{part}' is both a key and a section"))?;
+            }
+            table.insert(parts[parts.len() - 1].to_string(), value.clone());
+        }
+        toml::Value::Table(root).try_into::<Config>().map_err(|e| e.message().to_string())
+    }
+
+    /// The config, validated.
+    pub fn build(&self) -> Result<Config, ConfError> {
+        let config = self.build_unchecked().map_err(|reason| ConfError::InvalidValue {
+            key: "(config)".into(),
+            value: String::new(),
+            origin: Source::Default,
+            allowed: reason,
+        })?;
+        config.validate(|key| self.values.get(key).map(|(_, s)| s.clone()).unwrap_or(Source::Default))?;
+        Ok(config)
+    }
+
+    /// Every key with its effective value and source, in key order.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.values
+            .iter()
+            .map(|(key, (value, source))| Entry {
+                key: key.clone(),
+                value: if key.ends_with("cookie") && value.as_str().is_some_and(|s| !s.is_empty()) {
+                    "\"<redacted>\"".to_string()
+                } else {
+                    display_value(value)
+                },
+                source: source.clone(),
+            })
+            .collect()
+    }
+}
+
+fn check_addr(key: &str, addr: &str, source: Source) -> Result<(), ConfError> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfError::InvalidValue {
+            key: key.into(),
+            value: format!("{addr:?}"),
+            origin: source,
+            allowed: "expected host:port with a port from 0 to 65535".into(),
+        })
+    }
+}
+
+impl Config {
+    /// Checks values that parse but make no sense. `source` names where a key came from.
+    pub fn validate(&self, source: impl Fn(&str) -> Source) -> Result<(), ConfError> {
+        let invalid = |key: &str, value: String, allowed: &str| ConfError::InvalidValue {
+            key: key.into(),
+            value,
+            origin: source(key),
+            allowed: allowed.into(),
+        };
+        if !(1..=256).contains(&self.cluster.shards) {
+            return Err(invalid("cluster.shards", self.cluster.shards.to_string(), "expected 1 to 256"));
+        }
+        check_addr("node.listen", &self.node.listen, source("node.listen"))?;
+        if !self.node.cluster_listen.is_empty() {
+            check_addr("node.cluster_listen", &self.node.cluster_listen, source("node.cluster_listen"))?;
+        }
+        for seed in &self.node.seeds {
+            check_addr("node.seeds", seed, source("node.seeds"))?;
+        }
+        if self.client.cluster.is_empty() {
+            return Err(invalid("client.cluster", "[]".into(), "expected at least one host:port"));
+        }
+        for addr in &self.client.cluster {
+            check_addr("client.cluster", addr, source("client.cluster"))?;
+        }
+        if self.client.connections == 0 || self.client.connections > 64 {
+            return Err(invalid("client.connections", self.client.connections.to_string(), "expected 1 to 64"));
+        }
+        if self.meta.group_commit_max == 0 {
+            return Err(invalid("meta.group_commit_max", "0".into(), "expected at least 1"));
+        }
+        if self.meta.map_size.0 < (16 << 20) {
+            return Err(invalid("meta.map_size", self.meta.map_size.to_string(), "expected at least 16MiB"));
+        }
+        if self.meta.max_readers < 8 {
+            return Err(invalid("meta.max_readers", self.meta.max_readers.to_string(), "expected at least 8"));
+        }
+        if self.client.request_timeout.0.is_zero() {
+            return Err(invalid("client.request_timeout", "0s".into(), "expected more than 0s"));
+        }
+        if self.supervisor.max_restarts == 0 {
+            return Err(invalid("supervisor.max_restarts", "0".into(), "expected at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The data directory: the configured one, or the user's default.
+    pub fn data_dir(&self) -> PathBuf {
+        if !self.node.data_dir.is_empty() {
+            return expand_home(&self.node.data_dir);
+        }
+        match std::env::var("HOME") {
+            Ok(home) if !home.is_empty() => PathBuf::from(home).join(".curvine").join("data"),
+            _ => PathBuf::from("/var/lib/curvine"),
+        }
+    }
+
+    /// The cluster port address: configured, or the client port + 1.
+    pub fn cluster_listen(&self) -> String {
+        if !self.node.cluster_listen.is_empty() {
+            return self.node.cluster_listen.clone();
+        }
+        match self.node.listen.rsplit_once(':') {
+            Some((host, port)) => {
+                let port: u16 = port.parse().unwrap_or(8995);
+                format!("{host}:{}", port.wrapping_add(1))
+            }
+            None => "127.0.0.1:8996".into(),
+        }
+    }
+}
+
+fn expand_home(path: &str) -> PathBuf {
+    if let Some(rest) = path.strip_prefix("~/") {
+        if let Ok(home) = std::env::var("HOME") {
+            return PathBuf::from(home).join(rest);
+        }
+    }
+    PathBuf::from(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_default_file_env_flag() {
+        let mut l = Loader::new();
+        l.toml_text("[cluster]\nshards = 8\n[node]\nlisten = \"127.0.0.1:9000\"\n", "t.toml").unwrap();
+        l.env_vars([("CURVINE_CLUSTER_SHARDS".to_string(), "4".to_string())]).unwrap();
+        l.key_value("cluster.shards=2").unwrap();
+        let c = l.build().unwrap();
+        assert_eq!(c.cluster.shards, 2);
+        assert_eq!(c.node.listen, "127.0.0.1:9000");
+        let entries = l.entries();
+        let shards = entries.iter().find(|e| e.key == "cluster.shards").unwrap();
+        assert_eq!(shards.source, Source::Flag("-c cluster.shards".into()));
+        let listen = entries.iter().find(|e| e.key == "node.listen").unwrap();
+        assert_eq!(listen.source, Source::File("t.toml".into()));
+        let level = entries.iter().find(|e| e.key == "log.level").unwrap();
+        assert_eq!(level.source, Source::Default);
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_the_choices() {
+        let err = Loader::new().key_value("node.lisen=1").unwrap_err().to_string();
+        assert!(err.contains("node.lisen") && err.contains("node.listen"), "{err}");
+        let err = Loader::new().toml_text("[nodes]\nx = 1\n", "f.toml").unwrap_err().to_string();
+        assert!(err.contains("nodes.x") && err.contains("f.toml"), "{err}");
+        let err = Loader::new()
+            .env_vars([("CURVINE_NODE_DATADIR".to_string(), "x".to_string())])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CURVINE_NODE_DATADIR"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_key_value_and_allowed() {
+        let err = Loader::new().key_value("meta.map_size=12 parsecs").unwrap_err().to_string();
+        assert!(err.contains("meta.map_size") && err.contains("12 parsecs") && err.contains("size"), "{err}");
+        let err = Loader::new().key_value("cluster.shards=many").unwrap_err().to_string();
+        assert!(err.contains("cluster.shards") && err.contains("integer"), "{err}");
+        let mut l = Loader::new();
+        l.key_value("cluster.shards=1000").unwrap();
+        let err = l.build().unwrap_err().to_string();
+        assert!(err.contains("cluster.shards") && err.contains("1 to 256"), "{err}");
+        let mut l = Loader::new();
+        l.key_value("node.listen=nowhere").unwrap();
+        assert!(l.build().unwrap_err().to_string().contains("node.listen"));
+        let err = Loader::new().key_value("supervisor.restart_backoff=soon").unwrap_err().to_string();
+        assert!(err.contains("supervisor.restart_backoff") && err.contains("duration"), "{err}");
+    }
+
+    #[test]
+    fn sizes_and_lists_from_text() {
+        let mut l = Loader::new();
+        l.key_value("meta.map_size=64MiB").unwrap();
+        l.flag("node.seeds", "a:1,b:2", "--seeds").unwrap();
+        let c = l.build().unwrap();
+        assert_eq!(c.meta.map_size, ByteSize(64 << 20));
+        assert_eq!(c.node.seeds, vec!["a:1".to_string(), "b:2".to_string()]);
+    }
+
+    #[test]
+    fn the_documented_example_file_sets_every_key_to_its_default() {
+        let text = include_str!("../curvine.toml");
+        let mut from_file = Loader::new();
+        from_file.toml_text(text, "curvine.toml").unwrap();
+        assert_eq!(from_file.build().unwrap(), Config::default());
+        let documented: std::collections::BTreeSet<String> =
+            from_file.entries().into_iter().filter(|e| e.source != Source::Default).map(|e| e.key).collect();
+        let all: std::collections::BTreeSet<String> = Loader::new().keys().map(String::from).collect();
+        let missing: Vec<_> = all.difference(&documented).collect();
+        assert!(missing.is_empty(), "keys missing from conf/curvine.toml: {missing:?}");
+    }
+
+    #[test]
+    fn cluster_port_follows_client_port() {
+        let mut c = Config::default();
+        c.node.listen = "10.0.0.1:7000".into();
+        assert_eq!(c.cluster_listen(), "10.0.0.1:7001");
+    }
+}

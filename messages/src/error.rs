@@ -1,0 +1,200 @@
+//! The file-system error carried on the wire and returned to users, with its errno.
+
+use serde::{Deserialize, Serialize};
+
+/// Formats the optional detail that follows an error's fixed text.
+fn detail(text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(": {text}")
+    }
+}
+
+/// Every error a namespace or data operation can return. The fixed text of each
+/// variant is the one `strerror` uses; the `String` adds what the error concerns
+/// when the caller cannot know it (an inner path component, a limit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory{}", detail(.0))]
+    NotFound(String),
+    #[error("file exists{}", detail(.0))]
+    AlreadyExists(String),
+    #[error("not a directory{}", detail(.0))]
+    NotADirectory(String),
+    #[error("is a directory{}", detail(.0))]
+    IsADirectory(String),
+    #[error("directory not empty{}", detail(.0))]
+    NotEmpty(String),
+    #[error("invalid argument{}", detail(.0))]
+    InvalidArgument(String),
+    #[error("file name too long{}", detail(.0))]
+    NameTooLong(String),
+    #[error("permission denied{}", detail(.0))]
+    PermissionDenied(String),
+    #[error("operation not permitted{}", detail(.0))]
+    NotPermitted(String),
+    #[error("no space left on device{}", detail(.0))]
+    NoSpace(String),
+    #[error("input/output error{}", detail(.0))]
+    Io(String),
+    #[error("invalid cross-device link{}", detail(.0))]
+    CrossDevice(String),
+    #[error("operation not supported{}", detail(.0))]
+    NotSupported(String),
+    #[error("too many levels of symbolic links{}", detail(.0))]
+    TooManyLinks(String),
+    /// A name is held by an operation in progress; the caller retries.
+    #[error("device or resource busy{}", detail(.0))]
+    Busy(String),
+    /// A shard or node cannot be reached right now; the caller may retry.
+    #[error("resource temporarily unavailable{}", detail(.0))]
+    Unavailable(String),
+    #[error("timed out{}", detail(.0))]
+    TimedOut(String),
+    /// The peer speaks another protocol version or sent bytes that do not decode.
+    #[error("protocol error{}", detail(.0))]
+    Protocol(String),
+    /// Stored data failed a version or checksum check.
+    #[error("data corrupted{}", detail(.0))]
+    Corrupt(String),
+}
+
+/// Result of a file-system operation.
+pub type FsResult<T> = Result<T, FsError>;
+
+impl FsError {
+    /// The errno a POSIX caller (FUSE, the CLI's exit status) sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound(_) => libc::ENOENT,
+            FsError::AlreadyExists(_) => libc::EEXIST,
+            FsError::NotADirectory(_) => libc::ENOTDIR,
+            FsError::IsADirectory(_) => libc::EISDIR,
+            FsError::NotEmpty(_) => libc::ENOTEMPTY,
+            FsError::InvalidArgument(_) => libc::EINVAL,
+            FsError::NameTooLong(_) => libc::ENAMETOOLONG,
+            FsError::PermissionDenied(_) => libc::EACCES,
+            FsError::NotPermitted(_) => libc::EPERM,
+            FsError::NoSpace(_) => libc::ENOSPC,
+            FsError::Io(_) => libc::EIO,
+            FsError::CrossDevice(_) => libc::EXDEV,
+            FsError::NotSupported(_) => libc::ENOTSUP,
+            FsError::TooManyLinks(_) => libc::ELOOP,
+            FsError::Busy(_) => libc::EBUSY,
+            FsError::Unavailable(_) => libc::EAGAIN,
+            FsError::TimedOut(_) => libc::ETIMEDOUT,
+            FsError::Protocol(_) => libc::EPROTO,
+            FsError::Corrupt(_) => libc::EIO,
+        }
+    }
+
+    /// A short stable name of the kind, for metrics, traces and JSON output.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            FsError::NotFound(_) => "not_found",
+            FsError::AlreadyExists(_) => "already_exists",
+            FsError::NotADirectory(_) => "not_a_directory",
+            FsError::IsADirectory(_) => "is_a_directory",
+            FsError::NotEmpty(_) => "not_empty",
+            FsError::InvalidArgument(_) => "invalid_argument",
+            FsError::NameTooLong(_) => "name_too_long",
+            FsError::PermissionDenied(_) => "permission_denied",
+            FsError::NotPermitted(_) => "not_permitted",
+            FsError::NoSpace(_) => "no_space",
+            FsError::Io(_) => "io",
+            FsError::CrossDevice(_) => "cross_device",
+            FsError::NotSupported(_) => "not_supported",
+            FsError::TooManyLinks(_) => "too_many_links",
+            FsError::Busy(_) => "busy",
+            FsError::Unavailable(_) => "unavailable",
+            FsError::TimedOut(_) => "timed_out",
+            FsError::Protocol(_) => "protocol",
+            FsError::Corrupt(_) => "corrupt",
+        }
+    }
+
+    /// Whether retrying the same request later may succeed without any change
+    /// by the caller (a lock held by another operation, a shard restarting).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, FsError::Busy(_) | FsError::Unavailable(_))
+    }
+
+    /// The same error with its detail replaced (used to name the user's path).
+    pub fn with_detail(self, text: impl Into<String>) -> FsError {
+        let text = text.into();
+        match self {
+            FsError::NotFound(_) => FsError::NotFound(text),
+            FsError::AlreadyExists(_) => FsError::AlreadyExists(text),
+            FsError::NotADirectory(_) => FsError::NotADirectory(text),
+            FsError::IsADirectory(_) => FsError::IsADirectory(text),
+            FsError::NotEmpty(_) => FsError::NotEmpty(text),
+            FsError::InvalidArgument(_) => FsError::InvalidArgument(text),
+            FsError::NameTooLong(_) => FsError::NameTooLong(text),
+            FsError::PermissionDenied(_) => FsError::PermissionDenied(text),
+            FsError::NotPermitted(_) => FsError::NotPermitted(text),
+            FsError::NoSpace(_) => FsError::NoSpace(text),
+            FsError::Io(_) => FsError::Io(text),
+            FsError::CrossDevice(_) => FsError::CrossDevice(text),
+            FsError::NotSupported(_) => FsError::NotSupported(text),
+            FsError::TooManyLinks(_) => FsError::TooManyLinks(text),
+            FsError::Busy(_) => FsError::Busy(text),
+            FsError::Unavailable(_) => FsError::Unavailable(text),
+            FsError::TimedOut(_) => FsError::TimedOut(text),
+            FsError::Protocol(_) => FsError::Protocol(text),
+            FsError::Corrupt(_) => FsError::Corrupt(text),
+        }
+    }
+
+    /// The detail text alone.
+    pub fn detail(&self) -> &str {
+        match self {
+            FsError::NotFound(s)
+            | FsError::AlreadyExists(s)
+            | FsError::NotADirectory(s)
+            | FsError::IsADirectory(s)
+            | FsError::NotEmpty(s)
+            | FsError::InvalidArgument(s)
+            | FsError::NameTooLong(s)
+            | FsError::PermissionDenied(s)
+            | FsError::NotPermitted(s)
+            | FsError::NoSpace(s)
+            | FsError::Io(s)
+            | FsError::CrossDevice(s)
+            | FsError::NotSupported(s)
+            | FsError::TooManyLinks(s)
+            | FsError::Busy(s)
+            | FsError::Unavailable(s)
+            | FsError::TimedOut(s)
+            | FsError::Protocol(s)
+            | FsError::Corrupt(s) => s,
+        }
+    }
+
+    /// The error's fixed text without its detail (`no such file or directory`).
+    pub fn text(&self) -> String {
+        self.clone().with_detail("").to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_strerror_with_optional_detail() {
+        assert_eq!(FsError::NotFound(String::new()).to_string(), "no such file or directory");
+        assert_eq!(
+            FsError::InvalidArgument("cannot move a directory into itself".into()).to_string(),
+            "invalid argument: cannot move a directory into itself"
+        );
+    }
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(FsError::NotEmpty(String::new()).errno(), libc::ENOTEMPTY);
+        assert_eq!(FsError::NameTooLong(String::new()).errno(), libc::ENAMETOOLONG);
+        assert_eq!(FsError::CrossDevice(String::new()).errno(), libc::EXDEV);
+        assert_eq!(FsError::NotSupported(String::new()).errno(), libc::ENOTSUP);
+    }
+}

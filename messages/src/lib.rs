@@ -1,0 +1,15 @@
+//! Plain data shared by every part of the system: the messages actors
+//! exchange, the client protocol, stored records, the codec and `FsError`.
+//!
+//! This crate depends on no storage engine, FUSE or HTTP crate; it only knows
+//! how values look and how they are encoded.
+
+pub mod codec;
+pub mod error;
+pub mod path;
+pub mod rpc;
+pub mod shard;
+pub mod types;
+
+pub use error::{FsError, FsResult};
+pub use types::*;

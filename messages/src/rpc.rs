@@ -1,0 +1,293 @@
+//! The client protocol: what the client library sends to any node.
+//!
+//! A connection opens with [`crate::codec::Hello`] from each side, then the
+//! node sends a [`HelloReply`] frame (its layout never changes, so a client of
+//! any version can read a refusal). After that the client sends
+//! [`RequestFrame`]s and the node answers [`ResponseFrame`]s with the same id,
+//! in any order (requests run concurrently).
+//!
+//! Every request is a struct with its reply type named by [`Call::Reply`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FsError, FsResult};
+use crate::types::{Attr, SetAttr, ShardStats};
+
+/// The node's answer to a client's hello. Its layout is frozen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    pub accepted: bool,
+    pub server_version: u16,
+    /// Why the connection is refused, or empty.
+    pub message: String,
+    pub cluster_id: String,
+    pub node_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    pub id: u64,
+    pub request: Request,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFrame {
+    pub id: u64,
+    pub result: FsResult<Response>,
+}
+
+/// A request with its reply type.
+pub trait Call: Into<Request> {
+    type Reply;
+    fn reply(response: Response) -> FsResult<Self::Reply>;
+}
+
+/// Attributes of a path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    pub path: String,
+}
+
+/// Create a directory (`parents`: also missing ancestors, and no error if it exists).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mkdir {
+    pub path: String,
+    pub parents: bool,
+    pub mode: u32,
+}
+
+/// One page of a directory listing, with attributes of each entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct List {
+    pub path: String,
+    /// Continue after this name (from the previous page's last entry).
+    pub after: Option<String>,
+    pub limit: u32,
+}
+
+/// Create an empty file; `exclusive` fails with EEXIST if the path exists,
+/// otherwise an existing file's times are set to now (like `touch`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Touch {
+    pub path: String,
+    pub mode: u32,
+    pub exclusive: bool,
+}
+
+/// Create symlink `link` pointing at `target`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Symlink {
+    pub target: String,
+    pub link: String,
+}
+
+/// The target of a symlink.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Readlink {
+    pub path: String,
+}
+
+/// Move `src` to `dst`, replacing a file or empty directory at `dst` (POSIX rename).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rename {
+    pub src: String,
+    pub dst: String,
+}
+
+/// Remove a file, symlink or (with `recursive`, or when empty with `dir`) a directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Remove {
+    pub path: String,
+    pub recursive: bool,
+    /// Remove an empty directory (rmdir).
+    pub dir: bool,
+}
+
+/// Change attributes of a path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetAttrs {
+    pub path: String,
+    pub set: SetAttr,
+}
+
+/// Nodes, shards and counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report;
+
+/// Check the whole namespace for dangling entries, orphans and pending intents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fsck;
+
+/// An entry of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListEntry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    pub entries: Vec<ListEntry>,
+    /// More entries follow the last one.
+    pub more: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveSummary {
+    pub files: u64,
+    pub dirs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub node_id: String,
+    pub rpc_addr: String,
+    pub cluster_addr: String,
+    pub started_ns: i64,
+    pub data_dir: String,
+    pub shards: Vec<ShardStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterReport {
+    pub cluster_id: String,
+    pub shard_count: u32,
+    pub nodes: Vec<NodeReport>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckReport {
+    pub inodes: u64,
+    pub dentries: u64,
+    pub directories: u64,
+    pub pending_intents: u64,
+    pub locks: u64,
+    /// One line per inconsistency found; empty when the namespace is sound.
+    pub problems: Vec<String>,
+}
+
+macro_rules! calls {
+    ($($req:ident => $reply:ty, $variant:ident;)*) => {
+        /// Every client request.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        pub enum Request {
+            $($req($req),)*
+        }
+
+        impl Request {
+            pub fn kind_name(&self) -> &'static str {
+                match self {
+                    $(Request::$req(_) => stringify!($req),)*
+                }
+            }
+        }
+
+        $(
+            impl From<$req> for Request {
+                fn from(r: $req) -> Request {
+                    Request::$req(r)
+                }
+            }
+
+            impl Call for $req {
+                type Reply = $reply;
+                fn reply(response: Response) -> FsResult<$reply> {
+                    match response {
+                        Response::$variant(v) => Ok(v),
+                        other => Err(FsError::Protocol(format!(
+                            "unexpected reply {} to {}",
+                            other.kind_name(),
+                            stringify!($req)
+                        ))),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+calls! {
+    Stat => Attr, Attr;
+    Mkdir => Attr, Attr;
+    List => Listing, Listing;
+    Touch => Attr, Attr;
+    Symlink => Attr, Attr;
+    Readlink => String, Target;
+    Rename => (), Done;
+    Remove => RemoveSummary, Removed;
+    SetAttrs => Attr, Attr;
+    Report => ClusterReport, Report;
+    Fsck => FsckReport, Fsck;
+}
+
+/// Every reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Attr(Attr),
+    Listing(Listing),
+    Target(String),
+    Done(()),
+    Removed(RemoveSummary),
+    Report(ClusterReport),
+    Fsck(FsckReport),
+}
+
+impl Response {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Response::Attr(_) => "Attr",
+            Response::Listing(_) => "Listing",
+            Response::Target(_) => "Target",
+            Response::Done(_) => "Done",
+            Response::Removed(_) => "Removed",
+            Response::Report(_) => "Report",
+            Response::Fsck(_) => "Fsck",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{from_bytes, to_bytes};
+    use proptest::prelude::*;
+
+    #[test]
+    fn frames_roundtrip() {
+        let frame = RequestFrame {
+            id: 9,
+            request: Mkdir { path: "/a".into(), parents: true, mode: 0o755 }.into(),
+        };
+        let bytes = to_bytes("request", &frame).unwrap();
+        assert_eq!(from_bytes::<RequestFrame>("request", &bytes).unwrap(), frame);
+    }
+
+    #[test]
+    fn wrong_reply_is_a_protocol_error() {
+        let err = Stat::reply(Response::Done(())).unwrap_err();
+        assert!(matches!(err, FsError::Protocol(_)));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoder.
+        #[test]
+        fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = from_bytes::<RequestFrame>("request", &bytes);
+            let _ = from_bytes::<ResponseFrame>("response", &bytes);
+            let _ = from_bytes::<HelloReply>("hello", &bytes);
+        }
+
+        /// Truncating a valid frame gives an error, never a panic or a wrong value.
+        #[test]
+        fn truncated_frames_are_errors(cut in 0usize..40) {
+            let frame = RequestFrame {
+                id: 77,
+                request: Rename { src: "/some/where".into(), dst: "/else/where".into() }.into(),
+            };
+            let bytes = to_bytes("request", &frame).unwrap();
+            if cut < bytes.len() {
+                prop_assert!(from_bytes::<RequestFrame>("request", &bytes[..cut]).is_err());
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Messages of the `NamespaceShard` actor and the records it stores.
+//!
+//! Single-shard operations are one message each. Operations that touch two
+//! shards (mkdir and rmdir when the directory's inode lives elsewhere, renames
+//! across shards, unlinking a file whose inode moved) run as an [`Intent`]
+//! written in the coordinating shard, then [`Step`]s on the other shards, each
+//! idempotent by `(op, step_no)`, then [`ShardMsg::EndIntent`]. An intent found
+//! after a restart is driven again from its first step: finished steps return
+//! their recorded result.
+
+use ractor::RpcReplyPort;
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Versioned;
+use crate::error::FsResult;
+use crate::types::{Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats};
+
+/// A cross-shard operation recorded in its coordinating shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntentOp {
+    /// Create directory `name` in `parent` (held here) with its inode on `child_shard`.
+    Mkdir { parent: Ino, name: String, attrs: NewInode, child_shard: ShardId },
+    /// Remove empty directory `name` (inode `ino`, on another shard) from `parent`.
+    Rmdir { parent: Ino, name: String, ino: Ino },
+    /// Move `src_parent/src_name` (here) to `dst_parent/dst_name`.
+    Rename {
+        src_parent: Ino,
+        src_name: String,
+        dst_parent: Ino,
+        dst_name: String,
+        ino: Ino,
+        kind: FileKind,
+    },
+    /// Drop one link of inode `ino` (on another shard) after its entry was removed here.
+    DropLink { ino: Ino },
+}
+
+/// A durable record of a cross-shard operation in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub op: OpId,
+    pub action: IntentOp,
+    pub created_ns: i64,
+    /// Set once the operation is being rolled back; a re-drive continues the rollback.
+    pub aborting: bool,
+}
+
+impl Versioned for Intent {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "intent record";
+}
+
+/// One idempotent step of a cross-shard operation, applied on one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// Create a directory inode whose `..` is `parent`.
+    CreateDirInode { attrs: NewInode, parent: Ino },
+    /// Delete directory inode `ino` if it has no entries (ENOTEMPTY otherwise).
+    RemoveDirIfEmpty { ino: Ino },
+    /// Decrement the link count of `ino`, deleting it at zero.
+    DropLink { ino: Ino },
+    /// Point directory `ino`'s `..` at `parent`.
+    SetDirParent { ino: Ino, parent: Ino },
+    /// Check `parent` is a directory and reserve `name` in it for this op;
+    /// returns the entry currently under that name, if any.
+    LockName { parent: Ino, name: String },
+    /// Make `parent/name` point at `ino` (replacing what is there), release the name.
+    LinkName { parent: Ino, name: String, ino: Ino, kind: FileKind },
+    /// Remove `parent/name` if it still points at `ino`, release the name.
+    UnlinkName { parent: Ino, name: String, ino: Ino },
+    /// Release a name reserved by this op.
+    UnlockName { parent: Ino, name: String },
+}
+
+impl Step {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Step::CreateDirInode { .. } => "create_dir_inode",
+            Step::RemoveDirIfEmpty { .. } => "remove_dir_if_empty",
+            Step::DropLink { .. } => "drop_link",
+            Step::SetDirParent { .. } => "set_dir_parent",
+            Step::LockName { .. } => "lock_name",
+            Step::LinkName { .. } => "link_name",
+            Step::UnlinkName { .. } => "unlink_name",
+            Step::UnlockName { .. } => "unlock_name",
+        }
+    }
+}
+
+/// The recorded result of a [`Step`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepResult {
+    Done,
+    Created(Attr),
+    Existing(Option<DirEntry>),
+}
+
+impl Versioned for StepResult {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "step record";
+}
+
+/// What an unlink did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnlinkOutcome {
+    /// Entry and (last link of the) inode are gone.
+    Done(DirEntry),
+    /// The entry is gone; the inode lives on another shard and the intent
+    /// must be driven to drop its link.
+    Pending(DirEntry, Intent),
+}
+
+/// What a rename inside one shard did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenameOutcome {
+    /// Done in one transaction.
+    Done,
+    /// Touches inodes on other shards: run it as an intent.
+    NeedsIntent,
+}
+
+/// A stored directory entry value (the key is parent ++ name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DentryValue {
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+impl Versioned for DentryValue {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "directory entry";
+}
+
+impl Versioned for Attr {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "inode record";
+}
+
+/// Identity and counters of a shard, stored in its `meta` database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMeta {
+    pub cluster_id: String,
+    pub shard: ShardId,
+    pub shard_count: u32,
+    pub next_ino: u64,
+    pub next_op: u64,
+}
+
+impl Versioned for ShardMeta {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "shard meta";
+}
+
+/// A reservation of a name by an operation in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameLock {
+    pub op: OpId,
+}
+
+impl Versioned for NameLock {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "name lock";
+}
+
+/// Everything a shard holds, for consistency checks (`admin fsck`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardScan {
+    pub shard: ShardId,
+    pub inodes: Vec<Attr>,
+    /// (parent, entry)
+    pub dentries: Vec<(Ino, DirEntry)>,
+    pub intents: Vec<Intent>,
+    pub locks: u64,
+    pub op_records: u64,
+}
+
+type Reply<T> = RpcReplyPort<FsResult<T>>;
+
+/// Requests to one `NamespaceShard`. Sent by the namespace router and the
+/// intent driver on the same node. None may be lost silently: a shard that is
+/// gone drops the reply port and the caller sees `Unavailable`.
+#[derive(Debug)]
+pub enum ShardMsg {
+    /// The entry `name` in directory `parent` (held by this shard).
+    Lookup { parent: Ino, name: String, reply: Reply<DirEntry> },
+    /// Attributes of an inode owned by this shard.
+    GetAttr { ino: Ino, reply: Reply<Attr> },
+    /// Up to `limit` entries of directory `ino` after name `after`, in name order.
+    ReadDir { ino: Ino, after: Option<String>, limit: u32, reply: Reply<Vec<DirEntry>> },
+    /// Create a file or symlink `name` in `parent`; its inode lives here too.
+    Create { parent: Ino, name: String, attrs: NewInode, reply: Reply<Attr> },
+    /// Create directory `name` in `parent` with its inode on this shard.
+    MkdirLocal { parent: Ino, name: String, attrs: NewInode, reply: Reply<Attr> },
+    /// Change attributes of an inode owned here.
+    SetAttr { ino: Ino, set: SetAttr, reply: Reply<Attr> },
+    /// Remove file or symlink `name` from `parent`.
+    Unlink { parent: Ino, name: String, reply: Reply<UnlinkOutcome> },
+    /// Remove empty directory `name` from `parent` when its inode is here too.
+    RmdirLocal { parent: Ino, name: String, reply: Reply<DirEntry> },
+    /// Rename within this shard (both parents here) when no other shard is involved.
+    RenameLocal {
+        src_parent: Ino,
+        src_name: String,
+        dst_parent: Ino,
+        dst_name: String,
+        reply: Reply<RenameOutcome>,
+    },
+    /// Validate and record a cross-shard operation coordinated by this shard.
+    BeginIntent { action: IntentOp, reply: Reply<Intent> },
+    /// Mark an intent as rolling back.
+    AbortIntent { op: OpId, reply: Reply<()> },
+    /// Apply one idempotent step of operation `op`.
+    ApplyStep { op: OpId, step_no: u8, step: Step, reply: Reply<StepResult> },
+    /// Delete a finished intent and the name locks it still holds here.
+    EndIntent { op: OpId, reply: Reply<()> },
+    /// Delete the step records of a finished operation. May be lost: leftover
+    /// records are swept by age.
+    ForgetOp { op: OpId },
+    /// Intents recorded here (for re-driving after a restart).
+    ListIntents { reply: Reply<Vec<Intent>> },
+    /// Counters for `report`.
+    Stats { reply: Reply<ShardStats> },
+    /// Full content, for consistency checks.
+    Scan { reply: Reply<ShardScan> },
+}
+
+impl ractor::Message for ShardMsg {}
+
+impl ShardMsg {
+    /// A short name of the message kind, for traces and metrics.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ShardMsg::Lookup { .. } => "lookup",
+            ShardMsg::GetAttr { .. } => "getattr",
+            ShardMsg::ReadDir { .. } => "readdir",
+            ShardMsg::Create { .. } => "create",
+            ShardMsg::MkdirLocal { .. } => "mkdir_local",
+            ShardMsg::SetAttr { .. } => "setattr",
+            ShardMsg::Unlink { .. } => "unlink",
+            ShardMsg::RmdirLocal { .. } => "rmdir_local",
+            ShardMsg::RenameLocal { .. } => "rename_local",
+            ShardMsg::BeginIntent { .. } => "begin_intent",
+            ShardMsg::AbortIntent { .. } => "abort_intent",
+            ShardMsg::ApplyStep { .. } => "apply_step",
+            ShardMsg::EndIntent { .. } => "end_intent",
+            ShardMsg::ForgetOp { .. } => "forget_op",
+            ShardMsg::ListIntents { .. } => "list_intents",
+            ShardMsg::Stats { .. } => "stats",
+            ShardMsg::Scan { .. } => "scan",
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Plain data types of the namespace: inode ids, attributes, directory entries.
+
+use serde::{Deserialize, Serialize};
+
+/// Inode number. The top [`SHARD_BITS`] bits name the shard that owns the inode.
+pub type Ino = u64;
+/// Identifier of a namespace shard (0..shard_count).
+pub type ShardId = u16;
+/// Identifier of a cross-shard operation: the coordinating shard in the top
+/// bits, a counter of that shard below.
+pub type OpId = u64;
+
+/// The root directory. It lives on shard 0.
+pub const ROOT_INO: Ino = 1;
+/// Bits of an inode id that hold the shard.
+pub const SHARD_BITS: u32 = 8;
+/// Largest shard count a cluster can be formatted with.
+pub const MAX_SHARDS: u32 = 1 << SHARD_BITS;
+/// Longest file name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest path, in bytes.
+pub const MAX_PATH_LEN: usize = 4096;
+/// Longest symlink target, in bytes.
+pub const MAX_SYMLINK_LEN: usize = 4096;
+
+const SEQ_MASK: u64 = (1u64 << (64 - SHARD_BITS)) - 1;
+
+/// The shard that owns an inode or operation id.
+pub fn shard_of(id: u64) -> ShardId {
+    (id >> (64 - SHARD_BITS)) as ShardId
+}
+
+/// Builds an id from its shard and the shard-local sequence number.
+pub fn make_id(shard: ShardId, seq: u64) -> u64 {
+    ((shard as u64) << (64 - SHARD_BITS)) | (seq & SEQ_MASK)
+}
+
+/// The shard that holds a new directory's inode: spread by parent and name.
+/// FNV-1a: stable across releases and platforms, which placement must be.
+pub fn dir_shard(parent: Ino, name: &str, shard_count: u32) -> ShardId {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in parent.to_be_bytes().iter().chain(name.as_bytes()) {
+        hash ^= *byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % shard_count.max(1) as u64) as ShardId
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl FileKind {
+    /// The type letter `ls -l` prints.
+    pub fn letter(self) -> char {
+        match self {
+            FileKind::File => '-',
+            FileKind::Dir => 'd',
+            FileKind::Symlink => 'l',
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Dir => "directory",
+            FileKind::Symlink => "symlink",
+        }
+    }
+}
+
+/// Attributes of an inode, as `stat` reports them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits (07777), without the file type.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Links: 2 + subdirectories for a directory, hard links for a file.
+    pub nlink: u32,
+    /// Target of a symlink.
+    pub symlink: Option<String>,
+    /// Block size of a file's data (set when data lands).
+    pub block_size: u64,
+    /// Replicas wanted for a file's blocks.
+    pub replicas: u16,
+    /// The parent directory of a directory (its `..`); 0 for other kinds.
+    pub parent: Ino,
+}
+
+/// What a caller asks for when creating an inode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewInode {
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub symlink: Option<String>,
+    /// Creation time chosen by the router so every shard of an operation agrees.
+    pub now_ns: i64,
+}
+
+/// A directory entry: name and the inode it points to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// A time to set: now (by the shard's clock) or an explicit instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    Ns(i64),
+}
+
+/// Changes to apply to an inode; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+/// Counters of one shard, for `report`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardStats {
+    pub shard: ShardId,
+    pub inodes: u64,
+    pub dentries: u64,
+    pub intents: u64,
+    pub locks: u64,
+    /// Bytes the shard's LMDB environment occupies on disk.
+    pub disk_bytes: u64,
+}
+
+/// Current time in nanoseconds since the Unix epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_carry_their_shard() {
+        let ino = make_id(13, 42);
+        assert_eq!(shard_of(ino), 13);
+        assert_eq!(ino & SEQ_MASK, 42);
+        assert_eq!(shard_of(ROOT_INO), 0);
+    }
+
+    #[test]
+    fn dir_shard_spreads_and_is_stable() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..200 {
+            seen.insert(dir_shard(ROOT_INO, &format!("d{i}"), 16));
+        }
+        assert_eq!(seen.len(), 16);
+        assert_eq!(dir_shard(ROOT_INO, "a", 16), dir_shard(ROOT_INO, "a", 16));
+    }
+}
