@@ -1,1 +1,14 @@
+//! The actors of a node and the logic they run.
+//!
+//! - [`shard::NamespaceShard`]: one namespace shard over its LMDB environment
+//!   ([`store`]), with a dedicated writer thread and group commit ([`writer`]).
+//! - [`host::ShardHost`]: supervises the node's shards, keeps the [`host::ShardDirectory`].
+//! - [`namespace::Namespace`]: path operations across shards and the intent driver.
+//! - [`supervisor`]: the restart policy every supervisor applies.
 
+pub mod host;
+pub mod namespace;
+pub mod shard;
+pub mod store;
+pub mod supervisor;
+pub mod writer;

@@ -1,1 +1,414 @@
-fn main() {}
+//! `curvine-cli`: the command line of a curvine cluster.
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+
+use curvine_conf::{Config, Loader};
+use curvine_messages::path::normalize;
+use curvine_messages::rpc::ListEntry;
+use curvine_messages::{Attr, FileKind, FsError};
+use curvine_node::Client;
+
+#[derive(Parser)]
+#[command(name = "curvine-cli", version, about = "Command line of a curvine cache cluster")]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Global {
+    /// Config file (TOML); also CURVINE_CONF.
+    #[arg(long, global = true)]
+    conf: Option<String>,
+    /// Node to talk to, host:port of its client port (client.cluster).
+    #[arg(long, global = true)]
+    cluster: Option<String>,
+    /// Set any config key: -c section.key=value (repeatable).
+    #[arg(short = 'c', long = "config", value_name = "KEY=VALUE", global = true)]
+    overrides: Vec<String>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// File system operations.
+    #[command(subcommand)]
+    Fs(FsCommand),
+    /// Nodes, shards and inode counts of the cluster.
+    Report,
+    /// Configuration.
+    #[command(subcommand)]
+    Conf(ConfCommand),
+    /// Administration.
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfCommand {
+    /// Print the effective configuration with the source of each value.
+    Show,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Check the namespace for dangling entries, orphans and unfinished operations.
+    Fsck,
+}
+
+#[derive(Subcommand)]
+enum FsCommand {
+    /// Create directories.
+    Mkdir {
+        /// Create missing parents; no error if the directory exists.
+        #[arg(short = 'p', long)]
+        parents: bool,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// List directory contents.
+    Ls {
+        /// Long format: type, mode, links, owner, size, time.
+        #[arg(short = 'l')]
+        long: bool,
+        /// List subdirectories recursively.
+        #[arg(short = 'R')]
+        recursive: bool,
+        #[arg(default_value = "/")]
+        paths: Vec<String>,
+    },
+    /// Show a path's attributes.
+    Stat {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Move or rename.
+    Mv { src: String, dst: String },
+    /// Remove files (and with -r, directories).
+    Rm {
+        /// Remove directories and their contents.
+        #[arg(short = 'r', short_alias = 'R', long)]
+        recursive: bool,
+        /// No error for missing paths.
+        #[arg(short = 'f', long)]
+        force: bool,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Remove empty directories.
+    Rmdir {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Create empty files or set their times to now.
+    Touch {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Make links (only symbolic links: -s).
+    Ln {
+        /// Make a symbolic link.
+        #[arg(short = 's', required = true)]
+        symbolic: bool,
+        target: String,
+        link: String,
+    },
+    /// Print the target of a symbolic link.
+    Readlink { path: String },
+}
+
+fn config(global: &Global) -> Result<(Loader, Config), String> {
+    let mut loader = Loader::standard(global.conf.as_deref(), &global.overrides).map_err(|e| e.to_string())?;
+    if let Some(c) = &global.cluster {
+        loader.flag("client.cluster", c, "--cluster").map_err(|e| e.to_string())?;
+    }
+    let config = loader.build().map_err(|e| e.to_string())?;
+    Ok((loader, config))
+}
+
+/// A failed command: what was being done and why.
+struct Failure {
+    what: String,
+    error: String,
+    code: i32,
+}
+
+fn fail(op: &str, path: &str, e: FsError) -> Failure {
+    Failure { what: format!("{op} {path}"), error: e.to_string(), code: 1 }
+}
+
+fn format_time(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}", rem / 3600, rem % 3600 / 60)
+}
+
+fn mode_string(attr: &Attr) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(attr.kind.letter());
+    for shift in [6, 3, 0] {
+        let bits = (attr.mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn attr_json(attr: &Attr) -> serde_json::Value {
+    json!({
+        "ino": attr.ino, "type": attr.kind.name(), "mode": format!("{:04o}", attr.mode),
+        "uid": attr.uid, "gid": attr.gid, "size": attr.size, "nlink": attr.nlink,
+        "atime_ns": attr.atime_ns, "mtime_ns": attr.mtime_ns, "ctime_ns": attr.ctime_ns,
+        "symlink": attr.symlink,
+    })
+}
+
+fn long_line(name: &str, attr: &Attr) -> String {
+    let mut line = format!(
+        "{} {:>3} {:>5} {:>5} {:>12} {} {}",
+        mode_string(attr),
+        attr.nlink,
+        attr.uid,
+        attr.gid,
+        attr.size,
+        format_time(attr.mtime_ns),
+        name
+    );
+    if let Some(target) = &attr.symlink {
+        line.push_str(" -> ");
+        line.push_str(target);
+    }
+    line
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let setup = |e: String| Failure { what: "config".into(), error: e, code: 2 };
+    let (loader, config) = config(&cli.global).map_err(setup)?;
+    let json_out = cli.global.json;
+    let command = match cli.command {
+        Command::Conf(ConfCommand::Show) => {
+            let entries = loader.entries();
+            if json_out {
+                let list: Vec<_> = entries
+                    .iter()
+                    .map(|e| json!({"key": e.key, "value": e.value, "source": e.source.to_string()}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+            } else {
+                let width = entries.iter().map(|e| e.key.len() + e.value.len() + 3).max().unwrap_or(0);
+                for e in entries {
+                    let kv = format!("{} = {}", e.key, e.value);
+                    println!("{kv:<width$}  # {}", e.source);
+                }
+            }
+            return Ok(());
+        }
+        other => other,
+    };
+    let client = Client::connect(&config.client).await.map_err(|e| Failure {
+        what: format!("connect {}", config.client.cluster.join(",")),
+        error: e.to_string(),
+        code: 1,
+    })?;
+    let abs = |p: &str| normalize(p, "/").map_err(|e| fail("path", p, e));
+    match command {
+        Command::Conf(_) => unreachable!("handled above"),
+        Command::Report => {
+            let report = client.report().await.map_err(|e| fail("report", "", e))?;
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                println!("cluster {} ({} shards, {} nodes)", report.cluster_id, report.shard_count, report.nodes.len());
+                for node in &report.nodes {
+                    let inodes: u64 = node.shards.iter().map(|s| s.inodes).sum();
+                    println!(
+                        "node {}  client {}  cluster {}  data {}  inodes {}",
+                        node.node_id, node.rpc_addr, node.cluster_addr, node.data_dir, inodes
+                    );
+                    println!("  {:>5} {:>10} {:>10} {:>8} {:>12}", "shard", "inodes", "entries", "pending", "disk");
+                    for s in &node.shards {
+                        println!("  {:>5} {:>10} {:>10} {:>8} {:>12}", s.shard, s.inodes, s.dentries, s.intents, s.disk_bytes);
+                    }
+                }
+            }
+        }
+        Command::Admin(AdminCommand::Fsck) => {
+            let report = client.fsck().await.map_err(|e| fail("fsck", "", e))?;
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                println!(
+                    "{} inodes, {} directories, {} entries, {} pending operations, {} name locks",
+                    report.inodes, report.directories, report.dentries, report.pending_intents, report.locks
+                );
+                for p in &report.problems {
+                    println!("problem: {p}");
+                }
+                println!("{}", if report.problems.is_empty() { "namespace is consistent" } else { "namespace has problems" });
+            }
+            if !report.problems.is_empty() {
+                return Err(Failure { what: "fsck".into(), error: format!("{} problems found", report.problems.len()), code: 1 });
+            }
+        }
+        Command::Fs(fs) => run_fs(&client, fs, json_out, &abs).await?,
+    }
+    Ok(())
+}
+
+async fn run_fs(
+    client: &Client,
+    command: FsCommand,
+    json_out: bool,
+    abs: &dyn Fn(&str) -> Result<String, Failure>,
+) -> Result<(), Failure> {
+    match command {
+        FsCommand::Mkdir { parents, paths } => {
+            for p in paths {
+                let path = abs(&p)?;
+                client.mkdir(&path, parents).await.map_err(|e| fail("mkdir", &p, e))?;
+            }
+        }
+        FsCommand::Touch { paths } => {
+            for p in paths {
+                let path = abs(&p)?;
+                client.touch(&path).await.map_err(|e| fail("touch", &p, e))?;
+            }
+        }
+        FsCommand::Stat { paths } => {
+            for p in paths {
+                let path = abs(&p)?;
+                let attr = client.stat(&path).await.map_err(|e| fail("stat", &p, e))?;
+                if json_out {
+                    let mut v = attr_json(&attr);
+                    v["path"] = json!(path);
+                    println!("{v}");
+                } else {
+                    println!("  File: {path}{}", attr.symlink.as_ref().map(|t| format!(" -> {t}")).unwrap_or_default());
+                    println!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
+                    println!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
+                    println!("Access: ({:04o}/{})  Uid: {}  Gid: {}", attr.mode, mode_string(&attr), attr.uid, attr.gid);
+                    println!("Access: {}", format_time(attr.atime_ns));
+                    println!("Modify: {}", format_time(attr.mtime_ns));
+                    println!("Change: {}", format_time(attr.ctime_ns));
+                }
+            }
+        }
+        FsCommand::Ls { long, recursive, paths } => {
+            let several = paths.len() > 1 || recursive;
+            let mut queue: std::collections::VecDeque<String> = paths.iter().map(|p| abs(p)).collect::<Result<_, _>>()?;
+            let mut all = Vec::new();
+            while let Some(path) = queue.pop_front() {
+                let entries = client.list_all(&path).await.map_err(|e| fail("ls", &path, e))?;
+                if json_out {
+                    for e in &entries {
+                        let mut v = attr_json(&e.attr);
+                        v["name"] = json!(e.name);
+                        v["dir"] = json!(path);
+                        all.push(v);
+                    }
+                } else {
+                    if several {
+                        println!("{path}:");
+                    }
+                    print_entries(&entries, long);
+                    if several {
+                        println!();
+                    }
+                }
+                if recursive {
+                    for e in entries.iter().rev().filter(|e| e.attr.kind == FileKind::Dir) {
+                        let child = if path == "/" { format!("/{}", e.name) } else { format!("{path}/{}", e.name) };
+                        queue.push_front(child);
+                    }
+                }
+            }
+            if json_out {
+                println!("{}", serde_json::Value::Array(all));
+            }
+        }
+        FsCommand::Mv { src, dst } => {
+            let (s, mut d) = (abs(&src)?, abs(&dst)?);
+            // Like mv: moving into an existing directory keeps the name.
+            if let Ok(attr) = client.stat(&d).await {
+                if attr.kind == FileKind::Dir && s != d {
+                    let name = s.rsplit('/').next().unwrap_or_default();
+                    d = if d == "/" { format!("/{name}") } else { format!("{d}/{name}") };
+                }
+            }
+            client.rename(&s, &d).await.map_err(|e| fail("mv", &src, e))?;
+        }
+        FsCommand::Rm { recursive, force, paths } => {
+            for p in paths {
+                let path = abs(&p)?;
+                match client.remove(&path, recursive).await {
+                    Ok(_) => {}
+                    Err(FsError::NotFound(_)) if force => {}
+                    Err(e) => return Err(fail("rm", &p, e)),
+                }
+            }
+        }
+        FsCommand::Rmdir { paths } => {
+            for p in paths {
+                let path = abs(&p)?;
+                client.rmdir(&path).await.map_err(|e| fail("rmdir", &p, e))?;
+            }
+        }
+        FsCommand::Ln { symbolic: _, target, link } => {
+            let path = abs(&link)?;
+            client.symlink(&target, &path).await.map_err(|e| fail("ln", &link, e))?;
+        }
+        FsCommand::Readlink { path } => {
+            let p = abs(&path)?;
+            let target = client.readlink(&p).await.map_err(|e| fail("readlink", &path, e))?;
+            if json_out {
+                println!("{}", json!({"path": p, "target": target}));
+            } else {
+                println!("{target}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_entries(entries: &[ListEntry], long: bool) {
+    for e in entries {
+        if long {
+            println!("{}", long_line(&e.name, &e.attr));
+        } else {
+            println!("{}", e.name);
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("curvine-cli: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(f) = runtime.block_on(run(cli)) {
+        eprintln!("curvine-cli: {}: {}", f.what, f.error);
+        std::process::exit(f.code);
+    }
+}

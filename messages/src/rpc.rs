@@ -54,6 +54,8 @@ pub struct Mkdir {
     pub path: String,
     pub parents: bool,
     pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// One page of a directory listing, with attributes of each entry.
@@ -72,6 +74,8 @@ pub struct Touch {
     pub path: String,
     pub mode: u32,
     pub exclusive: bool,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Create symlink `link` pointing at `target`.
@@ -79,6 +83,8 @@ pub struct Touch {
 pub struct Symlink {
     pub target: String,
     pub link: String,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// The target of a symlink.
@@ -256,7 +262,7 @@ mod tests {
     fn frames_roundtrip() {
         let frame = RequestFrame {
             id: 9,
-            request: Mkdir { path: "/a".into(), parents: true, mode: 0o755 }.into(),
+            request: Mkdir { path: "/a".into(), parents: true, mode: 0o755, uid: 0, gid: 0 }.into(),
         };
         let bytes = to_bytes("request", &frame).unwrap();
         assert_eq!(from_bytes::<RequestFrame>("request", &bytes).unwrap(), frame);

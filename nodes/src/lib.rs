@@ -1,1 +1,10 @@
+//! A curvine node (assembly of its actors, the client port and the cluster
+//! port) and the client library that talks to nodes.
 
+pub mod client;
+pub mod identity;
+pub mod node;
+pub mod server;
+pub mod service;
+
+pub use client::Client;

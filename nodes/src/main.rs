@@ -1,1 +1,113 @@
-fn main() {}
+//! `curvine-node`: runs one node of a cluster.
+
+use clap::{Parser, Subcommand};
+
+use curvine_conf::Loader;
+
+#[derive(Parser)]
+#[command(name = "curvine-node", version, about = "A node of a curvine cache cluster")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a node. Without options: a single-node cluster on embedded defaults.
+    Start {
+        /// Config file (TOML); also CURVINE_CONF.
+        #[arg(long)]
+        conf: Option<String>,
+        /// Data directory (node.data_dir).
+        #[arg(long)]
+        data_dir: Option<String>,
+        /// Client port address, host:port (node.listen).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Cluster ports of nodes to join, comma-separated (node.seeds).
+        #[arg(long)]
+        seeds: Option<String>,
+        /// Set any config key: -c section.key=value (repeatable).
+        #[arg(short = 'c', long = "config", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let Command::Start { conf, data_dir, listen, seeds, overrides } = cli.command;
+    let loader = (|| {
+        let mut loader = Loader::standard(conf.as_deref(), &overrides)?;
+        if let Some(v) = &data_dir {
+            loader.flag("node.data_dir", v, "--data-dir")?;
+        }
+        if let Some(v) = &listen {
+            loader.flag("node.listen", v, "--listen")?;
+        }
+        if let Some(v) = &seeds {
+            loader.flag("node.seeds", v, "--seeds")?;
+        }
+        let config = loader.build()?;
+        Ok::<_, curvine_conf::ConfError>(config)
+    })();
+    let config = match loader {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("curvine-node: {e}");
+            std::process::exit(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("curvine-node: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(async move {
+        let node = match curvine_node::node::start(&config).await {
+            Ok(node) => node,
+            Err(e) => {
+                eprintln!("curvine-node: {e}");
+                return 1;
+            }
+        };
+        let id = &node.data_dir.identity;
+        eprintln!(
+            "curvine-node: data directory {} ({} cluster {} with {} shards)",
+            node.data_dir.path.display(),
+            if node.data_dir.formatted_now { "formatted new" } else { "reopened" },
+            id.cluster_id,
+            id.shard_count
+        );
+        if !config.node.seeds.is_empty() {
+            eprintln!("curvine-node: seeds {:?} noted; joining other nodes is not supported by this release yet", config.node.seeds);
+        }
+        eprintln!("curvine-node: node {} serving clients on {} (cluster port {})", id.node_id, node.rpc_addr, node.cluster_addr);
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("curvine-node: cannot watch SIGTERM: {e}");
+                return 1;
+            }
+        };
+        let failed = tokio::select! {
+            _ = tokio::signal::ctrl_c() => false,
+            _ = term.recv() => false,
+            _ = node.supervisor_done_ref() => true,
+        };
+        if failed {
+            eprintln!("curvine-node: the supervision tree stopped after repeated failures; see the log above");
+            return 1;
+        }
+        eprintln!("curvine-node: stopping");
+        node.stop().await;
+        eprintln!("curvine-node: stopped");
+        0
+    });
+    std::process::exit(code);
+}

@@ -1,0 +1,715 @@
+//! `Namespace`: path operations over the shards of the cluster.
+//!
+//! It resolves paths one component at a time (each lookup touches the one
+//! shard that holds the directory), runs single-shard operations as one
+//! message, and drives cross-shard operations through their intent. It holds
+//! no state of its own besides the rename lock, so any number of requests run
+//! through it concurrently; it is shared by the client server and recovery.
+//!
+//! Cross-directory moves of directories are serialised by one lock (as Linux
+//! does with its per-filesystem rename mutex) so that two concurrent moves
+//! cannot build a cycle between them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::rpc::CallResult;
+use ractor::RpcReplyPort;
+
+use curvine_messages::path::{check_name, components, join};
+use curvine_messages::rpc::{FsckReport, ListEntry, Listing, RemoveSummary};
+use curvine_messages::shard::{Intent, IntentOp, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome};
+use curvine_messages::{
+    dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, SetAttr, ShardId,
+    ShardStats, TimeSet, MAX_SYMLINK_LEN, ROOT_INO,
+};
+
+use crate::host::ShardDirectory;
+use crate::store::check_rename_kinds;
+
+/// Most symlinks followed while resolving one path.
+const MAX_SYMLINK_HOPS: usize = 40;
+/// Entries read per page when a whole directory is walked.
+const PAGE: u32 = 1024;
+
+pub struct Namespace {
+    directory: ShardDirectory,
+    shard_count: u32,
+    timeout: Duration,
+    rename_lock: tokio::sync::Mutex<()>,
+}
+
+/// How a path's last component is treated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// Resolve a symlink at the end too (`stat -L`, `ls`).
+    All,
+    /// Stop at the last component (`lstat`, `readlink`, `rm`).
+    Intermediate,
+}
+
+impl Namespace {
+    pub fn new(directory: ShardDirectory, timeout: Duration) -> Arc<Namespace> {
+        let shard_count = directory.shard_count();
+        Arc::new(Namespace { directory, shard_count, timeout, rename_lock: tokio::sync::Mutex::new(()) })
+    }
+
+    pub fn shard_count(&self) -> u32 {
+        self.shard_count
+    }
+
+    // ---- calling shards ----------------------------------------------------
+
+    async fn call_once<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync),
+        wait: Duration,
+    ) -> FsResult<T> {
+        let actor = self.directory.get(shard)?;
+        match actor.call(build, Some(wait)).await {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!("shard {shard} did not answer in {wait:?}"))),
+            Ok(CallResult::SenderError) | Err(_) => {
+                Err(FsError::Unavailable(format!("shard {shard} stopped while handling the request")))
+            }
+        }
+    }
+
+    /// Calls a shard, retrying while it is busy or restarting, up to `deadline`.
+    async fn call_until<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        deadline: Option<Instant>,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        let mut delay = Duration::from_micros(500);
+        loop {
+            let wait = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                None => self.timeout,
+            };
+            match self.call_once(shard, &build, wait).await {
+                Err(e) if e.is_retryable() || matches!(e, FsError::TimedOut(_)) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// A request-scoped call: retries until the request timeout.
+    async fn call<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        self.call_until(shard, Some(Instant::now() + self.timeout), build).await
+    }
+
+    /// An intent step: retried until it gets a definite answer. Steps run in
+    /// a task of their own, so a request that times out does not stop them.
+    async fn step(&self, shard: ShardId, op: OpId, step_no: u8, step: Step) -> FsResult<StepResult> {
+        self.call_until(shard, None, move |reply| ShardMsg::ApplyStep { op, step_no, step: step.clone(), reply })
+            .await
+    }
+
+    async fn end_intent(&self, op: OpId) -> FsResult<()> {
+        self.call_until(shard_of(op), None, |reply| ShardMsg::EndIntent { op, reply }).await
+    }
+
+    async fn abort_intent(&self, op: OpId) -> FsResult<()> {
+        self.call_until(shard_of(op), None, |reply| ShardMsg::AbortIntent { op, reply }).await
+    }
+
+    fn forget(&self, op: OpId, shards: &[ShardId]) {
+        let mut done: Vec<ShardId> = vec![shard_of(op)];
+        for &shard in shards {
+            if !done.contains(&shard) {
+                done.push(shard);
+                if let Ok(actor) = self.directory.get(shard) {
+                    let _ = actor.cast(ShardMsg::ForgetOp { op });
+                }
+            }
+        }
+    }
+
+    // ---- single lookups ----------------------------------------------------
+
+    pub async fn lookup(&self, parent: Ino, name: &str) -> FsResult<DirEntry> {
+        let name = name.to_string();
+        self.call(shard_of(parent), move |reply| ShardMsg::Lookup { parent, name: name.clone(), reply }).await
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        self.call(shard_of(ino), move |reply| ShardMsg::GetAttr { ino, reply }).await
+    }
+
+    pub async fn readdir(&self, ino: Ino, after: Option<String>, limit: u32) -> FsResult<Vec<DirEntry>> {
+        self.call(shard_of(ino), move |reply| ShardMsg::ReadDir { ino, after: after.clone(), limit, reply }).await
+    }
+
+    // ---- path resolution ---------------------------------------------------
+
+    /// Resolves normalised path components to the inode they name.
+    async fn resolve_parts(&self, parts: &[String], follow: Follow) -> FsResult<Attr> {
+        let mut pending: Vec<String> = parts.iter().rev().cloned().collect();
+        let mut done: Vec<String> = Vec::new();
+        let mut current: Ino = ROOT_INO;
+        let mut current_kind = FileKind::Dir;
+        let mut hops = 0;
+        while let Some(name) = pending.pop() {
+            if current_kind != FileKind::Dir {
+                return Err(FsError::NotADirectory(join(&done)));
+            }
+            let entry = self.lookup(current, &name).await?;
+            let last = pending.is_empty();
+            if entry.kind == FileKind::Symlink && (!last || follow == Follow::All) {
+                hops += 1;
+                if hops > MAX_SYMLINK_HOPS {
+                    return Err(FsError::TooManyLinks(join(parts)));
+                }
+                let target = self.getattr(entry.ino).await?.symlink.unwrap_or_default();
+                let base = if target.starts_with('/') { "/".to_string() } else { join(&done) };
+                let target_parts = components(&target, &base)?;
+                for part in target_parts.into_iter().rev() {
+                    pending.push(part);
+                }
+                // Restart from the root with the target's absolute components.
+                let resolved: Vec<String> = pending.drain(..).rev().collect();
+                pending = resolved.into_iter().rev().collect();
+                done.clear();
+                current = ROOT_INO;
+                current_kind = FileKind::Dir;
+                continue;
+            }
+            done.push(name);
+            current = entry.ino;
+            current_kind = entry.kind;
+        }
+        self.getattr(current).await
+    }
+
+    pub async fn resolve(&self, path: &str) -> FsResult<Attr> {
+        self.resolve_parts(&components(path, "/")?, Follow::All).await
+    }
+
+    /// Resolves the parent directory of a path; returns it with the last name.
+    async fn resolve_parent(&self, path: &str) -> FsResult<(Attr, String)> {
+        let parts = components(path, "/")?;
+        let Some((name, parent)) = parts.split_last() else {
+            return Err(FsError::InvalidArgument("the root directory has no parent".into()));
+        };
+        let parent = self.resolve_parts(parent, Follow::All).await?;
+        if parent.kind != FileKind::Dir {
+            return Err(FsError::NotADirectory(String::new()));
+        }
+        Ok((parent, name.clone()))
+    }
+
+    // ---- operations --------------------------------------------------------
+
+    /// `stat`: follows a symlink at the end when `follow` is set.
+    pub async fn stat(&self, path: &str, follow: bool) -> FsResult<Attr> {
+        let follow = if follow { Follow::All } else { Follow::Intermediate };
+        self.resolve_parts(&components(path, "/")?, follow).await
+    }
+
+    pub async fn mkdir(&self, path: &str, parents: bool, mode: u32, uid: u32, gid: u32) -> FsResult<Attr> {
+        let parts = components(path, "/")?;
+        let attrs = |now| NewInode { kind: FileKind::Dir, mode, uid, gid, symlink: None, now_ns: now };
+        if parts.is_empty() {
+            return if parents { self.getattr(ROOT_INO).await } else { Err(FsError::AlreadyExists(String::new())) };
+        }
+        if !parents {
+            let (parent, name) = self.resolve_parent(path).await?;
+            return self.mkdir_at(parent.ino, &name, attrs(now_ns())).await;
+        }
+        let mut current = self.getattr(ROOT_INO).await?;
+        for (i, name) in parts.iter().enumerate() {
+            let existing = match self.lookup(current.ino, name).await {
+                Ok(entry) => Some(entry),
+                Err(FsError::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            };
+            current = match existing {
+                Some(_) => self.resolve_parts(&parts[..=i], Follow::All).await?,
+                None => match self.mkdir_at(current.ino, name, attrs(now_ns())).await {
+                    Ok(attr) => attr,
+                    // Someone else made it meanwhile: fine for -p.
+                    Err(FsError::AlreadyExists(_)) => self.resolve_parts(&parts[..=i], Follow::All).await?,
+                    Err(e) => return Err(e),
+                },
+            };
+            if current.kind != FileKind::Dir {
+                return Err(if i + 1 == parts.len() {
+                    FsError::AlreadyExists(String::new())
+                } else {
+                    FsError::NotADirectory(join(&parts[..=i]))
+                });
+            }
+        }
+        Ok(current)
+    }
+
+    /// Creates directory `name` in `parent`; its inode goes to the shard its
+    /// name hashes to.
+    pub async fn mkdir_at(self: &Self, parent: Ino, name: &str, attrs: NewInode) -> FsResult<Attr> {
+        check_name(name)?;
+        let home = shard_of(parent);
+        let child = dir_shard(parent, name, self.shard_count);
+        let name = name.to_string();
+        if child == home {
+            return self
+                .call(home, move |reply| ShardMsg::MkdirLocal {
+                    parent,
+                    name: name.clone(),
+                    attrs: attrs.clone(),
+                    reply,
+                })
+                .await;
+        }
+        let action = IntentOp::Mkdir { parent, name, attrs, child_shard: child };
+        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
+        self.drive_in_task(intent).await.map(|attr| attr.expect("mkdir returns the new directory"))
+    }
+
+    /// Lists a directory (or names a single file), with attributes.
+    pub async fn list(&self, path: &str, after: Option<String>, limit: u32) -> FsResult<Listing> {
+        let parts = components(path, "/")?;
+        let attr = self.resolve_parts(&parts, Follow::All).await?;
+        if attr.kind != FileKind::Dir {
+            let name = parts.last().cloned().unwrap_or_else(|| "/".into());
+            return Ok(Listing { entries: vec![ListEntry { name, attr }], more: false });
+        }
+        let limit = limit.clamp(1, 100_000);
+        let entries = self.readdir(attr.ino, after, limit + 1).await?;
+        let more = entries.len() > limit as usize;
+        let mut out = Vec::with_capacity(entries.len().min(limit as usize));
+        for entry in entries.into_iter().take(limit as usize) {
+            match self.getattr(entry.ino).await {
+                Ok(attr) => out.push(ListEntry { name: entry.name, attr }),
+                // Removed between readdir and getattr: skip it, as ls does.
+                Err(FsError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Listing { entries: out, more })
+    }
+
+    pub async fn touch(&self, path: &str, mode: u32, exclusive: bool, uid: u32, gid: u32) -> FsResult<Attr> {
+        let (parent, name) = self.resolve_parent(path).await?;
+        let attrs = NewInode { kind: FileKind::File, mode, uid, gid, symlink: None, now_ns: now_ns() };
+        match self.create_at(parent.ino, &name, attrs).await {
+            Err(FsError::AlreadyExists(_)) if !exclusive => {
+                let existing = self.resolve(path).await?;
+                let set = SetAttr { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..Default::default() };
+                self.setattr_ino(existing.ino, set).await
+            }
+            other => other,
+        }
+    }
+
+    pub async fn create_at(&self, parent: Ino, name: &str, attrs: NewInode) -> FsResult<Attr> {
+        check_name(name)?;
+        let name = name.to_string();
+        self.call(shard_of(parent), move |reply| ShardMsg::Create {
+            parent,
+            name: name.clone(),
+            attrs: attrs.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn symlink(&self, target: &str, link: &str, uid: u32, gid: u32) -> FsResult<Attr> {
+        if target.is_empty() {
+            return Err(FsError::NotFound("empty symlink target".into()));
+        }
+        if target.len() > MAX_SYMLINK_LEN || target.contains('\0') {
+            return Err(FsError::NameTooLong(format!("symlink target longer than {MAX_SYMLINK_LEN} bytes or with NUL")));
+        }
+        let (parent, name) = self.resolve_parent(link).await?;
+        let attrs =
+            NewInode { kind: FileKind::Symlink, mode: 0o777, uid, gid, symlink: Some(target.into()), now_ns: now_ns() };
+        self.create_at(parent.ino, &name, attrs).await
+    }
+
+    pub async fn readlink(&self, path: &str) -> FsResult<String> {
+        let attr = self.stat(path, false).await?;
+        attr.symlink.ok_or_else(|| FsError::InvalidArgument("not a symbolic link".into()))
+    }
+
+    pub async fn setattr(&self, path: &str, set: SetAttr) -> FsResult<Attr> {
+        let attr = self.resolve(path).await?;
+        self.setattr_ino(attr.ino, set).await
+    }
+
+    pub async fn setattr_ino(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        self.call(shard_of(ino), move |reply| ShardMsg::SetAttr { ino, set: set.clone(), reply }).await
+    }
+
+    /// POSIX rename of paths.
+    pub async fn rename(&self, src: &str, dst: &str) -> FsResult<()> {
+        let src_parts = components(src, "/")?;
+        let dst_parts = components(dst, "/")?;
+        if src_parts.is_empty() || dst_parts.is_empty() {
+            return Err(FsError::Busy("cannot rename the root directory".into()));
+        }
+        let (src_parent, src_name) = self.resolve_parent(src).await?;
+        let (dst_parent, dst_name) = self.resolve_parent(dst).await?;
+        let entry = self.lookup(src_parent.ino, &src_name).await?;
+        if entry.kind == FileKind::Dir && src_parent.ino != dst_parent.ino {
+            let _guard = self.rename_lock.lock().await;
+            self.check_not_inside(entry.ino, dst_parent.ino).await?;
+            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name).await
+        } else {
+            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name).await
+        }
+    }
+
+    /// EINVAL when `dir` is `target` or one of its ancestors.
+    async fn check_not_inside(&self, dir: Ino, target: Ino) -> FsResult<()> {
+        let mut current = target;
+        for _ in 0..100_000 {
+            if current == dir {
+                return Err(FsError::InvalidArgument("cannot move a directory into itself".into()));
+            }
+            if current == ROOT_INO {
+                return Ok(());
+            }
+            current = self.getattr(current).await?.parent;
+        }
+        Err(FsError::Corrupt(format!("directory {target:#x} has no path to the root")))
+    }
+
+    async fn rename_at(&self, src_parent: Ino, src_name: &str, dst_parent: Ino, dst_name: &str) -> FsResult<()> {
+        check_name(dst_name)?;
+        let (sn, dn) = (src_name.to_string(), dst_name.to_string());
+        let home = shard_of(src_parent);
+        if home == shard_of(dst_parent) {
+            let outcome = self
+                .call(home, |reply| ShardMsg::RenameLocal {
+                    src_parent,
+                    src_name: sn.clone(),
+                    dst_parent,
+                    dst_name: dn.clone(),
+                    reply,
+                })
+                .await?;
+            if outcome == RenameOutcome::Done {
+                return Ok(());
+            }
+        }
+        let action = IntentOp::Rename { src_parent, src_name: sn, dst_parent, dst_name: dn, ino: 0, kind: FileKind::File };
+        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
+        self.drive_in_task(intent).await.map(|_| ())
+    }
+
+    /// Removes a path: files and symlinks; a directory when `dir` (must be
+    /// empty) or `recursive` (with everything below it).
+    pub async fn remove(&self, path: &str, recursive: bool, dir: bool) -> FsResult<RemoveSummary> {
+        let (parent, name) = self.resolve_parent(path).await?;
+        let entry = self.lookup(parent.ino, &name).await?;
+        let mut summary = RemoveSummary { files: 0, dirs: 0 };
+        if entry.kind == FileKind::Dir {
+            if recursive {
+                Box::pin(self.remove_tree(entry.ino, &mut summary)).await?;
+            } else if !dir {
+                return Err(FsError::IsADirectory(String::new()));
+            }
+            self.rmdir_at(parent.ino, &name, entry.ino).await?;
+            summary.dirs += 1;
+        } else {
+            if dir {
+                return Err(FsError::NotADirectory(String::new()));
+            }
+            self.unlink_at(parent.ino, &name).await?;
+            summary.files += 1;
+        }
+        Ok(summary)
+    }
+
+    async fn remove_tree(&self, dir: Ino, summary: &mut RemoveSummary) -> FsResult<()> {
+        loop {
+            let entries = self.readdir(dir, None, PAGE).await?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            for entry in entries {
+                if entry.kind == FileKind::Dir {
+                    Box::pin(self.remove_tree(entry.ino, summary)).await?;
+                    self.rmdir_at(dir, &entry.name, entry.ino).await?;
+                    summary.dirs += 1;
+                } else {
+                    match self.unlink_at(dir, &entry.name).await {
+                        Ok(()) | Err(FsError::NotFound(_)) => summary.files += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    pub async fn unlink_at(&self, parent: Ino, name: &str) -> FsResult<()> {
+        let name = name.to_string();
+        let outcome =
+            self.call(shard_of(parent), move |reply| ShardMsg::Unlink { parent, name: name.clone(), reply }).await?;
+        match outcome {
+            UnlinkOutcome::Done(_) => Ok(()),
+            UnlinkOutcome::Pending(_, intent) => self.drive_in_task(intent).await.map(|_| ()),
+        }
+    }
+
+    pub async fn rmdir_at(&self, parent: Ino, name: &str, ino: Ino) -> FsResult<()> {
+        let home = shard_of(parent);
+        let name = name.to_string();
+        if shard_of(ino) == home {
+            return self
+                .call(home, move |reply| ShardMsg::RmdirLocal { parent, name: name.clone(), reply })
+                .await
+                .map(|_| ());
+        }
+        let action = IntentOp::Rmdir { parent, name, ino: 0 };
+        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
+        self.drive_in_task(intent).await.map(|_| ())
+    }
+
+    // ---- driving intents ---------------------------------------------------
+
+    /// Drives an intent in a task of its own: a caller that gives up (timeout,
+    /// disconnect) does not leave it half done.
+    async fn drive_in_task(&self, intent: Intent) -> FsResult<Option<Attr>> {
+        let this = self.clone_handle();
+        let task = tokio::spawn(async move { this.drive(intent).await });
+        match tokio::time::timeout(self.timeout, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
+            Err(_) => Err(FsError::TimedOut("operation still in progress; it will complete".into())),
+        }
+    }
+
+    fn clone_handle(&self) -> Arc<Namespace> {
+        Arc::new(Namespace {
+            directory: self.directory.clone(),
+            shard_count: self.shard_count,
+            timeout: self.timeout,
+            rename_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Drives an intent to its end from its first step (finished steps return
+    /// their recorded results). Returns the created directory for mkdir.
+    pub async fn drive(&self, intent: Intent) -> FsResult<Option<Attr>> {
+        let op = intent.op;
+        let home = shard_of(op);
+        match intent.action {
+            IntentOp::Mkdir { parent, name, attrs, child_shard } => {
+                if intent.aborting {
+                    self.end_intent(op).await?;
+                    return Err(FsError::Io("mkdir was rolled back".into()));
+                }
+                let created = match self.step(child_shard, op, 1, Step::CreateDirInode { attrs, parent }).await {
+                    Ok(StepResult::Created(attr)) => attr,
+                    Ok(other) => return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}"))),
+                    Err(e) => return self.abort(op, &[], e).await,
+                };
+                self.step(home, op, 2, Step::LinkName { parent, name, ino: created.ino, kind: FileKind::Dir })
+                    .await?;
+                self.end_intent(op).await?;
+                self.forget(op, &[child_shard]);
+                Ok(Some(created))
+            }
+            IntentOp::Rmdir { parent, name, ino } => {
+                if intent.aborting {
+                    self.end_intent(op).await?;
+                    return Err(FsError::NotEmpty(String::new()));
+                }
+                if let Err(e) = self.step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino }).await {
+                    return self.abort(op, &[], e).await;
+                }
+                self.step(home, op, 2, Step::UnlinkName { parent, name, ino }).await?;
+                self.end_intent(op).await?;
+                self.forget(op, &[shard_of(ino)]);
+                Ok(None)
+            }
+            IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, ino, kind } => {
+                let dst_home = shard_of(dst_parent);
+                let unlock_dst = (dst_home, Step::UnlockName { parent: dst_parent, name: dst_name.clone() });
+                if intent.aborting {
+                    self.step(dst_home, op, 8, unlock_dst.1).await?;
+                    self.end_intent(op).await?;
+                    return Err(FsError::Io("rename was rolled back".into()));
+                }
+                let existing =
+                    match self.step(dst_home, op, 1, Step::LockName { parent: dst_parent, name: dst_name.clone() }).await {
+                        Ok(StepResult::Existing(e)) => e,
+                        Ok(other) => return Err(FsError::Corrupt(format!("rename step 1 returned {other:?}"))),
+                        Err(e) => return self.abort(op, &[], e).await,
+                    };
+                if let Some(e) = &existing {
+                    if e.ino == ino {
+                        // Both names are links to one inode: POSIX does nothing.
+                        self.step(dst_home, op, 8, unlock_dst.1).await?;
+                        self.end_intent(op).await?;
+                        return Ok(None);
+                    }
+                    if let Err(err) = check_rename_kinds(kind, e.kind) {
+                        return self.abort(op, &[unlock_dst], err).await;
+                    }
+                    if e.kind == FileKind::Dir {
+                        if let Err(err) = self.step(shard_of(e.ino), op, 2, Step::RemoveDirIfEmpty { ino: e.ino }).await {
+                            return self.abort(op, &[unlock_dst], err).await;
+                        }
+                    }
+                }
+                self.step(dst_home, op, 3, Step::LinkName { parent: dst_parent, name: dst_name, ino, kind }).await?;
+                self.step(home, op, 4, Step::UnlinkName { parent: src_parent, name: src_name, ino }).await?;
+                if kind == FileKind::Dir && src_parent != dst_parent {
+                    self.step(shard_of(ino), op, 5, Step::SetDirParent { ino, parent: dst_parent }).await?;
+                }
+                let mut touched = vec![dst_home, shard_of(ino)];
+                if let Some(e) = existing.clone().filter(|e| e.kind != FileKind::Dir) {
+                    self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino }).await?;
+                    touched.push(shard_of(e.ino));
+                } else if let Some(e) = &existing {
+                    touched.push(shard_of(e.ino));
+                }
+                self.end_intent(op).await?;
+                self.forget(op, &touched);
+                Ok(None)
+            }
+            IntentOp::DropLink { ino } => {
+                self.step(shard_of(ino), op, 1, Step::DropLink { ino }).await?;
+                self.end_intent(op).await?;
+                self.forget(op, &[shard_of(ino)]);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Rolls an intent back before anything irreversible happened: mark it,
+    /// release names on other shards, then end it. Returns `error`.
+    async fn abort<T>(&self, op: OpId, unlocks: &[(ShardId, Step)], error: FsError) -> FsResult<T> {
+        self.abort_intent(op).await?;
+        for (shard, step) in unlocks {
+            self.step(*shard, op, 8, step.clone()).await?;
+        }
+        self.end_intent(op).await?;
+        Err(error)
+    }
+
+    /// Drives every intent recorded in `shard` (after it started). Returns how many.
+    pub async fn redrive(&self, shard: ShardId) -> FsResult<usize> {
+        let intents = self.call_until(shard, None, |reply| ShardMsg::ListIntents { reply }).await?;
+        let count = intents.len();
+        for intent in intents {
+            let op = intent.op;
+            match self.drive(intent).await {
+                Ok(_) => tracing::info!(shard, op = format!("{op:#x}"), "re-drove intent to completion"),
+                Err(e) => tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back)"),
+            }
+        }
+        Ok(count)
+    }
+
+    // ---- inspection --------------------------------------------------------
+
+    pub async fn shard_stats(&self) -> FsResult<Vec<ShardStats>> {
+        let mut out = Vec::new();
+        for shard in 0..self.shard_count as ShardId {
+            out.push(self.call(shard, |reply| ShardMsg::Stats { reply }).await?);
+        }
+        Ok(out)
+    }
+
+    /// Checks the namespace across all shards.
+    pub async fn fsck(&self) -> FsResult<FsckReport> {
+        let mut scans: Vec<ShardScan> = Vec::new();
+        for shard in 0..self.shard_count as ShardId {
+            scans.push(self.call(shard, |reply| ShardMsg::Scan { reply }).await?);
+        }
+        Ok(check_scans(&scans))
+    }
+}
+
+/// Consistency rules of the namespace, checked over every shard's content.
+pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
+    use std::collections::HashMap;
+    let mut report = FsckReport::default();
+    let mut inodes: HashMap<Ino, &Attr> = HashMap::new();
+    for scan in scans {
+        for attr in &scan.inodes {
+            if shard_of(attr.ino) != scan.shard {
+                report.problems.push(format!("inode {:#x} stored on shard {} but named for shard {}", attr.ino, scan.shard, shard_of(attr.ino)));
+            }
+            inodes.insert(attr.ino, attr);
+        }
+        report.pending_intents += scan.intents.len() as u64;
+        report.locks += scan.locks;
+    }
+    report.inodes = inodes.len() as u64;
+    let mut links: HashMap<Ino, u32> = HashMap::new();
+    let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+    for scan in scans {
+        for (parent, entry) in &scan.dentries {
+            report.dentries += 1;
+            if shard_of(*parent) != scan.shard {
+                report.problems.push(format!("entry '{}' of directory {parent:#x} stored on shard {}", entry.name, scan.shard));
+            }
+            match inodes.get(parent) {
+                Some(p) if p.kind == FileKind::Dir => {}
+                Some(_) => report.problems.push(format!("entry '{}' under non-directory {parent:#x}", entry.name)),
+                None => report.problems.push(format!("entry '{}' under missing directory {parent:#x}", entry.name)),
+            }
+            match inodes.get(&entry.ino) {
+                None => report.problems.push(format!("dangling entry '{}' in {parent:#x} -> missing inode {:#x}", entry.name, entry.ino)),
+                Some(attr) if attr.kind != entry.kind => report.problems.push(format!(
+                    "entry '{}' in {parent:#x} says {} but inode {:#x} is a {}",
+                    entry.name, entry.kind.name(), entry.ino, attr.kind.name()
+                )),
+                Some(attr) => {
+                    if attr.kind == FileKind::Dir {
+                        *subdirs.entry(*parent).or_default() += 1;
+                        if attr.parent != *parent {
+                            report.problems.push(format!(
+                                "directory {:#x} is in {parent:#x} but its '..' is {:#x}",
+                                attr.ino, attr.parent
+                            ));
+                        }
+                    }
+                }
+            }
+            *links.entry(entry.ino).or_default() += 1;
+        }
+    }
+    for (ino, attr) in &inodes {
+        if attr.kind == FileKind::Dir {
+            report.directories += 1;
+            let expected = 2 + subdirs.get(ino).copied().unwrap_or(0);
+            if attr.nlink != expected {
+                report.problems.push(format!("directory {ino:#x} has nlink {} but {} subdirectories", attr.nlink, expected - 2));
+            }
+        }
+        if *ino == ROOT_INO {
+            continue;
+        }
+        let refs = links.get(ino).copied().unwrap_or(0);
+        if refs == 0 {
+            report.problems.push(format!("orphan {} inode {ino:#x} (no entry points to it)", attr.kind.name()));
+        } else if attr.kind == FileKind::Dir && refs != 1 {
+            report.problems.push(format!("directory {ino:#x} has {refs} entries"));
+        } else if attr.kind != FileKind::Dir && refs != attr.nlink {
+            report.problems.push(format!("inode {ino:#x} has nlink {} but {refs} entries", attr.nlink));
+        }
+    }
+    if !inodes.contains_key(&ROOT_INO) {
+        report.problems.push("the root directory is missing".into());
+    }
+    report.problems.sort();
+    report
+}

@@ -1,0 +1,131 @@
+//! `NamespaceShard`: one shard of the namespace, over its own LMDB environment.
+//!
+//! Reads run in the actor against a short read transaction. Mutations are
+//! handed to the shard's writer thread and answered after their group commit,
+//! so the actor never waits on a disk flush and queued mutations share one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use curvine_messages::shard::ShardMsg;
+use curvine_messages::{now_ns, FsResult};
+
+use crate::store::{ShardIdentity, ShardStore, StoreOptions};
+use crate::writer::Writer;
+
+pub struct NamespaceShard;
+
+#[derive(Clone)]
+pub struct ShardArgs {
+    pub path: PathBuf,
+    pub identity: ShardIdentity,
+    pub options: StoreOptions,
+    pub group_commit_max: usize,
+    pub op_record_ttl: Duration,
+}
+
+pub struct ShardState {
+    store: Arc<ShardStore>,
+    writer: Writer,
+    _thread: JoinHandle<()>,
+}
+
+fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
+    // The caller may have timed out and gone; nothing to do then.
+    let _ = reply.send(value);
+}
+
+impl ShardState {
+    fn read<T>(&self, reply: RpcReplyPort<FsResult<T>>, f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>) {
+        let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
+        answer(reply, result);
+    }
+
+    fn write<T, F>(&self, reply: RpcReplyPort<FsResult<T>>, f: F)
+    where
+        T: Send + 'static,
+        F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<T> + Send + 'static,
+    {
+        self.writer.submit(f, move |result| answer(reply, result));
+    }
+}
+
+impl Actor for NamespaceShard {
+    type Msg = ShardMsg;
+    type State = ShardState;
+    type Arguments = ShardArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<ShardMsg>, args: ShardArgs) -> Result<ShardState, ActorProcessingErr> {
+        let store = tokio::task::spawn_blocking(move || ShardStore::open(&args.path, &args.identity, &args.options))
+            .await??;
+        let store = Arc::new(store);
+        let (writer, thread) = Writer::start(store.clone(), args.group_commit_max);
+        let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
+        let shard = store.shard;
+        writer.submit(
+            move |s, txn| s.sweep_op_records(txn, before),
+            move |r| match r {
+                Ok(n) if n > 0 => tracing::info!(shard, swept = n, "removed stale step records"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(shard, error = %e, "sweeping step records failed"),
+            },
+        );
+        tracing::debug!(shard, "namespace shard started");
+        Ok(ShardState { store, writer, _thread: thread })
+    }
+
+    /// Waits until every mutation queued before the stop is committed.
+    async fn post_stop(&self, _myself: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        state.writer.submit(|_, _| Ok(()), move |r: FsResult<()>| {
+            let _ = tx.send(r);
+        });
+        let _ = rx.await;
+        tracing::debug!(shard = state.store.shard, "namespace shard stopped");
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        message: ShardMsg,
+        state: &mut ShardState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ShardMsg::Lookup { parent, name, reply } => state.read(reply, |s, t| s.lookup(t, parent, &name)),
+            ShardMsg::GetAttr { ino, reply } => state.read(reply, |s, t| s.getattr(t, ino)),
+            ShardMsg::ReadDir { ino, after, limit, reply } => {
+                state.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit))
+            }
+            ShardMsg::ListIntents { reply } => state.read(reply, |s, t| s.intents(t)),
+            ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
+            ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),
+            ShardMsg::Create { parent, name, attrs, reply } => {
+                state.write(reply, move |s, t| s.create(t, parent, &name, &attrs))
+            }
+            ShardMsg::MkdirLocal { parent, name, attrs, reply } => {
+                state.write(reply, move |s, t| s.mkdir_local(t, parent, &name, &attrs))
+            }
+            ShardMsg::SetAttr { ino, set, reply } => state.write(reply, move |s, t| s.setattr(t, ino, &set)),
+            ShardMsg::Unlink { parent, name, reply } => state.write(reply, move |s, t| s.unlink(t, parent, &name)),
+            ShardMsg::RmdirLocal { parent, name, reply } => {
+                state.write(reply, move |s, t| s.rmdir_local(t, parent, &name))
+            }
+            ShardMsg::RenameLocal { src_parent, src_name, dst_parent, dst_name, reply } => state.write(reply, move |s, t| {
+                s.rename_local(t, src_parent, &src_name, dst_parent, &dst_name)
+            }),
+            ShardMsg::BeginIntent { action, reply } => state.write(reply, move |s, t| s.begin_intent(t, &action)),
+            ShardMsg::AbortIntent { op, reply } => state.write(reply, move |s, t| s.abort_intent(t, op)),
+            ShardMsg::ApplyStep { op, step_no, step, reply } => {
+                state.write(reply, move |s, t| s.apply_step(t, op, step_no, &step))
+            }
+            ShardMsg::EndIntent { op, reply } => state.write(reply, move |s, t| s.end_intent(t, op)),
+            ShardMsg::ForgetOp { op } => state.writer.submit(move |s, t| s.forget_op(t, op), |_| {}),
+        }
+        Ok(())
+    }
+}

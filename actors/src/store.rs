@@ -1,0 +1,875 @@
+//! One shard's LMDB environment: layout, reads and mutations.
+//!
+//! Databases (keys big-endian so that LMDB's order is numeric order):
+//!
+//! | database   | key                  | value                         |
+//! |------------|----------------------|-------------------------------|
+//! | `meta`     | `"shard"`            | [`ShardMeta`]                 |
+//! | `inodes`   | ino                  | [`Attr`]                      |
+//! | `dentries` | parent ++ name       | [`DentryValue`]               |
+//! | `xattrs`   | ino ++ name          | raw bytes (reserved)          |
+//! | `intents`  | op                   | [`Intent`]                    |
+//! | `ops`      | op ++ step_no        | [`StepRecord`]                |
+//! | `locks`    | parent ++ name       | [`NameLock`]                  |
+//!
+//! Every value starts with a version byte (`curvine_messages::codec`).
+//! Mutations check everything before they write, and run inside a nested
+//! transaction of the group commit, so a failed mutation leaves nothing.
+//! A directory's inode and its entries always live in the same shard.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use heed::types::Bytes;
+use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
+use serde::{Deserialize, Serialize};
+
+use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
+use curvine_messages::shard::{
+    DentryValue, Intent, IntentOp, NameLock, RenameOutcome, ShardMeta, ShardScan, Step, StepResult, UnlinkOutcome,
+};
+use curvine_messages::{
+    make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, SetAttr, ShardId,
+    ShardStats, TimeSet, ROOT_INO,
+};
+
+type Db = Database<'static, Bytes, Bytes>;
+
+/// Converts an LMDB error into the error a caller sees.
+pub fn lmdb_err(e: heed::Error) -> FsError {
+    match e {
+        heed::Error::Mdb(heed::MdbError::MapFull) => {
+            FsError::NoSpace("shard metadata store is full (raise meta.map_size)".into())
+        }
+        other => FsError::Io(format!("metadata store: {other}")),
+    }
+}
+
+fn decode<T: Versioned>(bytes: &[u8]) -> FsResult<T> {
+    decode_versioned(bytes).map_err(FsError::from)
+}
+
+fn key_ino(ino: Ino) -> [u8; 8] {
+    ino.to_be_bytes()
+}
+
+fn key_name(parent: Ino, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + name.len());
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn key_step(op: OpId, step_no: u8) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[..8].copy_from_slice(&op.to_be_bytes());
+    k[8] = step_no;
+    k
+}
+
+fn ino_from(bytes: &[u8]) -> FsResult<Ino> {
+    bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| FsError::Corrupt("short key in metadata store".into()))
+}
+
+/// The recorded result of one step, with when it was applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub at_ns: i64,
+    pub result: StepResult,
+}
+
+impl Versioned for StepRecord {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "step record";
+}
+
+/// Identity a shard is formatted with.
+#[derive(Debug, Clone)]
+pub struct ShardIdentity {
+    pub cluster_id: String,
+    pub shard: ShardId,
+    pub shard_count: u32,
+}
+
+/// Options for opening an environment.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub map_size: u64,
+    pub max_readers: u32,
+    pub sync_commit: bool,
+}
+
+/// Environments opened by this process, by path. LMDB allows one per path per
+/// process, and a restarted shard actor must find the one it had.
+fn opened() -> &'static Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>> {
+    static OPENED: OnceLock<Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>>> = OnceLock::new();
+    OPENED.get_or_init(Default::default)
+}
+
+fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<WithoutTls>> {
+    let mut map = opened().lock().map_err(|_| FsError::Io("environment registry poisoned".into()))?;
+    if let Some(env) = map.get(path) {
+        return Ok(env);
+    }
+    std::fs::create_dir_all(path).map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
+    let mut opts = EnvOpenOptions::new().read_txn_without_tls();
+    opts.map_size(options.map_size as usize).max_dbs(16).max_readers(options.max_readers);
+    if !options.sync_commit {
+        // NO_SYNC alone keeps the database intact; a machine crash may lose the
+        // last commits. WRITE_MAP is never used (it can corrupt on a crash).
+        unsafe {
+            opts.flags(heed::EnvFlags::NO_SYNC);
+        }
+    }
+    // SAFETY: the path is opened once per process (the map above), and no other
+    // process opens a node's data directory (the node holds a lock file).
+    let env = unsafe { opts.open(path) }.map_err(lmdb_err)?;
+    let env: &'static Env<WithoutTls> = Box::leak(Box::new(env));
+    map.insert(path.to_path_buf(), env);
+    Ok(env)
+}
+
+/// One shard's store. Cheap to share: reads run on any thread, writes on the
+/// shard's writer thread.
+pub struct ShardStore {
+    pub shard: ShardId,
+    pub shard_count: u32,
+    pub cluster_id: String,
+    env: &'static Env<WithoutTls>,
+    meta: Db,
+    inodes: Db,
+    dentries: Db,
+    xattrs: Db,
+    intents: Db,
+    ops: Db,
+    locks: Db,
+}
+
+const META_KEY: &[u8] = b"shard";
+
+impl ShardStore {
+    /// Opens (and on first use formats) the environment at `path`. A store
+    /// formatted for another cluster or shard is refused.
+    pub fn open(path: &Path, identity: &ShardIdentity, options: &StoreOptions) -> FsResult<ShardStore> {
+        let env = open_env(path, options)?;
+        let wtxn = env.write_txn().map_err(lmdb_err)?;
+        let dbs = env
+            .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
+                let meta = opener.create_database::<Bytes, Bytes>(wtxn, Some("meta"))?;
+                let inodes = opener.create_database::<Bytes, Bytes>(wtxn, Some("inodes"))?;
+                let dentries = opener.create_database::<Bytes, Bytes>(wtxn, Some("dentries"))?;
+                let xattrs = opener.create_database::<Bytes, Bytes>(wtxn, Some("xattrs"))?;
+                let intents = opener.create_database::<Bytes, Bytes>(wtxn, Some("intents"))?;
+                let ops = opener.create_database::<Bytes, Bytes>(wtxn, Some("ops"))?;
+                let locks = opener.create_database::<Bytes, Bytes>(wtxn, Some("locks"))?;
+                Ok(CommitOrAbort::<_, ()>::Commit([meta, inodes, dentries, xattrs, intents, ops, locks]))
+            })
+            .map_err(lmdb_err)?;
+        let dbs = match dbs {
+            CommitOrAbort::Commit(d) => d,
+            CommitOrAbort::Abort(()) => return Err(FsError::Io("cannot create shard databases".into())),
+        };
+        let store = ShardStore {
+            shard: identity.shard,
+            shard_count: identity.shard_count,
+            cluster_id: identity.cluster_id.clone(),
+            env,
+            meta: dbs[0],
+            inodes: dbs[1],
+            dentries: dbs[2],
+            xattrs: dbs[3],
+            intents: dbs[4],
+            ops: dbs[5],
+            locks: dbs[6],
+        };
+        store.format_or_check(identity)?;
+        Ok(store)
+    }
+
+    fn format_or_check(&self, identity: &ShardIdentity) -> FsResult<()> {
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
+        match self.meta.get(&wtxn, META_KEY).map_err(lmdb_err)? {
+            Some(bytes) => {
+                let meta: ShardMeta = decode(bytes)?;
+                if meta.cluster_id != identity.cluster_id
+                    || meta.shard != identity.shard
+                    || meta.shard_count != identity.shard_count
+                {
+                    return Err(FsError::Corrupt(format!(
+                        "shard store at {} belongs to cluster {} shard {}/{}, not cluster {} shard {}/{}",
+                        self.env.path().display(),
+                        meta.cluster_id,
+                        meta.shard,
+                        meta.shard_count,
+                        identity.cluster_id,
+                        identity.shard,
+                        identity.shard_count
+                    )));
+                }
+                wtxn.abort();
+            }
+            None => {
+                let meta = ShardMeta {
+                    cluster_id: identity.cluster_id.clone(),
+                    shard: identity.shard,
+                    shard_count: identity.shard_count,
+                    next_ino: if identity.shard == 0 { ROOT_INO + 1 } else { 1 },
+                    next_op: 1,
+                };
+                self.meta.put(&mut wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+                if identity.shard == 0 {
+                    let now = now_ns();
+                    let root = Attr {
+                        ino: ROOT_INO,
+                        kind: FileKind::Dir,
+                        mode: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        atime_ns: now,
+                        mtime_ns: now,
+                        ctime_ns: now,
+                        nlink: 2,
+                        symlink: None,
+                        block_size: 0,
+                        replicas: 0,
+                        parent: ROOT_INO,
+                    };
+                    self.put_inode(&mut wtxn, &root)?;
+                }
+                wtxn.commit().map_err(lmdb_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn env(&self) -> &'static Env<WithoutTls> {
+        self.env
+    }
+
+    pub fn read_txn(&self) -> FsResult<RoTxn<'static, WithoutTls>> {
+        self.env.read_txn().map_err(lmdb_err)
+    }
+
+    fn is_local(&self, ino: Ino) -> bool {
+        shard_of(ino) == self.shard
+    }
+
+    // ---- reads -------------------------------------------------------------
+
+    pub fn inode(&self, txn: &RoTxn, ino: Ino) -> FsResult<Option<Attr>> {
+        match self.inodes.get(txn, &key_ino(ino)).map_err(lmdb_err)? {
+            Some(bytes) => Ok(Some(decode(bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn getattr(&self, txn: &RoTxn, ino: Ino) -> FsResult<Attr> {
+        self.inode(txn, ino)?.ok_or_else(|| FsError::NotFound(format!("inode {ino:#x}")))
+    }
+
+    /// A directory of this shard, or ENOENT/ENOTDIR.
+    fn dir(&self, txn: &RoTxn, ino: Ino) -> FsResult<Attr> {
+        if !self.is_local(ino) {
+            return Err(FsError::Io(format!("directory {ino:#x} is not held by shard {}", self.shard)));
+        }
+        let attr = self.getattr(txn, ino)?;
+        if attr.kind != FileKind::Dir {
+            return Err(FsError::NotADirectory(String::new()));
+        }
+        Ok(attr)
+    }
+
+    pub fn dentry(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<Option<DentryValue>> {
+        match self.dentries.get(txn, &key_name(parent, name)).map_err(lmdb_err)? {
+            Some(bytes) => Ok(Some(decode(bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn lookup(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
+        self.dir(txn, parent)?;
+        match self.dentry(txn, parent, name)? {
+            Some(v) => Ok(DirEntry { name: name.to_string(), ino: v.ino, kind: v.kind }),
+            None => Err(FsError::NotFound(String::new())),
+        }
+    }
+
+    pub fn readdir(&self, txn: &RoTxn, ino: Ino, after: Option<&str>, limit: u32) -> FsResult<Vec<DirEntry>> {
+        self.dir(txn, ino)?;
+        let start = key_name(ino, after.unwrap_or(""));
+        let end = key_name(ino + 1, "");
+        let lower = if after.is_some() { Bound::Excluded(start.as_slice()) } else { Bound::Included(start.as_slice()) };
+        let range = (lower, Bound::Excluded(end.as_slice()));
+        let mut out = Vec::new();
+        for item in self.dentries.range(txn, &range).map_err(lmdb_err)? {
+            if out.len() >= limit as usize {
+                break;
+            }
+            let (key, value) = item.map_err(lmdb_err)?;
+            let v: DentryValue = decode(value)?;
+            let name = std::str::from_utf8(&key[8..])
+                .map_err(|_| FsError::Corrupt(format!("entry name in directory {ino:#x} is not UTF-8")))?;
+            out.push(DirEntry { name: name.to_string(), ino: v.ino, kind: v.kind });
+        }
+        Ok(out)
+    }
+
+    fn has_children(&self, txn: &RoTxn, ino: Ino) -> FsResult<bool> {
+        let mut iter = self.dentries.prefix_iter(txn, &key_ino(ino)).map_err(lmdb_err)?;
+        Ok(iter.next().transpose().map_err(lmdb_err)?.is_some())
+    }
+
+    pub fn intents(&self, txn: &RoTxn) -> FsResult<Vec<Intent>> {
+        let mut out = Vec::new();
+        for item in self.intents.iter(txn).map_err(lmdb_err)? {
+            let (_, v) = item.map_err(lmdb_err)?;
+            out.push(decode(v)?);
+        }
+        Ok(out)
+    }
+
+    fn intent(&self, txn: &RoTxn, op: OpId) -> FsResult<Intent> {
+        match self.intents.get(txn, &key_ino(op)).map_err(lmdb_err)? {
+            Some(v) => decode(v),
+            None => Err(FsError::NotFound(format!("operation {op:#x}"))),
+        }
+    }
+
+    pub fn stats(&self, txn: &RoTxn) -> FsResult<ShardStats> {
+        Ok(ShardStats {
+            shard: self.shard,
+            inodes: self.inodes.len(txn).map_err(lmdb_err)?,
+            dentries: self.dentries.len(txn).map_err(lmdb_err)?,
+            intents: self.intents.len(txn).map_err(lmdb_err)?,
+            locks: self.locks.len(txn).map_err(lmdb_err)?,
+            disk_bytes: self.env.real_disk_size().unwrap_or(0),
+        })
+    }
+
+    pub fn scan(&self, txn: &RoTxn) -> FsResult<ShardScan> {
+        let mut scan = ShardScan { shard: self.shard, ..Default::default() };
+        for item in self.inodes.iter(txn).map_err(lmdb_err)? {
+            scan.inodes.push(decode(item.map_err(lmdb_err)?.1)?);
+        }
+        for item in self.dentries.iter(txn).map_err(lmdb_err)? {
+            let (key, value) = item.map_err(lmdb_err)?;
+            let v: DentryValue = decode(value)?;
+            let name = String::from_utf8_lossy(&key[8..]).into_owned();
+            scan.dentries.push((ino_from(key)?, DirEntry { name, ino: v.ino, kind: v.kind }));
+        }
+        scan.intents = self.intents(txn)?;
+        scan.locks = self.locks.len(txn).map_err(lmdb_err)?;
+        scan.op_records = self.ops.len(txn).map_err(lmdb_err)?;
+        Ok(scan)
+    }
+
+    // ---- write helpers -----------------------------------------------------
+
+    fn put_inode(&self, wtxn: &mut RwTxn, attr: &Attr) -> FsResult<()> {
+        self.inodes.put(wtxn, &key_ino(attr.ino), &encode_versioned(attr)).map_err(lmdb_err)
+    }
+
+    fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
+        self.inodes.delete(wtxn, &key_ino(ino)).map_err(lmdb_err)?;
+        let keys: Vec<Vec<u8>> = self
+            .xattrs
+            .prefix_iter(wtxn, &key_ino(ino))
+            .map_err(lmdb_err)?
+            .map(|r| r.map(|(k, _)| k.to_vec()))
+            .collect::<Result<_, _>>()
+            .map_err(lmdb_err)?;
+        for k in keys {
+            self.xattrs.delete(wtxn, &k).map_err(lmdb_err)?;
+        }
+        Ok(())
+    }
+
+    fn put_dentry(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> FsResult<()> {
+        self.dentries
+            .put(wtxn, &key_name(parent, name), &encode_versioned(&DentryValue { ino, kind }))
+            .map_err(lmdb_err)
+    }
+
+    fn delete_dentry(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<()> {
+        self.dentries.delete(wtxn, &key_name(parent, name)).map_err(lmdb_err).map(|_| ())
+    }
+
+    fn meta(&self, txn: &RoTxn) -> FsResult<ShardMeta> {
+        match self.meta.get(txn, META_KEY).map_err(lmdb_err)? {
+            Some(v) => decode(v),
+            None => Err(FsError::Corrupt(format!("shard {} has no meta record", self.shard))),
+        }
+    }
+
+    fn alloc_ino(&self, wtxn: &mut RwTxn) -> FsResult<Ino> {
+        let mut meta = self.meta(wtxn)?;
+        let ino = make_id(self.shard, meta.next_ino);
+        meta.next_ino += 1;
+        self.meta.put(wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+        Ok(ino)
+    }
+
+    fn alloc_op(&self, wtxn: &mut RwTxn) -> FsResult<OpId> {
+        let mut meta = self.meta(wtxn)?;
+        let op = make_id(self.shard, meta.next_op);
+        meta.next_op += 1;
+        self.meta.put(wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+        Ok(op)
+    }
+
+    fn lock_holder(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<Option<OpId>> {
+        match self.locks.get(txn, &key_name(parent, name)).map_err(lmdb_err)? {
+            Some(v) => Ok(Some(decode::<NameLock>(v)?.op)),
+            None => Ok(None),
+        }
+    }
+
+    /// Fails with `Busy` when another operation holds `parent/name`.
+    fn check_unlocked(&self, txn: &RoTxn, parent: Ino, name: &str, by: Option<OpId>) -> FsResult<()> {
+        match self.lock_holder(txn, parent, name)? {
+            Some(holder) if Some(holder) != by => {
+                Err(FsError::Busy(format!("'{name}' is being changed by operation {holder:#x}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn lock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
+        self.locks
+            .put(wtxn, &key_name(parent, name), &encode_versioned(&NameLock { op }))
+            .map_err(lmdb_err)
+    }
+
+    fn unlock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
+        if self.lock_holder(wtxn, parent, name)? == Some(op) {
+            self.locks.delete(wtxn, &key_name(parent, name)).map_err(lmdb_err)?;
+        }
+        Ok(())
+    }
+
+    /// Updates a directory after its entries changed: times, and link count
+    /// by `nlink_delta` (subdirectories added or removed).
+    fn touch_dir(&self, wtxn: &mut RwTxn, ino: Ino, nlink_delta: i32, now: i64) -> FsResult<()> {
+        let mut dir = self.getattr(wtxn, ino)?;
+        dir.nlink = (dir.nlink as i64 + nlink_delta as i64).max(2) as u32;
+        dir.mtime_ns = now;
+        dir.ctime_ns = now;
+        self.put_inode(wtxn, &dir)
+    }
+
+    fn new_attr(ino: Ino, attrs: &NewInode, parent: Ino) -> Attr {
+        let is_dir = attrs.kind == FileKind::Dir;
+        Attr {
+            ino,
+            kind: attrs.kind,
+            mode: attrs.mode & 0o7777,
+            uid: attrs.uid,
+            gid: attrs.gid,
+            size: attrs.symlink.as_ref().map(|t| t.len() as u64).unwrap_or(0),
+            atime_ns: attrs.now_ns,
+            mtime_ns: attrs.now_ns,
+            ctime_ns: attrs.now_ns,
+            nlink: if is_dir { 2 } else { 1 },
+            symlink: attrs.symlink.clone(),
+            block_size: 0,
+            replicas: 0,
+            parent: if is_dir { parent } else { 0 },
+        }
+    }
+
+    /// Decrements a local inode's link count, deleting it at zero.
+    fn drop_link_local(&self, wtxn: &mut RwTxn, ino: Ino, now: i64) -> FsResult<()> {
+        let Some(mut attr) = self.inode(wtxn, ino)? else {
+            return Ok(());
+        };
+        if attr.nlink <= 1 || attr.kind == FileKind::Dir {
+            self.delete_inode(wtxn, ino)
+        } else {
+            attr.nlink -= 1;
+            attr.ctime_ns = now;
+            self.put_inode(wtxn, &attr)
+        }
+    }
+
+    // ---- single-shard mutations --------------------------------------------
+
+    /// Creates a file or symlink with its inode in this shard.
+    pub fn create(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, attrs: &NewInode) -> FsResult<Attr> {
+        if attrs.kind == FileKind::Dir {
+            return Err(FsError::InvalidArgument("create makes files and symlinks; use mkdir".into()));
+        }
+        self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
+        if self.dentry(wtxn, parent, name)?.is_some() {
+            return Err(FsError::AlreadyExists(String::new()));
+        }
+        let ino = self.alloc_ino(wtxn)?;
+        let attr = Self::new_attr(ino, attrs, parent);
+        self.put_inode(wtxn, &attr)?;
+        self.put_dentry(wtxn, parent, name, ino, attr.kind)?;
+        self.touch_dir(wtxn, parent, 0, attrs.now_ns)?;
+        Ok(attr)
+    }
+
+    /// Creates a directory whose inode lives in this shard, like its parent.
+    pub fn mkdir_local(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, attrs: &NewInode) -> FsResult<Attr> {
+        self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
+        if self.dentry(wtxn, parent, name)?.is_some() {
+            return Err(FsError::AlreadyExists(String::new()));
+        }
+        let ino = self.alloc_ino(wtxn)?;
+        let attr = Self::new_attr(ino, &NewInode { kind: FileKind::Dir, ..attrs.clone() }, parent);
+        self.put_inode(wtxn, &attr)?;
+        self.put_dentry(wtxn, parent, name, ino, FileKind::Dir)?;
+        self.touch_dir(wtxn, parent, 1, attrs.now_ns)?;
+        Ok(attr)
+    }
+
+    pub fn setattr(&self, wtxn: &mut RwTxn, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
+        let mut attr = self.getattr(wtxn, ino)?;
+        let now = now_ns();
+        if let Some(size) = set.size {
+            match attr.kind {
+                FileKind::Dir => return Err(FsError::IsADirectory(String::new())),
+                FileKind::Symlink => return Err(FsError::InvalidArgument("cannot truncate a symlink".into())),
+                FileKind::File => {}
+            }
+            attr.size = size;
+            attr.mtime_ns = now;
+        }
+        if let Some(mode) = set.mode {
+            attr.mode = mode & 0o7777;
+        }
+        if let Some(uid) = set.uid {
+            attr.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            attr.gid = gid;
+        }
+        let time = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::Ns(ns) => ns,
+        };
+        if let Some(t) = set.atime {
+            attr.atime_ns = time(t);
+        }
+        if let Some(t) = set.mtime {
+            attr.mtime_ns = time(t);
+        }
+        attr.ctime_ns = now;
+        self.put_inode(wtxn, &attr)?;
+        Ok(attr)
+    }
+
+    /// Removes a file or symlink entry. Its inode goes with it when it is
+    /// local; otherwise an intent to drop the remote link is recorded.
+    pub fn unlink(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
+        self.dir(wtxn, parent)?;
+        let entry = self.dentry(wtxn, parent, name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        if entry.kind == FileKind::Dir {
+            return Err(FsError::IsADirectory(String::new()));
+        }
+        self.check_unlocked(wtxn, parent, name, None)?;
+        let now = now_ns();
+        self.delete_dentry(wtxn, parent, name)?;
+        self.touch_dir(wtxn, parent, 0, now)?;
+        let removed = DirEntry { name: name.to_string(), ino: entry.ino, kind: entry.kind };
+        if self.is_local(entry.ino) {
+            self.drop_link_local(wtxn, entry.ino, now)?;
+            Ok(UnlinkOutcome::Done(removed))
+        } else {
+            let op = self.alloc_op(wtxn)?;
+            let intent = Intent { op, action: IntentOp::DropLink { ino: entry.ino }, created_ns: now, aborting: false };
+            self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)?;
+            Ok(UnlinkOutcome::Pending(removed, intent))
+        }
+    }
+
+    /// Removes an empty directory whose inode lives here.
+    pub fn rmdir_local(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
+        self.dir(wtxn, parent)?;
+        let entry = self.dentry(wtxn, parent, name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        if entry.kind != FileKind::Dir {
+            return Err(FsError::NotADirectory(String::new()));
+        }
+        if !self.is_local(entry.ino) {
+            return Err(FsError::Io(format!("directory {:#x} is not held by shard {}", entry.ino, self.shard)));
+        }
+        self.check_unlocked(wtxn, parent, name, None)?;
+        if self.has_children(wtxn, entry.ino)? {
+            return Err(FsError::NotEmpty(String::new()));
+        }
+        self.delete_inode(wtxn, entry.ino)?;
+        self.delete_dentry(wtxn, parent, name)?;
+        self.touch_dir(wtxn, parent, -1, now_ns())?;
+        Ok(DirEntry { name: name.to_string(), ino: entry.ino, kind: entry.kind })
+    }
+
+    /// Renames between two directories of this shard when every inode the
+    /// rename changes is here too; otherwise answers `NeedsIntent` and changes nothing.
+    pub fn rename_local(
+        &self,
+        wtxn: &mut RwTxn,
+        src_parent: Ino,
+        src_name: &str,
+        dst_parent: Ino,
+        dst_name: &str,
+    ) -> FsResult<RenameOutcome> {
+        self.dir(wtxn, src_parent)?;
+        let src = self.dentry(wtxn, src_parent, src_name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        self.dir(wtxn, dst_parent)?;
+        self.check_unlocked(wtxn, src_parent, src_name, None)?;
+        self.check_unlocked(wtxn, dst_parent, dst_name, None)?;
+        if src_parent == dst_parent && src_name == dst_name {
+            return Ok(RenameOutcome::Done);
+        }
+        let dst = self.dentry(wtxn, dst_parent, dst_name)?;
+        let moves_dir = src.kind == FileKind::Dir && src_parent != dst_parent;
+        if moves_dir && !self.is_local(src.ino) {
+            return Ok(RenameOutcome::NeedsIntent);
+        }
+        if let Some(d) = dst {
+            if d.ino == src.ino {
+                return Ok(RenameOutcome::Done);
+            }
+            check_rename_kinds(src.kind, d.kind)?;
+            if !self.is_local(d.ino) {
+                return Ok(RenameOutcome::NeedsIntent);
+            }
+            if d.kind == FileKind::Dir && self.has_children(wtxn, d.ino)? {
+                return Err(FsError::NotEmpty(String::new()));
+            }
+        }
+        let now = now_ns();
+        let mut dst_delta = 0;
+        if let Some(d) = dst {
+            if d.kind == FileKind::Dir {
+                self.delete_inode(wtxn, d.ino)?;
+                dst_delta -= 1;
+            } else {
+                self.drop_link_local(wtxn, d.ino, now)?;
+            }
+        }
+        self.delete_dentry(wtxn, src_parent, src_name)?;
+        self.put_dentry(wtxn, dst_parent, dst_name, src.ino, src.kind)?;
+        if moves_dir {
+            let mut attr = self.getattr(wtxn, src.ino)?;
+            attr.parent = dst_parent;
+            attr.ctime_ns = now;
+            self.put_inode(wtxn, &attr)?;
+            self.touch_dir(wtxn, src_parent, -1, now)?;
+            dst_delta += 1;
+        } else if src_parent != dst_parent {
+            self.touch_dir(wtxn, src_parent, 0, now)?;
+        }
+        self.touch_dir(wtxn, dst_parent, dst_delta, now)?;
+        Ok(RenameOutcome::Done)
+    }
+
+    // ---- cross-shard operations --------------------------------------------
+
+    /// Validates a cross-shard operation, reserves its name and records it.
+    pub fn begin_intent(&self, wtxn: &mut RwTxn, action: &IntentOp) -> FsResult<Intent> {
+        let action = match action.clone() {
+            IntentOp::Mkdir { parent, name, attrs, child_shard } => {
+                self.dir(wtxn, parent)?;
+                self.check_unlocked(wtxn, parent, &name, None)?;
+                if self.dentry(wtxn, parent, &name)?.is_some() {
+                    return Err(FsError::AlreadyExists(String::new()));
+                }
+                IntentOp::Mkdir { parent, name, attrs, child_shard }
+            }
+            IntentOp::Rmdir { parent, name, .. } => {
+                self.dir(wtxn, parent)?;
+                let entry = self.dentry(wtxn, parent, &name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+                if entry.kind != FileKind::Dir {
+                    return Err(FsError::NotADirectory(String::new()));
+                }
+                self.check_unlocked(wtxn, parent, &name, None)?;
+                IntentOp::Rmdir { parent, name, ino: entry.ino }
+            }
+            IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, .. } => {
+                self.dir(wtxn, src_parent)?;
+                let entry =
+                    self.dentry(wtxn, src_parent, &src_name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+                self.check_unlocked(wtxn, src_parent, &src_name, None)?;
+                IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, ino: entry.ino, kind: entry.kind }
+            }
+            IntentOp::DropLink { .. } => {
+                return Err(FsError::InvalidArgument("drop-link intents are recorded by unlink".into()))
+            }
+        };
+        let op = self.alloc_op(wtxn)?;
+        match &action {
+            IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
+                self.lock_name(wtxn, *parent, name, op)?
+            }
+            IntentOp::Rename { src_parent, src_name, .. } => self.lock_name(wtxn, *src_parent, src_name, op)?,
+            IntentOp::DropLink { .. } => {}
+        }
+        let intent = Intent { op, action, created_ns: now_ns(), aborting: false };
+        self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)?;
+        Ok(intent)
+    }
+
+    pub fn abort_intent(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+        let mut intent = self.intent(wtxn, op)?;
+        intent.aborting = true;
+        self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)
+    }
+
+    /// Deletes a finished intent, the locks it still holds here and its step records here.
+    pub fn end_intent(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+        if let Ok(intent) = self.intent(wtxn, op) {
+            match &intent.action {
+                IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
+                    self.unlock_name(wtxn, *parent, name, op)?
+                }
+                IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, .. } => {
+                    self.unlock_name(wtxn, *src_parent, src_name, op)?;
+                    if shard_of(*dst_parent) == self.shard {
+                        self.unlock_name(wtxn, *dst_parent, dst_name, op)?;
+                    }
+                }
+                IntentOp::DropLink { .. } => {}
+            }
+        }
+        self.intents.delete(wtxn, &key_ino(op)).map_err(lmdb_err)?;
+        self.forget_op(wtxn, op)
+    }
+
+    /// Deletes the step records of an operation.
+    pub fn forget_op(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+        let keys: Vec<Vec<u8>> = self
+            .ops
+            .prefix_iter(wtxn, &key_ino(op))
+            .map_err(lmdb_err)?
+            .map(|r| r.map(|(k, _)| k.to_vec()))
+            .collect::<Result<_, _>>()
+            .map_err(lmdb_err)?;
+        for k in keys {
+            self.ops.delete(wtxn, &k).map_err(lmdb_err)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes step records older than `before_ns` whose operation is no
+    /// longer recorded as an intent here. Returns how many went.
+    pub fn sweep_op_records(&self, wtxn: &mut RwTxn, before_ns: i64) -> FsResult<u64> {
+        let mut stale = Vec::new();
+        for item in self.ops.iter(wtxn).map_err(lmdb_err)? {
+            let (k, v) = item.map_err(lmdb_err)?;
+            let record: StepRecord = decode(v)?;
+            if record.at_ns < before_ns {
+                stale.push(k.to_vec());
+            }
+        }
+        let mut removed = 0;
+        for k in stale {
+            let op = ino_from(&k)?;
+            if self.intents.get(wtxn, &key_ino(op)).map_err(lmdb_err)?.is_none() {
+                self.ops.delete(wtxn, &k).map_err(lmdb_err)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Applies one step of a cross-shard operation, or returns the result it
+    /// had when it was applied before.
+    pub fn apply_step(&self, wtxn: &mut RwTxn, op: OpId, step_no: u8, step: &Step) -> FsResult<StepResult> {
+        let key = key_step(op, step_no);
+        if let Some(bytes) = self.ops.get(wtxn, &key).map_err(lmdb_err)? {
+            return Ok(decode::<StepRecord>(bytes)?.result);
+        }
+        let now = now_ns();
+        let result = match step {
+            Step::CreateDirInode { attrs, parent } => {
+                let ino = self.alloc_ino(wtxn)?;
+                let attr = Self::new_attr(ino, &NewInode { kind: FileKind::Dir, ..attrs.clone() }, *parent);
+                self.put_inode(wtxn, &attr)?;
+                StepResult::Created(attr)
+            }
+            Step::RemoveDirIfEmpty { ino } => {
+                if self.inode(wtxn, *ino)?.is_some() {
+                    if self.has_children(wtxn, *ino)? {
+                        return Err(FsError::NotEmpty(String::new()));
+                    }
+                    self.delete_inode(wtxn, *ino)?;
+                }
+                StepResult::Done
+            }
+            Step::DropLink { ino } => {
+                self.drop_link_local(wtxn, *ino, now)?;
+                StepResult::Done
+            }
+            Step::SetDirParent { ino, parent } => {
+                if let Some(mut attr) = self.inode(wtxn, *ino)? {
+                    attr.parent = *parent;
+                    attr.ctime_ns = now;
+                    self.put_inode(wtxn, &attr)?;
+                }
+                StepResult::Done
+            }
+            Step::LockName { parent, name } => {
+                self.dir(wtxn, *parent)?;
+                self.check_unlocked(wtxn, *parent, name, Some(op))?;
+                let existing = self
+                    .dentry(wtxn, *parent, name)?
+                    .map(|v| DirEntry { name: name.clone(), ino: v.ino, kind: v.kind });
+                self.lock_name(wtxn, *parent, name, op)?;
+                StepResult::Existing(existing)
+            }
+            Step::LinkName { parent, name, ino, kind } => {
+                self.check_unlocked(wtxn, *parent, name, Some(op))?;
+                let replaced = self.dentry(wtxn, *parent, name)?;
+                let mut delta = 0;
+                if *kind == FileKind::Dir {
+                    delta += 1;
+                }
+                if replaced.is_some_and(|r| r.kind == FileKind::Dir) {
+                    delta -= 1;
+                }
+                self.put_dentry(wtxn, *parent, name, *ino, *kind)?;
+                self.touch_dir(wtxn, *parent, delta, now)?;
+                self.unlock_name(wtxn, *parent, name, op)?;
+                StepResult::Done
+            }
+            Step::UnlinkName { parent, name, ino } => {
+                if let Some(current) = self.dentry(wtxn, *parent, name)? {
+                    if current.ino == *ino {
+                        self.delete_dentry(wtxn, *parent, name)?;
+                        let delta = if current.kind == FileKind::Dir { -1 } else { 0 };
+                        self.touch_dir(wtxn, *parent, delta, now)?;
+                    }
+                }
+                self.unlock_name(wtxn, *parent, name, op)?;
+                StepResult::Done
+            }
+            Step::UnlockName { parent, name } => {
+                self.unlock_name(wtxn, *parent, name, op)?;
+                StepResult::Done
+            }
+        };
+        let record = StepRecord { at_ns: now, result: result.clone() };
+        self.ops.put(wtxn, &key, &encode_versioned(&record)).map_err(lmdb_err)?;
+        Ok(result)
+    }
+}
+
+/// POSIX rules for what a rename may replace.
+pub fn check_rename_kinds(src: FileKind, dst: FileKind) -> FsResult<()> {
+    match (src == FileKind::Dir, dst == FileKind::Dir) {
+        (true, false) => Err(FsError::NotADirectory(String::new())),
+        (false, true) => Err(FsError::IsADirectory(String::new())),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,99 @@
+//! The node's data directory: identity of the cluster and the node, kept
+//! across restarts, and a lock so that only one process uses it.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use curvine_conf::Config;
+
+/// Version of the identity file's layout.
+const IDENTITY_VERSION: u32 = 1;
+const IDENTITY_FILE: &str = "identity.toml";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub version: u32,
+    pub cluster_id: String,
+    pub cluster_name: String,
+    pub node_id: String,
+    pub shard_count: u32,
+    pub cookie: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("cannot use data directory {path}: {reason}")]
+    Io { path: String, reason: String },
+    #[error("data directory {path} is in use by another curvine-node process")]
+    Locked { path: String },
+    #[error("{path} is not a valid identity file: {reason}")]
+    Invalid { path: String, reason: String },
+    #[error("{path} was written by a newer release (layout {found}, this release reads {supported})")]
+    Newer { path: String, found: u32, supported: u32 },
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut rng = rand::thread_rng();
+    (0..bytes).map(|_| format!("{:02x}", rng.gen::<u8>())).collect()
+}
+
+/// An open data directory, locked for this process while the value lives.
+pub struct DataDir {
+    pub path: PathBuf,
+    pub identity: Identity,
+    pub formatted_now: bool,
+    _lock: File,
+}
+
+impl DataDir {
+    /// Opens the data directory, formatting a new cluster on first use.
+    pub fn open(path: &Path, config: &Config) -> Result<DataDir, IdentityError> {
+        let io = |reason: std::io::Error| IdentityError::Io { path: path.display().to_string(), reason: reason.to_string() };
+        std::fs::create_dir_all(path).map_err(io)?;
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(path.join("LOCK")).map_err(io)?;
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(IdentityError::Locked { path: path.display().to_string() });
+        }
+        let file = path.join(IDENTITY_FILE);
+        let shown = file.display().to_string();
+        let (identity, formatted_now) = if file.exists() {
+            let text = std::fs::read_to_string(&file).map_err(io)?;
+            let identity: Identity =
+                toml::from_str(&text).map_err(|e| IdentityError::Invalid { path: shown.clone(), reason: e.to_string() })?;
+            if identity.version > IDENTITY_VERSION {
+                return Err(IdentityError::Newer { path: shown, found: identity.version, supported: IDENTITY_VERSION });
+            }
+            (identity, false)
+        } else {
+            let identity = Identity {
+                version: IDENTITY_VERSION,
+                cluster_id: random_hex(8),
+                cluster_name: config.cluster.name.clone(),
+                node_id: random_hex(6),
+                shard_count: config.cluster.shards,
+                cookie: if config.cluster.cookie.is_empty() { random_hex(16) } else { config.cluster.cookie.clone() },
+            };
+            let text = toml::to_string(&identity).map_err(|e| IdentityError::Invalid { path: shown, reason: e.to_string() })?;
+            // Write then rename, so a crash never leaves a half identity.
+            let tmp = path.join(format!("{IDENTITY_FILE}.tmp"));
+            let mut f = File::create(&tmp).map_err(io)?;
+            f.write_all(text.as_bytes()).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, &file).map_err(io)?;
+            File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
+            (identity, true)
+        };
+        Ok(DataDir { path: path.to_path_buf(), identity, formatted_now, _lock: lock })
+    }
+
+    /// Directory of one shard's LMDB environment.
+    pub fn shard_path(&self, shard: u16) -> PathBuf {
+        self.path.join("shards").join(format!("{shard:03}"))
+    }
+}

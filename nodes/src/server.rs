@@ -1,0 +1,129 @@
+//! The client port: accepts connections, checks the protocol version, and
+//! runs each request concurrently against the node's services.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use curvine_messages::codec::{check_frame_len, from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
+use curvine_messages::rpc::{HelloReply, RequestFrame, ResponseFrame};
+use curvine_messages::FsError;
+
+use crate::service::Service;
+
+/// Writes one length-prefixed frame.
+pub async fn write_frame<W: AsyncWriteExt + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(payload.len() as u32).to_be_bytes()).await?;
+    w.write_all(payload).await
+}
+
+/// Reads one length-prefixed frame; `None` at a clean end of stream.
+pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    check_frame_len(len).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    Ok(Some(buf))
+}
+
+pub async fn serve(listener: TcpListener, service: Arc<Service>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(stream, service).await {
+                        tracing::debug!(%peer, error = %e, "client connection closed");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let peer = stream.peer_addr().ok();
+    let (read, write) = stream.into_split();
+    let mut reader = BufReader::with_capacity(64 * 1024, read);
+    let mut writer = BufWriter::with_capacity(64 * 1024, write);
+
+    let mut hello = [0u8; Hello::LEN];
+    reader.read_exact(&mut hello).await?;
+    writer.write_all(&Hello::current().encode()).await?;
+    let refusal = match Hello::decode(&hello) {
+        Err(e) => Some(e.to_string()),
+        Ok(h) if h.version != PROTOCOL_VERSION => Some(format!(
+            "client speaks protocol version {} but this node speaks version {PROTOCOL_VERSION}; use a matching curvine release",
+            h.version
+        )),
+        Ok(_) => None,
+    };
+    let reply = HelloReply {
+        accepted: refusal.is_none(),
+        server_version: PROTOCOL_VERSION,
+        message: refusal.clone().unwrap_or_default(),
+        cluster_id: service.cluster_id().to_string(),
+        node_id: service.node_id().to_string(),
+    };
+    let bytes = to_bytes("hello reply", &reply).map_err(std::io::Error::other)?;
+    write_frame(&mut writer, &bytes).await?;
+    writer.flush().await?;
+    if let Some(reason) = refusal {
+        tracing::warn!(peer = ?peer, reason, "refused client");
+        return Ok(());
+    }
+
+    // Responses go through one writer task, in completion order.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer_task = tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            write_frame(&mut writer, &first).await?;
+            while let Ok(more) = rx.try_recv() {
+                write_frame(&mut writer, &more).await?;
+            }
+            writer.flush().await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+
+    while let Some(bytes) = read_frame(&mut reader).await? {
+        let frame: RequestFrame = match from_bytes("request", &bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                // The stream is out of step: answer once, then close.
+                let response = ResponseFrame { id: 0, result: Err(FsError::Protocol(e.to_string())) };
+                if let Ok(out) = to_bytes("response", &response) {
+                    let _ = tx.send(out);
+                }
+                break;
+            }
+        };
+        let service = service.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let result = service.handle(frame.request).await;
+            let response = ResponseFrame { id: frame.id, result };
+            let out = to_bytes("response", &response).unwrap_or_else(|e| {
+                let fallback = ResponseFrame { id: frame.id, result: Err(FsError::Protocol(e.to_string())) };
+                to_bytes("response", &fallback).unwrap_or_default()
+            });
+            let _ = tx.send(out);
+        });
+    }
+    drop(tx);
+    let _ = writer_task.await;
+    Ok(())
+}
