@@ -258,7 +258,7 @@ impl Namespace {
 
     /// Creates directory `name` in `parent`; its inode goes to the shard its
     /// name hashes to.
-    pub async fn mkdir_at(self: &Self, parent: Ino, name: &str, attrs: NewInode) -> FsResult<Attr> {
+    pub async fn mkdir_at(&self, parent: Ino, name: &str, attrs: NewInode) -> FsResult<Attr> {
         check_name(name)?;
         let home = shard_of(parent);
         let child = dir_shard(parent, name, self.shard_count);
@@ -361,8 +361,8 @@ impl Namespace {
             return Err(FsError::Busy("cannot rename the root directory".into()));
         }
         let (src_parent, src_name) = self.resolve_parent(src).await?;
-        let (dst_parent, dst_name) = self.resolve_parent(dst).await?;
         let entry = self.lookup(src_parent.ino, &src_name).await?;
+        let (dst_parent, dst_name) = self.resolve_parent(dst).await?;
         if entry.kind == FileKind::Dir && src_parent.ino != dst_parent.ino {
             let _guard = self.rename_lock.lock().await;
             self.check_not_inside(entry.ino, dst_parent.ino).await?;

@@ -1,0 +1,144 @@
+//! The CLI against a real node process: output like the Unix tools, errors
+//! as one line with a non-zero exit, JSON for scripts, restarts keep data.
+
+use std::io::{Read, Write};
+
+use curvine_integration::{bin, NodeProcess};
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(node: &NodeProcess, args: &[&str]) -> String {
+    let out = node.cli(args);
+    assert!(out.status.success(), "curvine-cli {args:?} failed: {}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn namespace_commands_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = NodeProcess::start(&dir.path().join("node"), &[]);
+
+    ok(&node, &["fs", "mkdir", "-p", "/data/train/images"]);
+    ok(&node, &["fs", "touch", "/data/train/a.jpg", "/data/train/b.jpg"]);
+    ok(&node, &["fs", "ln", "-s", "/data/train", "/data/latest"]);
+    assert_eq!(ok(&node, &["fs", "ls", "/data/train"]), "a.jpg\nb.jpg\nimages\n");
+    let long = ok(&node, &["fs", "ls", "-l", "/data"]);
+    assert!(long.contains("lrwxrwxrwx") && long.contains("latest -> /data/train"), "{long}");
+    assert!(long.lines().any(|l| l.starts_with("drwxr-xr-x") && l.ends_with(" train")), "{long}");
+    assert_eq!(ok(&node, &["fs", "readlink", "/data/latest"]), "/data/train\n");
+    // Relative paths, '.' and '..' as a shell user expects (from the root).
+    assert_eq!(ok(&node, &["fs", "ls", "data/./train/images/../.."]), "latest\ntrain\n");
+    // Through the symlink.
+    assert_eq!(ok(&node, &["fs", "ls", "/data/latest/images"]), "");
+
+    let recursive = ok(&node, &["fs", "ls", "-R", "/data"]);
+    assert!(recursive.contains("/data/train/images:"), "{recursive}");
+
+    // mv into a directory keeps the name, like mv.
+    ok(&node, &["fs", "mkdir", "/archive"]);
+    ok(&node, &["fs", "mv", "/data/train/a.jpg", "/archive"]);
+    assert_eq!(ok(&node, &["fs", "ls", "/archive"]), "a.jpg\n");
+
+    // Errors: one line naming the command and path, non-zero exit.
+    let out = node.cli(&["fs", "mkdir", "/missing/child"]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out), "curvine-cli: mkdir /missing/child: no such file or directory\n");
+    let out = node.cli(&["fs", "mv", "/data", "/data/train/inside"]);
+    assert_eq!(stderr(&out), "curvine-cli: mv /data: invalid argument: cannot move a directory into itself\n");
+    let out = node.cli(&["fs", "rmdir", "/data"]);
+    assert_eq!(stderr(&out), "curvine-cli: rmdir /data: directory not empty\n");
+    let out = node.cli(&["fs", "rm", "/data"]);
+    assert_eq!(stderr(&out), "curvine-cli: rm /data: is a directory\n");
+    let long_name = format!("/{}", "n".repeat(256));
+    let out = node.cli(&["fs", "touch", &long_name]);
+    assert!(stderr(&out).contains("file name too long"), "{}", stderr(&out));
+    let out = node.cli(&["fs", "mkdir", "/archive"]);
+    assert_eq!(stderr(&out), "curvine-cli: mkdir /archive: file exists\n");
+
+    // JSON for scripts.
+    let json: serde_json::Value = serde_json::from_str(&ok(&node, &["--json", "fs", "stat", "/archive/a.jpg"])).unwrap();
+    assert_eq!(json["type"], "file");
+    assert_eq!(json["path"], "/archive/a.jpg");
+    let report: serde_json::Value = serde_json::from_str(&ok(&node, &["--json", "report"])).unwrap();
+    assert_eq!(report["shard_count"], 16);
+    let inodes: u64 = report["nodes"][0]["shards"].as_array().unwrap().iter().map(|s| s["inodes"].as_u64().unwrap()).sum();
+    // root, data, train, images, b.jpg, latest, archive, a.jpg
+    assert_eq!(inodes, 8);
+
+    // rm -r and a consistent namespace afterwards.
+    ok(&node, &["fs", "rm", "-r", "/data"]);
+    assert_eq!(ok(&node, &["fs", "ls", "/"]), "archive\n");
+    assert!(ok(&node, &["admin", "fsck"]).contains("namespace is consistent"));
+
+    // A clean stop and a restart keep everything.
+    assert_eq!(node.terminate(), Some(0));
+    node.restart(&[]);
+    assert!(node.log_text().contains("reopened cluster"), "{}", node.log_text());
+    assert_eq!(ok(&node, &["fs", "ls", "/archive"]), "a.jpg\n");
+}
+
+#[test]
+fn conf_show_prints_values_and_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("c.toml");
+    std::fs::write(&conf, "[client]\nconnections = 3\n").unwrap();
+    let out = std::process::Command::new(bin("curvine-cli"))
+        .args(["conf", "show", "--conf"])
+        .arg(&conf)
+        .args(["-c", "log.level=debug"])
+        .env("CURVINE_META_GROUP_COMMIT_MAX", "64")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.lines().any(|l| l.starts_with("client.connections = 3") && l.contains("# file")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("log.level = \"debug\"") && l.contains("# flag -c log.level")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("meta.group_commit_max = 64") && l.contains("# env CURVINE_META_GROUP_COMMIT_MAX")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("cluster.shards = 16") && l.contains("# default")), "{text}");
+
+    let out = std::process::Command::new(bin("curvine-cli")).args(["conf", "show", "-c", "meta.map_size=huge"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("meta.map_size") && stderr(&out).contains("huge"), "{}", stderr(&out));
+}
+
+#[test]
+fn bad_config_stops_the_node_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin("curvine-node"))
+        .args(["start", "--data-dir"])
+        .arg(dir.path())
+        .args(["-c", "cluster.shards=0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("cluster.shards") && err.contains("1 to 256"), "{err}");
+}
+
+#[test]
+fn other_protocol_versions_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let mut stream = std::net::TcpStream::connect(&node.addr).unwrap();
+    stream.write_all(b"CRVN\x00\x63").unwrap();
+    let mut hello = [0u8; 6];
+    stream.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..4], b"CRVN");
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).unwrap();
+    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut frame).unwrap();
+    let reply: curvine_messages::rpc::HelloReply = curvine_messages::codec::from_bytes("hello", &frame).unwrap();
+    assert!(!reply.accepted);
+    assert!(reply.message.contains("protocol version 99"), "{}", reply.message);
+    // Garbage instead of a hello does not hurt the node.
+    let mut junk = std::net::TcpStream::connect(&node.addr).unwrap();
+    junk.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    drop(junk);
+    assert!(node.cli(&["fs", "ls", "/"]).status.success());
+}
