@@ -38,7 +38,9 @@ impl ShardDirectory {
         match self.refs.read().get(shard as usize) {
             Some(Some(actor)) => Ok(actor.clone()),
             Some(None) => Err(FsError::Unavailable(format!("shard {shard} is restarting"))),
-            None => Err(FsError::InvalidArgument(format!("shard {shard} does not exist"))),
+            None => Err(FsError::InvalidArgument(format!(
+                "shard {shard} does not exist"
+            ))),
         }
     }
 
@@ -80,7 +82,11 @@ pub struct HostState {
 }
 
 impl ShardHost {
-    async fn start_shard(myself: &ActorRef<HostMsg>, state: &mut HostState, id: ShardId) -> Result<(), ActorProcessingErr> {
+    async fn start_shard(
+        myself: &ActorRef<HostMsg>,
+        state: &mut HostState,
+        id: ShardId,
+    ) -> Result<(), ActorProcessingErr> {
         let args = state
             .args
             .shards
@@ -88,9 +94,14 @@ impl ShardHost {
             .find(|a| a.identity.shard == id)
             .cloned()
             .ok_or_else(|| format!("no arguments for shard {id}"))?;
-        let (actor, _) = Actor::spawn_linked(Some(format!("shard-{id}")), NamespaceShard, args, myself.get_cell())
-            .await
-            .map_err(|e| format!("shard {id} failed to start: {e}"))?;
+        let (actor, _) = Actor::spawn_linked(
+            Some(format!("shard-{id}")),
+            NamespaceShard,
+            args,
+            myself.get_cell(),
+        )
+        .await
+        .map_err(|e| format!("shard {id} failed to start: {e}"))?;
         state.by_actor.insert(actor.get_id(), id);
         state.args.directory.set(id, Some(actor));
         (state.args.on_started)(id);
@@ -103,8 +114,16 @@ impl Actor for ShardHost {
     type State = HostState;
     type Arguments = HostArgs;
 
-    async fn pre_start(&self, myself: ActorRef<HostMsg>, args: HostArgs) -> Result<HostState, ActorProcessingErr> {
-        let mut state = HostState { args, by_actor: HashMap::new(), trackers: HashMap::new() };
+    async fn pre_start(
+        &self,
+        myself: ActorRef<HostMsg>,
+        args: HostArgs,
+    ) -> Result<HostState, ActorProcessingErr> {
+        let mut state = HostState {
+            args,
+            by_actor: HashMap::new(),
+            trackers: HashMap::new(),
+        };
         let ids: Vec<ShardId> = state.args.shards.iter().map(|a| a.identity.shard).collect();
         for id in ids {
             Self::start_shard(&myself, &mut state, id).await?;
@@ -112,15 +131,26 @@ impl Actor for ShardHost {
         Ok(state)
     }
 
-    async fn post_stop(&self, myself: ActorRef<HostMsg>, state: &mut HostState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        myself: ActorRef<HostMsg>,
+        state: &mut HostState,
+    ) -> Result<(), ActorProcessingErr> {
         for id in 0..state.args.directory.shard_count() {
             state.args.directory.set(id as ShardId, None);
         }
-        myself.stop_children_and_wait(None, Some(Duration::from_secs(30))).await;
+        myself
+            .stop_children_and_wait(None, Some(Duration::from_secs(30)))
+            .await;
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<HostMsg>, message: HostMsg, state: &mut HostState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<HostMsg>,
+        message: HostMsg,
+        state: &mut HostState,
+    ) -> Result<(), ActorProcessingErr> {
         match message {
             HostMsg::Restart(id) => {
                 if let Err(e) = Self::start_shard(&myself, state, id).await {
@@ -173,7 +203,11 @@ impl ShardHost {
         match tracker.on_failure(&state.args.policy, Instant::now()) {
             Some(delay) => {
                 *state.args.directory.restarts.write().entry(id).or_default() += 1;
-                tracing::warn!(shard = id, delay_ms = delay.as_millis() as u64, "restarting shard");
+                tracing::warn!(
+                    shard = id,
+                    delay_ms = delay.as_millis() as u64,
+                    "restarting shard"
+                );
                 myself.send_after(delay, move || HostMsg::Restart(id));
                 Ok(())
             }

@@ -18,10 +18,12 @@ use ractor::RpcReplyPort;
 
 use curvine_messages::path::{check_name, components, join};
 use curvine_messages::rpc::{FsckReport, ListEntry, Listing, RemoveSummary};
-use curvine_messages::shard::{Intent, IntentOp, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome};
+use curvine_messages::shard::{
+    Intent, IntentOp, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome,
+};
 use curvine_messages::{
-    dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, SetAttr, ShardId,
-    ShardStats, TimeSet, MAX_SYMLINK_LEN, ROOT_INO,
+    dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId,
+    SetAttr, ShardId, ShardStats, TimeSet, MAX_SYMLINK_LEN, ROOT_INO,
 };
 
 use crate::host::ShardDirectory;
@@ -51,7 +53,12 @@ enum Follow {
 impl Namespace {
     pub fn new(directory: ShardDirectory, timeout: Duration) -> Arc<Namespace> {
         let shard_count = directory.shard_count();
-        Arc::new(Namespace { directory, shard_count, timeout, rename_lock: tokio::sync::Mutex::new(()) })
+        Arc::new(Namespace {
+            directory,
+            shard_count,
+            timeout,
+            rename_lock: tokio::sync::Mutex::new(()),
+        })
     }
 
     pub fn shard_count(&self) -> u32 {
@@ -69,10 +76,12 @@ impl Namespace {
         let actor = self.directory.get(shard)?;
         match actor.call(build, Some(wait)).await {
             Ok(CallResult::Success(result)) => result,
-            Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!("shard {shard} did not answer in {wait:?}"))),
-            Ok(CallResult::SenderError) | Err(_) => {
-                Err(FsError::Unavailable(format!("shard {shard} stopped while handling the request")))
-            }
+            Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
+                "shard {shard} did not answer in {wait:?}"
+            ))),
+            Ok(CallResult::SenderError) | Err(_) => Err(FsError::Unavailable(format!(
+                "shard {shard} stopped while handling the request"
+            ))),
         }
     }
 
@@ -86,7 +95,9 @@ impl Namespace {
         let mut delay = Duration::from_micros(500);
         loop {
             let wait = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
                 None => self.timeout,
             };
             match self.call_once(shard, &build, wait).await {
@@ -108,22 +119,42 @@ impl Namespace {
         shard: ShardId,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
-        self.call_until(shard, Some(Instant::now() + self.timeout), build).await
+        self.call_until(shard, Some(Instant::now() + self.timeout), build)
+            .await
     }
 
     /// An intent step: retried until it gets a definite answer. Steps run in
     /// a task of their own, so a request that times out does not stop them.
-    async fn step(&self, shard: ShardId, op: OpId, step_no: u8, step: Step) -> FsResult<StepResult> {
-        self.call_until(shard, None, move |reply| ShardMsg::ApplyStep { op, step_no, step: step.clone(), reply })
-            .await
+    async fn step(
+        &self,
+        shard: ShardId,
+        op: OpId,
+        step_no: u8,
+        step: Step,
+    ) -> FsResult<StepResult> {
+        self.call_until(shard, None, move |reply| ShardMsg::ApplyStep {
+            op,
+            step_no,
+            step: step.clone(),
+            reply,
+        })
+        .await
     }
 
     async fn end_intent(&self, op: OpId) -> FsResult<()> {
-        self.call_until(shard_of(op), None, |reply| ShardMsg::EndIntent { op, reply }).await
+        self.call_until(shard_of(op), None, |reply| ShardMsg::EndIntent {
+            op,
+            reply,
+        })
+        .await
     }
 
     async fn abort_intent(&self, op: OpId) -> FsResult<()> {
-        self.call_until(shard_of(op), None, |reply| ShardMsg::AbortIntent { op, reply }).await
+        self.call_until(shard_of(op), None, |reply| ShardMsg::AbortIntent {
+            op,
+            reply,
+        })
+        .await
     }
 
     fn forget(&self, op: OpId, shards: &[ShardId]) {
@@ -142,15 +173,32 @@ impl Namespace {
 
     pub async fn lookup(&self, parent: Ino, name: &str) -> FsResult<DirEntry> {
         let name = name.to_string();
-        self.call(shard_of(parent), move |reply| ShardMsg::Lookup { parent, name: name.clone(), reply }).await
+        self.call(shard_of(parent), move |reply| ShardMsg::Lookup {
+            parent,
+            name: name.clone(),
+            reply,
+        })
+        .await
     }
 
     pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.call(shard_of(ino), move |reply| ShardMsg::GetAttr { ino, reply }).await
+        self.call(shard_of(ino), move |reply| ShardMsg::GetAttr { ino, reply })
+            .await
     }
 
-    pub async fn readdir(&self, ino: Ino, after: Option<String>, limit: u32) -> FsResult<Vec<DirEntry>> {
-        self.call(shard_of(ino), move |reply| ShardMsg::ReadDir { ino, after: after.clone(), limit, reply }).await
+    pub async fn readdir(
+        &self,
+        ino: Ino,
+        after: Option<String>,
+        limit: u32,
+    ) -> FsResult<Vec<DirEntry>> {
+        self.call(shard_of(ino), move |reply| ShardMsg::ReadDir {
+            ino,
+            after: after.clone(),
+            limit,
+            reply,
+        })
+        .await
     }
 
     // ---- path resolution ---------------------------------------------------
@@ -174,7 +222,11 @@ impl Namespace {
                     return Err(FsError::TooManyLinks(join(parts)));
                 }
                 let target = self.getattr(entry.ino).await?.symlink.unwrap_or_default();
-                let base = if target.starts_with('/') { "/".to_string() } else { join(&done) };
+                let base = if target.starts_with('/') {
+                    "/".to_string()
+                } else {
+                    join(&done)
+                };
                 let target_parts = components(&target, &base)?;
                 for part in target_parts.into_iter().rev() {
                     pending.push(part);
@@ -195,14 +247,17 @@ impl Namespace {
     }
 
     pub async fn resolve(&self, path: &str) -> FsResult<Attr> {
-        self.resolve_parts(&components(path, "/")?, Follow::All).await
+        self.resolve_parts(&components(path, "/")?, Follow::All)
+            .await
     }
 
     /// Resolves the parent directory of a path; returns it with the last name.
     async fn resolve_parent(&self, path: &str) -> FsResult<(Attr, String)> {
         let parts = components(path, "/")?;
         let Some((name, parent)) = parts.split_last() else {
-            return Err(FsError::InvalidArgument("the root directory has no parent".into()));
+            return Err(FsError::InvalidArgument(
+                "the root directory has no parent".into(),
+            ));
         };
         let parent = self.resolve_parts(parent, Follow::All).await?;
         if parent.kind != FileKind::Dir {
@@ -215,15 +270,37 @@ impl Namespace {
 
     /// `stat`: follows a symlink at the end when `follow` is set.
     pub async fn stat(&self, path: &str, follow: bool) -> FsResult<Attr> {
-        let follow = if follow { Follow::All } else { Follow::Intermediate };
+        let follow = if follow {
+            Follow::All
+        } else {
+            Follow::Intermediate
+        };
         self.resolve_parts(&components(path, "/")?, follow).await
     }
 
-    pub async fn mkdir(&self, path: &str, parents: bool, mode: u32, uid: u32, gid: u32) -> FsResult<Attr> {
+    pub async fn mkdir(
+        &self,
+        path: &str,
+        parents: bool,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
         let parts = components(path, "/")?;
-        let attrs = |now| NewInode { kind: FileKind::Dir, mode, uid, gid, symlink: None, now_ns: now };
+        let attrs = |now| NewInode {
+            kind: FileKind::Dir,
+            mode,
+            uid,
+            gid,
+            symlink: None,
+            now_ns: now,
+        };
         if parts.is_empty() {
-            return if parents { self.getattr(ROOT_INO).await } else { Err(FsError::AlreadyExists(String::new())) };
+            return if parents {
+                self.getattr(ROOT_INO).await
+            } else {
+                Err(FsError::AlreadyExists(String::new()))
+            };
         }
         if !parents {
             let (parent, name) = self.resolve_parent(path).await?;
@@ -241,7 +318,9 @@ impl Namespace {
                 None => match self.mkdir_at(current.ino, name, attrs(now_ns())).await {
                     Ok(attr) => attr,
                     // Someone else made it meanwhile: fine for -p.
-                    Err(FsError::AlreadyExists(_)) => self.resolve_parts(&parts[..=i], Follow::All).await?,
+                    Err(FsError::AlreadyExists(_)) => {
+                        self.resolve_parts(&parts[..=i], Follow::All).await?
+                    }
                     Err(e) => return Err(e),
                 },
             };
@@ -273,9 +352,21 @@ impl Namespace {
                 })
                 .await;
         }
-        let action = IntentOp::Mkdir { parent, name, attrs, child_shard: child };
-        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
-        self.drive_in_task(intent).await.map(|attr| attr.expect("mkdir returns the new directory"))
+        let action = IntentOp::Mkdir {
+            parent,
+            name,
+            attrs,
+            child_shard: child,
+        };
+        let intent = self
+            .call(home, move |reply| ShardMsg::BeginIntent {
+                action: action.clone(),
+                reply,
+            })
+            .await?;
+        self.drive_in_task(intent)
+            .await
+            .map(|attr| attr.expect("mkdir returns the new directory"))
     }
 
     /// Lists a directory (or names a single file), with attributes.
@@ -284,7 +375,10 @@ impl Namespace {
         let attr = self.resolve_parts(&parts, Follow::All).await?;
         if attr.kind != FileKind::Dir {
             let name = parts.last().cloned().unwrap_or_else(|| "/".into());
-            return Ok(Listing { entries: vec![ListEntry { name, attr }], more: false });
+            return Ok(Listing {
+                entries: vec![ListEntry { name, attr }],
+                more: false,
+            });
         }
         let limit = limit.clamp(1, 100_000);
         let entries = self.readdir(attr.ino, after, limit + 1).await?;
@@ -292,7 +386,10 @@ impl Namespace {
         let mut out = Vec::with_capacity(entries.len().min(limit as usize));
         for entry in entries.into_iter().take(limit as usize) {
             match self.getattr(entry.ino).await {
-                Ok(attr) => out.push(ListEntry { name: entry.name, attr }),
+                Ok(attr) => out.push(ListEntry {
+                    name: entry.name,
+                    attr,
+                }),
                 // Removed between readdir and getattr: skip it, as ls does.
                 Err(FsError::NotFound(_)) => {}
                 Err(e) => return Err(e),
@@ -301,13 +398,31 @@ impl Namespace {
         Ok(Listing { entries: out, more })
     }
 
-    pub async fn touch(&self, path: &str, mode: u32, exclusive: bool, uid: u32, gid: u32) -> FsResult<Attr> {
+    pub async fn touch(
+        &self,
+        path: &str,
+        mode: u32,
+        exclusive: bool,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
         let (parent, name) = self.resolve_parent(path).await?;
-        let attrs = NewInode { kind: FileKind::File, mode, uid, gid, symlink: None, now_ns: now_ns() };
+        let attrs = NewInode {
+            kind: FileKind::File,
+            mode,
+            uid,
+            gid,
+            symlink: None,
+            now_ns: now_ns(),
+        };
         match self.create_at(parent.ino, &name, attrs).await {
             Err(FsError::AlreadyExists(_)) if !exclusive => {
                 let existing = self.resolve(path).await?;
-                let set = SetAttr { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..Default::default() };
+                let set = SetAttr {
+                    atime: Some(TimeSet::Now),
+                    mtime: Some(TimeSet::Now),
+                    ..Default::default()
+                };
                 self.setattr_ino(existing.ino, set).await
             }
             other => other,
@@ -331,17 +446,26 @@ impl Namespace {
             return Err(FsError::NotFound("empty symlink target".into()));
         }
         if target.len() > MAX_SYMLINK_LEN || target.contains('\0') {
-            return Err(FsError::NameTooLong(format!("symlink target longer than {MAX_SYMLINK_LEN} bytes or with NUL")));
+            return Err(FsError::NameTooLong(format!(
+                "symlink target longer than {MAX_SYMLINK_LEN} bytes or with NUL"
+            )));
         }
         let (parent, name) = self.resolve_parent(link).await?;
-        let attrs =
-            NewInode { kind: FileKind::Symlink, mode: 0o777, uid, gid, symlink: Some(target.into()), now_ns: now_ns() };
+        let attrs = NewInode {
+            kind: FileKind::Symlink,
+            mode: 0o777,
+            uid,
+            gid,
+            symlink: Some(target.into()),
+            now_ns: now_ns(),
+        };
         self.create_at(parent.ino, &name, attrs).await
     }
 
     pub async fn readlink(&self, path: &str) -> FsResult<String> {
         let attr = self.stat(path, false).await?;
-        attr.symlink.ok_or_else(|| FsError::InvalidArgument("not a symbolic link".into()))
+        attr.symlink
+            .ok_or_else(|| FsError::InvalidArgument("not a symbolic link".into()))
     }
 
     pub async fn setattr(&self, path: &str, set: SetAttr) -> FsResult<Attr> {
@@ -350,7 +474,12 @@ impl Namespace {
     }
 
     pub async fn setattr_ino(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
-        self.call(shard_of(ino), move |reply| ShardMsg::SetAttr { ino, set: set.clone(), reply }).await
+        self.call(shard_of(ino), move |reply| ShardMsg::SetAttr {
+            ino,
+            set: set.clone(),
+            reply,
+        })
+        .await
     }
 
     /// POSIX rename of paths.
@@ -366,9 +495,11 @@ impl Namespace {
         if entry.kind == FileKind::Dir && src_parent.ino != dst_parent.ino {
             let _guard = self.rename_lock.lock().await;
             self.check_not_inside(entry.ino, dst_parent.ino).await?;
-            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name).await
+            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
+                .await
         } else {
-            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name).await
+            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
+                .await
         }
     }
 
@@ -377,17 +508,27 @@ impl Namespace {
         let mut current = target;
         for _ in 0..100_000 {
             if current == dir {
-                return Err(FsError::InvalidArgument("cannot move a directory into itself".into()));
+                return Err(FsError::InvalidArgument(
+                    "cannot move a directory into itself".into(),
+                ));
             }
             if current == ROOT_INO {
                 return Ok(());
             }
             current = self.getattr(current).await?.parent;
         }
-        Err(FsError::Corrupt(format!("directory {target:#x} has no path to the root")))
+        Err(FsError::Corrupt(format!(
+            "directory {target:#x} has no path to the root"
+        )))
     }
 
-    async fn rename_at(&self, src_parent: Ino, src_name: &str, dst_parent: Ino, dst_name: &str) -> FsResult<()> {
+    async fn rename_at(
+        &self,
+        src_parent: Ino,
+        src_name: &str,
+        dst_parent: Ino,
+        dst_name: &str,
+    ) -> FsResult<()> {
         check_name(dst_name)?;
         let (sn, dn) = (src_name.to_string(), dst_name.to_string());
         let home = shard_of(src_parent);
@@ -405,8 +546,20 @@ impl Namespace {
                 return Ok(());
             }
         }
-        let action = IntentOp::Rename { src_parent, src_name: sn, dst_parent, dst_name: dn, ino: 0, kind: FileKind::File };
-        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
+        let action = IntentOp::Rename {
+            src_parent,
+            src_name: sn,
+            dst_parent,
+            dst_name: dn,
+            ino: 0,
+            kind: FileKind::File,
+        };
+        let intent = self
+            .call(home, move |reply| ShardMsg::BeginIntent {
+                action: action.clone(),
+                reply,
+            })
+            .await?;
         self.drive_in_task(intent).await.map(|_| ())
     }
 
@@ -457,8 +610,13 @@ impl Namespace {
 
     pub async fn unlink_at(&self, parent: Ino, name: &str) -> FsResult<()> {
         let name = name.to_string();
-        let outcome =
-            self.call(shard_of(parent), move |reply| ShardMsg::Unlink { parent, name: name.clone(), reply }).await?;
+        let outcome = self
+            .call(shard_of(parent), move |reply| ShardMsg::Unlink {
+                parent,
+                name: name.clone(),
+                reply,
+            })
+            .await?;
         match outcome {
             UnlinkOutcome::Done(_) => Ok(()),
             UnlinkOutcome::Pending(_, intent) => self.drive_in_task(intent).await.map(|_| ()),
@@ -470,12 +628,25 @@ impl Namespace {
         let name = name.to_string();
         if shard_of(ino) == home {
             return self
-                .call(home, move |reply| ShardMsg::RmdirLocal { parent, name: name.clone(), reply })
+                .call(home, move |reply| ShardMsg::RmdirLocal {
+                    parent,
+                    name: name.clone(),
+                    reply,
+                })
                 .await
                 .map(|_| ());
         }
-        let action = IntentOp::Rmdir { parent, name, ino: 0 };
-        let intent = self.call(home, move |reply| ShardMsg::BeginIntent { action: action.clone(), reply }).await?;
+        let action = IntentOp::Rmdir {
+            parent,
+            name,
+            ino: 0,
+        };
+        let intent = self
+            .call(home, move |reply| ShardMsg::BeginIntent {
+                action: action.clone(),
+                reply,
+            })
+            .await?;
         self.drive_in_task(intent).await.map(|_| ())
     }
 
@@ -489,7 +660,9 @@ impl Namespace {
         match tokio::time::timeout(self.timeout, task).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
-            Err(_) => Err(FsError::TimedOut("operation still in progress; it will complete".into())),
+            Err(_) => Err(FsError::TimedOut(
+                "operation still in progress; it will complete".into(),
+            )),
         }
     }
 
@@ -508,18 +681,38 @@ impl Namespace {
         let op = intent.op;
         let home = shard_of(op);
         match intent.action {
-            IntentOp::Mkdir { parent, name, attrs, child_shard } => {
+            IntentOp::Mkdir {
+                parent,
+                name,
+                attrs,
+                child_shard,
+            } => {
                 if intent.aborting {
                     self.end_intent(op).await?;
                     return Err(FsError::Io("mkdir was rolled back".into()));
                 }
-                let created = match self.step(child_shard, op, 1, Step::CreateDirInode { attrs, parent }).await {
+                let created = match self
+                    .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
+                    .await
+                {
                     Ok(StepResult::Created(attr)) => attr,
-                    Ok(other) => return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}"))),
+                    Ok(other) => {
+                        return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}")))
+                    }
                     Err(e) => return self.abort(op, &[], e).await,
                 };
-                self.step(home, op, 2, Step::LinkName { parent, name, ino: created.ino, kind: FileKind::Dir })
-                    .await?;
+                self.step(
+                    home,
+                    op,
+                    2,
+                    Step::LinkName {
+                        parent,
+                        name,
+                        ino: created.ino,
+                        kind: FileKind::Dir,
+                    },
+                )
+                .await?;
                 self.end_intent(op).await?;
                 self.forget(op, &[child_shard]);
                 Ok(Some(created))
@@ -529,28 +722,59 @@ impl Namespace {
                     self.end_intent(op).await?;
                     return Err(FsError::NotEmpty(String::new()));
                 }
-                if let Err(e) = self.step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino }).await {
+                if let Err(e) = self
+                    .step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino })
+                    .await
+                {
                     return self.abort(op, &[], e).await;
                 }
-                self.step(home, op, 2, Step::UnlinkName { parent, name, ino }).await?;
+                self.step(home, op, 2, Step::UnlinkName { parent, name, ino })
+                    .await?;
                 self.end_intent(op).await?;
                 self.forget(op, &[shard_of(ino)]);
                 Ok(None)
             }
-            IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, ino, kind } => {
+            IntentOp::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ino,
+                kind,
+            } => {
                 let dst_home = shard_of(dst_parent);
-                let unlock_dst = (dst_home, Step::UnlockName { parent: dst_parent, name: dst_name.clone() });
+                let unlock_dst = (
+                    dst_home,
+                    Step::UnlockName {
+                        parent: dst_parent,
+                        name: dst_name.clone(),
+                    },
+                );
                 if intent.aborting {
                     self.step(dst_home, op, 8, unlock_dst.1).await?;
                     self.end_intent(op).await?;
                     return Err(FsError::Io("rename was rolled back".into()));
                 }
-                let existing =
-                    match self.step(dst_home, op, 1, Step::LockName { parent: dst_parent, name: dst_name.clone() }).await {
-                        Ok(StepResult::Existing(e)) => e,
-                        Ok(other) => return Err(FsError::Corrupt(format!("rename step 1 returned {other:?}"))),
-                        Err(e) => return self.abort(op, &[], e).await,
-                    };
+                let existing = match self
+                    .step(
+                        dst_home,
+                        op,
+                        1,
+                        Step::LockName {
+                            parent: dst_parent,
+                            name: dst_name.clone(),
+                        },
+                    )
+                    .await
+                {
+                    Ok(StepResult::Existing(e)) => e,
+                    Ok(other) => {
+                        return Err(FsError::Corrupt(format!(
+                            "rename step 1 returned {other:?}"
+                        )))
+                    }
+                    Err(e) => return self.abort(op, &[], e).await,
+                };
                 if let Some(e) = &existing {
                     if e.ino == ino {
                         // Both names are links to one inode: POSIX does nothing.
@@ -562,19 +786,58 @@ impl Namespace {
                         return self.abort(op, &[unlock_dst], err).await;
                     }
                     if e.kind == FileKind::Dir {
-                        if let Err(err) = self.step(shard_of(e.ino), op, 2, Step::RemoveDirIfEmpty { ino: e.ino }).await {
+                        if let Err(err) = self
+                            .step(
+                                shard_of(e.ino),
+                                op,
+                                2,
+                                Step::RemoveDirIfEmpty { ino: e.ino },
+                            )
+                            .await
+                        {
                             return self.abort(op, &[unlock_dst], err).await;
                         }
                     }
                 }
-                self.step(dst_home, op, 3, Step::LinkName { parent: dst_parent, name: dst_name, ino, kind }).await?;
-                self.step(home, op, 4, Step::UnlinkName { parent: src_parent, name: src_name, ino }).await?;
+                self.step(
+                    dst_home,
+                    op,
+                    3,
+                    Step::LinkName {
+                        parent: dst_parent,
+                        name: dst_name,
+                        ino,
+                        kind,
+                    },
+                )
+                .await?;
+                self.step(
+                    home,
+                    op,
+                    4,
+                    Step::UnlinkName {
+                        parent: src_parent,
+                        name: src_name,
+                        ino,
+                    },
+                )
+                .await?;
                 if kind == FileKind::Dir && src_parent != dst_parent {
-                    self.step(shard_of(ino), op, 5, Step::SetDirParent { ino, parent: dst_parent }).await?;
+                    self.step(
+                        shard_of(ino),
+                        op,
+                        5,
+                        Step::SetDirParent {
+                            ino,
+                            parent: dst_parent,
+                        },
+                    )
+                    .await?;
                 }
                 let mut touched = vec![dst_home, shard_of(ino)];
                 if let Some(e) = existing.clone().filter(|e| e.kind != FileKind::Dir) {
-                    self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino }).await?;
+                    self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino })
+                        .await?;
                     touched.push(shard_of(e.ino));
                 } else if let Some(e) = &existing {
                     touched.push(shard_of(e.ino));
@@ -584,7 +847,8 @@ impl Namespace {
                 Ok(None)
             }
             IntentOp::DropLink { ino } => {
-                self.step(shard_of(ino), op, 1, Step::DropLink { ino }).await?;
+                self.step(shard_of(ino), op, 1, Step::DropLink { ino })
+                    .await?;
                 self.end_intent(op).await?;
                 self.forget(op, &[shard_of(ino)]);
                 Ok(None)
@@ -605,13 +869,21 @@ impl Namespace {
 
     /// Drives every intent recorded in `shard` (after it started). Returns how many.
     pub async fn redrive(&self, shard: ShardId) -> FsResult<usize> {
-        let intents = self.call_until(shard, None, |reply| ShardMsg::ListIntents { reply }).await?;
+        let intents = self
+            .call_until(shard, None, |reply| ShardMsg::ListIntents { reply })
+            .await?;
         let count = intents.len();
         for intent in intents {
             let op = intent.op;
             match self.drive(intent).await {
-                Ok(_) => tracing::info!(shard, op = format!("{op:#x}"), "re-drove intent to completion"),
-                Err(e) => tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back)"),
+                Ok(_) => tracing::info!(
+                    shard,
+                    op = format!("{op:#x}"),
+                    "re-drove intent to completion"
+                ),
+                Err(e) => {
+                    tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back)")
+                }
             }
         }
         Ok(count)
@@ -645,7 +917,12 @@ pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
     for scan in scans {
         for attr in &scan.inodes {
             if shard_of(attr.ino) != scan.shard {
-                report.problems.push(format!("inode {:#x} stored on shard {} but named for shard {}", attr.ino, scan.shard, shard_of(attr.ino)));
+                report.problems.push(format!(
+                    "inode {:#x} stored on shard {} but named for shard {}",
+                    attr.ino,
+                    scan.shard,
+                    shard_of(attr.ino)
+                ));
             }
             inodes.insert(attr.ino, attr);
         }
@@ -659,18 +936,33 @@ pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
         for (parent, entry) in &scan.dentries {
             report.dentries += 1;
             if shard_of(*parent) != scan.shard {
-                report.problems.push(format!("entry '{}' of directory {parent:#x} stored on shard {}", entry.name, scan.shard));
+                report.problems.push(format!(
+                    "entry '{}' of directory {parent:#x} stored on shard {}",
+                    entry.name, scan.shard
+                ));
             }
             match inodes.get(parent) {
                 Some(p) if p.kind == FileKind::Dir => {}
-                Some(_) => report.problems.push(format!("entry '{}' under non-directory {parent:#x}", entry.name)),
-                None => report.problems.push(format!("entry '{}' under missing directory {parent:#x}", entry.name)),
+                Some(_) => report.problems.push(format!(
+                    "entry '{}' under non-directory {parent:#x}",
+                    entry.name
+                )),
+                None => report.problems.push(format!(
+                    "entry '{}' under missing directory {parent:#x}",
+                    entry.name
+                )),
             }
             match inodes.get(&entry.ino) {
-                None => report.problems.push(format!("dangling entry '{}' in {parent:#x} -> missing inode {:#x}", entry.name, entry.ino)),
+                None => report.problems.push(format!(
+                    "dangling entry '{}' in {parent:#x} -> missing inode {:#x}",
+                    entry.name, entry.ino
+                )),
                 Some(attr) if attr.kind != entry.kind => report.problems.push(format!(
                     "entry '{}' in {parent:#x} says {} but inode {:#x} is a {}",
-                    entry.name, entry.kind.name(), entry.ino, attr.kind.name()
+                    entry.name,
+                    entry.kind.name(),
+                    entry.ino,
+                    attr.kind.name()
                 )),
                 Some(attr) => {
                     if attr.kind == FileKind::Dir {
@@ -692,7 +984,11 @@ pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
             report.directories += 1;
             let expected = 2 + subdirs.get(ino).copied().unwrap_or(0);
             if attr.nlink != expected {
-                report.problems.push(format!("directory {ino:#x} has nlink {} but {} subdirectories", attr.nlink, expected - 2));
+                report.problems.push(format!(
+                    "directory {ino:#x} has nlink {} but {} subdirectories",
+                    attr.nlink,
+                    expected - 2
+                ));
             }
         }
         if *ino == ROOT_INO {
@@ -700,11 +996,19 @@ pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
         }
         let refs = links.get(ino).copied().unwrap_or(0);
         if refs == 0 {
-            report.problems.push(format!("orphan {} inode {ino:#x} (no entry points to it)", attr.kind.name()));
+            report.problems.push(format!(
+                "orphan {} inode {ino:#x} (no entry points to it)",
+                attr.kind.name()
+            ));
         } else if attr.kind == FileKind::Dir && refs != 1 {
-            report.problems.push(format!("directory {ino:#x} has {refs} entries"));
+            report
+                .problems
+                .push(format!("directory {ino:#x} has {refs} entries"));
         } else if attr.kind != FileKind::Dir && refs != attr.nlink {
-            report.problems.push(format!("inode {ino:#x} has nlink {} but {refs} entries", attr.nlink));
+            report.problems.push(format!(
+                "inode {ino:#x} has nlink {} but {refs} entries",
+                attr.nlink
+            ));
         }
     }
     if !inodes.contains_key(&ROOT_INO) {

@@ -40,7 +40,11 @@ fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
 }
 
 impl ShardState {
-    fn read<T>(&self, reply: RpcReplyPort<FsResult<T>>, f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>) {
+    fn read<T>(
+        &self,
+        reply: RpcReplyPort<FsResult<T>>,
+        f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>,
+    ) {
         let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
         answer(reply, result);
     }
@@ -59,9 +63,15 @@ impl Actor for NamespaceShard {
     type State = ShardState;
     type Arguments = ShardArgs;
 
-    async fn pre_start(&self, _myself: ActorRef<ShardMsg>, args: ShardArgs) -> Result<ShardState, ActorProcessingErr> {
-        let store = tokio::task::spawn_blocking(move || ShardStore::open(&args.path, &args.identity, &args.options))
-            .await??;
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        args: ShardArgs,
+    ) -> Result<ShardState, ActorProcessingErr> {
+        let store = tokio::task::spawn_blocking(move || {
+            ShardStore::open(&args.path, &args.identity, &args.options)
+        })
+        .await??;
         let store = Arc::new(store);
         let (writer, thread) = Writer::start(store.clone(), args.group_commit_max);
         let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
@@ -75,15 +85,26 @@ impl Actor for NamespaceShard {
             },
         );
         tracing::debug!(shard, "namespace shard started");
-        Ok(ShardState { store, writer, _thread: thread })
+        Ok(ShardState {
+            store,
+            writer,
+            _thread: thread,
+        })
     }
 
     /// Waits until every mutation queued before the stop is committed.
-    async fn post_stop(&self, _myself: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        state: &mut ShardState,
+    ) -> Result<(), ActorProcessingErr> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        state.writer.submit(|_, _| Ok(()), move |r: FsResult<()>| {
-            let _ = tx.send(r);
-        });
+        state.writer.submit(
+            |_, _| Ok(()),
+            move |r: FsResult<()>| {
+                let _ = tx.send(r);
+            },
+        );
         let _ = rx.await;
         tracing::debug!(shard = state.store.shard, "namespace shard stopped");
         Ok(())
@@ -96,35 +117,73 @@ impl Actor for NamespaceShard {
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ShardMsg::Lookup { parent, name, reply } => state.read(reply, |s, t| s.lookup(t, parent, &name)),
+            ShardMsg::Lookup {
+                parent,
+                name,
+                reply,
+            } => state.read(reply, |s, t| s.lookup(t, parent, &name)),
             ShardMsg::GetAttr { ino, reply } => state.read(reply, |s, t| s.getattr(t, ino)),
-            ShardMsg::ReadDir { ino, after, limit, reply } => {
-                state.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit))
-            }
+            ShardMsg::ReadDir {
+                ino,
+                after,
+                limit,
+                reply,
+            } => state.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit)),
             ShardMsg::ListIntents { reply } => state.read(reply, |s, t| s.intents(t)),
             ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
             ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),
-            ShardMsg::Create { parent, name, attrs, reply } => {
-                state.write(reply, move |s, t| s.create(t, parent, &name, &attrs))
+            ShardMsg::Create {
+                parent,
+                name,
+                attrs,
+                reply,
+            } => state.write(reply, move |s, t| s.create(t, parent, &name, &attrs)),
+            ShardMsg::MkdirLocal {
+                parent,
+                name,
+                attrs,
+                reply,
+            } => state.write(reply, move |s, t| s.mkdir_local(t, parent, &name, &attrs)),
+            ShardMsg::SetAttr { ino, set, reply } => {
+                state.write(reply, move |s, t| s.setattr(t, ino, &set))
             }
-            ShardMsg::MkdirLocal { parent, name, attrs, reply } => {
-                state.write(reply, move |s, t| s.mkdir_local(t, parent, &name, &attrs))
-            }
-            ShardMsg::SetAttr { ino, set, reply } => state.write(reply, move |s, t| s.setattr(t, ino, &set)),
-            ShardMsg::Unlink { parent, name, reply } => state.write(reply, move |s, t| s.unlink(t, parent, &name)),
-            ShardMsg::RmdirLocal { parent, name, reply } => {
-                state.write(reply, move |s, t| s.rmdir_local(t, parent, &name))
-            }
-            ShardMsg::RenameLocal { src_parent, src_name, dst_parent, dst_name, reply } => state.write(reply, move |s, t| {
+            ShardMsg::Unlink {
+                parent,
+                name,
+                reply,
+            } => state.write(reply, move |s, t| s.unlink(t, parent, &name)),
+            ShardMsg::RmdirLocal {
+                parent,
+                name,
+                reply,
+            } => state.write(reply, move |s, t| s.rmdir_local(t, parent, &name)),
+            ShardMsg::RenameLocal {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                reply,
+            } => state.write(reply, move |s, t| {
                 s.rename_local(t, src_parent, &src_name, dst_parent, &dst_name)
             }),
-            ShardMsg::BeginIntent { action, reply } => state.write(reply, move |s, t| s.begin_intent(t, &action)),
-            ShardMsg::AbortIntent { op, reply } => state.write(reply, move |s, t| s.abort_intent(t, op)),
-            ShardMsg::ApplyStep { op, step_no, step, reply } => {
-                state.write(reply, move |s, t| s.apply_step(t, op, step_no, &step))
+            ShardMsg::BeginIntent { action, reply } => {
+                state.write(reply, move |s, t| s.begin_intent(t, &action))
             }
-            ShardMsg::EndIntent { op, reply } => state.write(reply, move |s, t| s.end_intent(t, op)),
-            ShardMsg::ForgetOp { op } => state.writer.submit(move |s, t| s.forget_op(t, op), |_| {}),
+            ShardMsg::AbortIntent { op, reply } => {
+                state.write(reply, move |s, t| s.abort_intent(t, op))
+            }
+            ShardMsg::ApplyStep {
+                op,
+                step_no,
+                step,
+                reply,
+            } => state.write(reply, move |s, t| s.apply_step(t, op, step_no, &step)),
+            ShardMsg::EndIntent { op, reply } => {
+                state.write(reply, move |s, t| s.end_intent(t, op))
+            }
+            ShardMsg::ForgetOp { op } => {
+                state.writer.submit(move |s, t| s.forget_op(t, op), |_| {})
+            }
         }
         Ok(())
     }

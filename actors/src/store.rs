@@ -28,11 +28,12 @@ use serde::{Deserialize, Serialize};
 
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::shard::{
-    DentryValue, Intent, IntentOp, NameLock, RenameOutcome, ShardMeta, ShardScan, Step, StepResult, UnlinkOutcome,
+    DentryValue, Intent, IntentOp, NameLock, RenameOutcome, ShardMeta, ShardScan, Step, StepResult,
+    UnlinkOutcome,
 };
 use curvine_messages::{
-    make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, SetAttr, ShardId,
-    ShardStats, TimeSet, ROOT_INO,
+    make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId,
+    SetAttr, ShardId, ShardStats, TimeSet, ROOT_INO,
 };
 
 type Db = Database<'static, Bytes, Bytes>;
@@ -113,13 +114,18 @@ fn opened() -> &'static Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>> {
 }
 
 fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<WithoutTls>> {
-    let mut map = opened().lock().map_err(|_| FsError::Io("environment registry poisoned".into()))?;
+    let mut map = opened()
+        .lock()
+        .map_err(|_| FsError::Io("environment registry poisoned".into()))?;
     if let Some(env) = map.get(path) {
         return Ok(env);
     }
-    std::fs::create_dir_all(path).map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
+    std::fs::create_dir_all(path)
+        .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
     let mut opts = EnvOpenOptions::new().read_txn_without_tls();
-    opts.map_size(options.map_size as usize).max_dbs(16).max_readers(options.max_readers);
+    opts.map_size(options.map_size as usize)
+        .max_dbs(16)
+        .max_readers(options.max_readers);
     if !options.sync_commit {
         // NO_SYNC alone keeps the database intact; a machine crash may lose the
         // last commits. WRITE_MAP is never used (it can corrupt on a crash).
@@ -156,7 +162,11 @@ const META_KEY: &[u8] = b"shard";
 impl ShardStore {
     /// Opens (and on first use formats) the environment at `path`. A store
     /// formatted for another cluster or shard is refused.
-    pub fn open(path: &Path, identity: &ShardIdentity, options: &StoreOptions) -> FsResult<ShardStore> {
+    pub fn open(
+        path: &Path,
+        identity: &ShardIdentity,
+        options: &StoreOptions,
+    ) -> FsResult<ShardStore> {
         let env = open_env(path, options)?;
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let dbs = env
@@ -168,12 +178,16 @@ impl ShardStore {
                 let intents = opener.create_database::<Bytes, Bytes>(wtxn, Some("intents"))?;
                 let ops = opener.create_database::<Bytes, Bytes>(wtxn, Some("ops"))?;
                 let locks = opener.create_database::<Bytes, Bytes>(wtxn, Some("locks"))?;
-                Ok(CommitOrAbort::<_, ()>::Commit([meta, inodes, dentries, xattrs, intents, ops, locks]))
+                Ok(CommitOrAbort::<_, ()>::Commit([
+                    meta, inodes, dentries, xattrs, intents, ops, locks,
+                ]))
             })
             .map_err(lmdb_err)?;
         let dbs = match dbs {
             CommitOrAbort::Commit(d) => d,
-            CommitOrAbort::Abort(()) => return Err(FsError::Io("cannot create shard databases".into())),
+            CommitOrAbort::Abort(()) => {
+                return Err(FsError::Io("cannot create shard databases".into()))
+            }
         };
         let store = ShardStore {
             shard: identity.shard,
@@ -222,7 +236,9 @@ impl ShardStore {
                     next_ino: if identity.shard == 0 { ROOT_INO + 1 } else { 1 },
                     next_op: 1,
                 };
-                self.meta.put(&mut wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+                self.meta
+                    .put(&mut wtxn, META_KEY, &encode_versioned(&meta))
+                    .map_err(lmdb_err)?;
                 if identity.shard == 0 {
                     let now = now_ns();
                     let root = Attr {
@@ -271,13 +287,17 @@ impl ShardStore {
     }
 
     pub fn getattr(&self, txn: &RoTxn, ino: Ino) -> FsResult<Attr> {
-        self.inode(txn, ino)?.ok_or_else(|| FsError::NotFound(format!("inode {ino:#x}")))
+        self.inode(txn, ino)?
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino:#x}")))
     }
 
     /// A directory of this shard, or ENOENT/ENOTDIR.
     fn dir(&self, txn: &RoTxn, ino: Ino) -> FsResult<Attr> {
         if !self.is_local(ino) {
-            return Err(FsError::Io(format!("directory {ino:#x} is not held by shard {}", self.shard)));
+            return Err(FsError::Io(format!(
+                "directory {ino:#x} is not held by shard {}",
+                self.shard
+            )));
         }
         let attr = self.getattr(txn, ino)?;
         if attr.kind != FileKind::Dir {
@@ -287,7 +307,11 @@ impl ShardStore {
     }
 
     pub fn dentry(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<Option<DentryValue>> {
-        match self.dentries.get(txn, &key_name(parent, name)).map_err(lmdb_err)? {
+        match self
+            .dentries
+            .get(txn, &key_name(parent, name))
+            .map_err(lmdb_err)?
+        {
             Some(bytes) => Ok(Some(decode(bytes)?)),
             None => Ok(None),
         }
@@ -296,16 +320,30 @@ impl ShardStore {
     pub fn lookup(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
         self.dir(txn, parent)?;
         match self.dentry(txn, parent, name)? {
-            Some(v) => Ok(DirEntry { name: name.to_string(), ino: v.ino, kind: v.kind }),
+            Some(v) => Ok(DirEntry {
+                name: name.to_string(),
+                ino: v.ino,
+                kind: v.kind,
+            }),
             None => Err(FsError::NotFound(String::new())),
         }
     }
 
-    pub fn readdir(&self, txn: &RoTxn, ino: Ino, after: Option<&str>, limit: u32) -> FsResult<Vec<DirEntry>> {
+    pub fn readdir(
+        &self,
+        txn: &RoTxn,
+        ino: Ino,
+        after: Option<&str>,
+        limit: u32,
+    ) -> FsResult<Vec<DirEntry>> {
         self.dir(txn, ino)?;
         let start = key_name(ino, after.unwrap_or(""));
         let end = key_name(ino + 1, "");
-        let lower = if after.is_some() { Bound::Excluded(start.as_slice()) } else { Bound::Included(start.as_slice()) };
+        let lower = if after.is_some() {
+            Bound::Excluded(start.as_slice())
+        } else {
+            Bound::Included(start.as_slice())
+        };
         let range = (lower, Bound::Excluded(end.as_slice()));
         let mut out = Vec::new();
         for item in self.dentries.range(txn, &range).map_err(lmdb_err)? {
@@ -314,15 +352,23 @@ impl ShardStore {
             }
             let (key, value) = item.map_err(lmdb_err)?;
             let v: DentryValue = decode(value)?;
-            let name = std::str::from_utf8(&key[8..])
-                .map_err(|_| FsError::Corrupt(format!("entry name in directory {ino:#x} is not UTF-8")))?;
-            out.push(DirEntry { name: name.to_string(), ino: v.ino, kind: v.kind });
+            let name = std::str::from_utf8(&key[8..]).map_err(|_| {
+                FsError::Corrupt(format!("entry name in directory {ino:#x} is not UTF-8"))
+            })?;
+            out.push(DirEntry {
+                name: name.to_string(),
+                ino: v.ino,
+                kind: v.kind,
+            });
         }
         Ok(out)
     }
 
     fn has_children(&self, txn: &RoTxn, ino: Ino) -> FsResult<bool> {
-        let mut iter = self.dentries.prefix_iter(txn, &key_ino(ino)).map_err(lmdb_err)?;
+        let mut iter = self
+            .dentries
+            .prefix_iter(txn, &key_ino(ino))
+            .map_err(lmdb_err)?;
         Ok(iter.next().transpose().map_err(lmdb_err)?.is_some())
     }
 
@@ -354,7 +400,10 @@ impl ShardStore {
     }
 
     pub fn scan(&self, txn: &RoTxn) -> FsResult<ShardScan> {
-        let mut scan = ShardScan { shard: self.shard, ..Default::default() };
+        let mut scan = ShardScan {
+            shard: self.shard,
+            ..Default::default()
+        };
         for item in self.inodes.iter(txn).map_err(lmdb_err)? {
             scan.inodes.push(decode(item.map_err(lmdb_err)?.1)?);
         }
@@ -362,7 +411,14 @@ impl ShardStore {
             let (key, value) = item.map_err(lmdb_err)?;
             let v: DentryValue = decode(value)?;
             let name = String::from_utf8_lossy(&key[8..]).into_owned();
-            scan.dentries.push((ino_from(key)?, DirEntry { name, ino: v.ino, kind: v.kind }));
+            scan.dentries.push((
+                ino_from(key)?,
+                DirEntry {
+                    name,
+                    ino: v.ino,
+                    kind: v.kind,
+                },
+            ));
         }
         scan.intents = self.intents(txn)?;
         scan.locks = self.locks.len(txn).map_err(lmdb_err)?;
@@ -373,7 +429,9 @@ impl ShardStore {
     // ---- write helpers -----------------------------------------------------
 
     fn put_inode(&self, wtxn: &mut RwTxn, attr: &Attr) -> FsResult<()> {
-        self.inodes.put(wtxn, &key_ino(attr.ino), &encode_versioned(attr)).map_err(lmdb_err)
+        self.inodes
+            .put(wtxn, &key_ino(attr.ino), &encode_versioned(attr))
+            .map_err(lmdb_err)
     }
 
     fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
@@ -391,20 +449,37 @@ impl ShardStore {
         Ok(())
     }
 
-    fn put_dentry(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> FsResult<()> {
+    fn put_dentry(
+        &self,
+        wtxn: &mut RwTxn,
+        parent: Ino,
+        name: &str,
+        ino: Ino,
+        kind: FileKind,
+    ) -> FsResult<()> {
         self.dentries
-            .put(wtxn, &key_name(parent, name), &encode_versioned(&DentryValue { ino, kind }))
+            .put(
+                wtxn,
+                &key_name(parent, name),
+                &encode_versioned(&DentryValue { ino, kind }),
+            )
             .map_err(lmdb_err)
     }
 
     fn delete_dentry(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<()> {
-        self.dentries.delete(wtxn, &key_name(parent, name)).map_err(lmdb_err).map(|_| ())
+        self.dentries
+            .delete(wtxn, &key_name(parent, name))
+            .map_err(lmdb_err)
+            .map(|_| ())
     }
 
     fn meta(&self, txn: &RoTxn) -> FsResult<ShardMeta> {
         match self.meta.get(txn, META_KEY).map_err(lmdb_err)? {
             Some(v) => decode(v),
-            None => Err(FsError::Corrupt(format!("shard {} has no meta record", self.shard))),
+            None => Err(FsError::Corrupt(format!(
+                "shard {} has no meta record",
+                self.shard
+            ))),
         }
     }
 
@@ -412,7 +487,9 @@ impl ShardStore {
         let mut meta = self.meta(wtxn)?;
         let ino = make_id(self.shard, meta.next_ino);
         meta.next_ino += 1;
-        self.meta.put(wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+        self.meta
+            .put(wtxn, META_KEY, &encode_versioned(&meta))
+            .map_err(lmdb_err)?;
         Ok(ino)
     }
 
@@ -420,36 +497,54 @@ impl ShardStore {
         let mut meta = self.meta(wtxn)?;
         let op = make_id(self.shard, meta.next_op);
         meta.next_op += 1;
-        self.meta.put(wtxn, META_KEY, &encode_versioned(&meta)).map_err(lmdb_err)?;
+        self.meta
+            .put(wtxn, META_KEY, &encode_versioned(&meta))
+            .map_err(lmdb_err)?;
         Ok(op)
     }
 
     fn lock_holder(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<Option<OpId>> {
-        match self.locks.get(txn, &key_name(parent, name)).map_err(lmdb_err)? {
+        match self
+            .locks
+            .get(txn, &key_name(parent, name))
+            .map_err(lmdb_err)?
+        {
             Some(v) => Ok(Some(decode::<NameLock>(v)?.op)),
             None => Ok(None),
         }
     }
 
     /// Fails with `Busy` when another operation holds `parent/name`.
-    fn check_unlocked(&self, txn: &RoTxn, parent: Ino, name: &str, by: Option<OpId>) -> FsResult<()> {
+    fn check_unlocked(
+        &self,
+        txn: &RoTxn,
+        parent: Ino,
+        name: &str,
+        by: Option<OpId>,
+    ) -> FsResult<()> {
         match self.lock_holder(txn, parent, name)? {
-            Some(holder) if Some(holder) != by => {
-                Err(FsError::Busy(format!("'{name}' is being changed by operation {holder:#x}")))
-            }
+            Some(holder) if Some(holder) != by => Err(FsError::Busy(format!(
+                "'{name}' is being changed by operation {holder:#x}"
+            ))),
             _ => Ok(()),
         }
     }
 
     fn lock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
         self.locks
-            .put(wtxn, &key_name(parent, name), &encode_versioned(&NameLock { op }))
+            .put(
+                wtxn,
+                &key_name(parent, name),
+                &encode_versioned(&NameLock { op }),
+            )
             .map_err(lmdb_err)
     }
 
     fn unlock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
         if self.lock_holder(wtxn, parent, name)? == Some(op) {
-            self.locks.delete(wtxn, &key_name(parent, name)).map_err(lmdb_err)?;
+            self.locks
+                .delete(wtxn, &key_name(parent, name))
+                .map_err(lmdb_err)?;
         }
         Ok(())
     }
@@ -501,9 +596,17 @@ impl ShardStore {
     // ---- single-shard mutations --------------------------------------------
 
     /// Creates a file or symlink with its inode in this shard.
-    pub fn create(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, attrs: &NewInode) -> FsResult<Attr> {
+    pub fn create(
+        &self,
+        wtxn: &mut RwTxn,
+        parent: Ino,
+        name: &str,
+        attrs: &NewInode,
+    ) -> FsResult<Attr> {
         if attrs.kind == FileKind::Dir {
-            return Err(FsError::InvalidArgument("create makes files and symlinks; use mkdir".into()));
+            return Err(FsError::InvalidArgument(
+                "create makes files and symlinks; use mkdir".into(),
+            ));
         }
         self.dir(wtxn, parent)?;
         self.check_unlocked(wtxn, parent, name, None)?;
@@ -519,14 +622,27 @@ impl ShardStore {
     }
 
     /// Creates a directory whose inode lives in this shard, like its parent.
-    pub fn mkdir_local(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, attrs: &NewInode) -> FsResult<Attr> {
+    pub fn mkdir_local(
+        &self,
+        wtxn: &mut RwTxn,
+        parent: Ino,
+        name: &str,
+        attrs: &NewInode,
+    ) -> FsResult<Attr> {
         self.dir(wtxn, parent)?;
         self.check_unlocked(wtxn, parent, name, None)?;
         if self.dentry(wtxn, parent, name)?.is_some() {
             return Err(FsError::AlreadyExists(String::new()));
         }
         let ino = self.alloc_ino(wtxn)?;
-        let attr = Self::new_attr(ino, &NewInode { kind: FileKind::Dir, ..attrs.clone() }, parent);
+        let attr = Self::new_attr(
+            ino,
+            &NewInode {
+                kind: FileKind::Dir,
+                ..attrs.clone()
+            },
+            parent,
+        );
         self.put_inode(wtxn, &attr)?;
         self.put_dentry(wtxn, parent, name, ino, FileKind::Dir)?;
         self.touch_dir(wtxn, parent, 1, attrs.now_ns)?;
@@ -539,7 +655,9 @@ impl ShardStore {
         if let Some(size) = set.size {
             match attr.kind {
                 FileKind::Dir => return Err(FsError::IsADirectory(String::new())),
-                FileKind::Symlink => return Err(FsError::InvalidArgument("cannot truncate a symlink".into())),
+                FileKind::Symlink => {
+                    return Err(FsError::InvalidArgument("cannot truncate a symlink".into()))
+                }
                 FileKind::File => {}
             }
             attr.size = size;
@@ -573,7 +691,9 @@ impl ShardStore {
     /// local; otherwise an intent to drop the remote link is recorded.
     pub fn unlink(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
         self.dir(wtxn, parent)?;
-        let entry = self.dentry(wtxn, parent, name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        let entry = self
+            .dentry(wtxn, parent, name)?
+            .ok_or_else(|| FsError::NotFound(String::new()))?;
         if entry.kind == FileKind::Dir {
             return Err(FsError::IsADirectory(String::new()));
         }
@@ -581,14 +701,25 @@ impl ShardStore {
         let now = now_ns();
         self.delete_dentry(wtxn, parent, name)?;
         self.touch_dir(wtxn, parent, 0, now)?;
-        let removed = DirEntry { name: name.to_string(), ino: entry.ino, kind: entry.kind };
+        let removed = DirEntry {
+            name: name.to_string(),
+            ino: entry.ino,
+            kind: entry.kind,
+        };
         if self.is_local(entry.ino) {
             self.drop_link_local(wtxn, entry.ino, now)?;
             Ok(UnlinkOutcome::Done(removed))
         } else {
             let op = self.alloc_op(wtxn)?;
-            let intent = Intent { op, action: IntentOp::DropLink { ino: entry.ino }, created_ns: now, aborting: false };
-            self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)?;
+            let intent = Intent {
+                op,
+                action: IntentOp::DropLink { ino: entry.ino },
+                created_ns: now,
+                aborting: false,
+            };
+            self.intents
+                .put(wtxn, &key_ino(op), &encode_versioned(&intent))
+                .map_err(lmdb_err)?;
             Ok(UnlinkOutcome::Pending(removed, intent))
         }
     }
@@ -596,12 +727,17 @@ impl ShardStore {
     /// Removes an empty directory whose inode lives here.
     pub fn rmdir_local(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
         self.dir(wtxn, parent)?;
-        let entry = self.dentry(wtxn, parent, name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        let entry = self
+            .dentry(wtxn, parent, name)?
+            .ok_or_else(|| FsError::NotFound(String::new()))?;
         if entry.kind != FileKind::Dir {
             return Err(FsError::NotADirectory(String::new()));
         }
         if !self.is_local(entry.ino) {
-            return Err(FsError::Io(format!("directory {:#x} is not held by shard {}", entry.ino, self.shard)));
+            return Err(FsError::Io(format!(
+                "directory {:#x} is not held by shard {}",
+                entry.ino, self.shard
+            )));
         }
         self.check_unlocked(wtxn, parent, name, None)?;
         if self.has_children(wtxn, entry.ino)? {
@@ -610,7 +746,11 @@ impl ShardStore {
         self.delete_inode(wtxn, entry.ino)?;
         self.delete_dentry(wtxn, parent, name)?;
         self.touch_dir(wtxn, parent, -1, now_ns())?;
-        Ok(DirEntry { name: name.to_string(), ino: entry.ino, kind: entry.kind })
+        Ok(DirEntry {
+            name: name.to_string(),
+            ino: entry.ino,
+            kind: entry.kind,
+        })
     }
 
     /// Renames between two directories of this shard when every inode the
@@ -624,7 +764,9 @@ impl ShardStore {
         dst_name: &str,
     ) -> FsResult<RenameOutcome> {
         self.dir(wtxn, src_parent)?;
-        let src = self.dentry(wtxn, src_parent, src_name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+        let src = self
+            .dentry(wtxn, src_parent, src_name)?
+            .ok_or_else(|| FsError::NotFound(String::new()))?;
         self.dir(wtxn, dst_parent)?;
         self.check_unlocked(wtxn, src_parent, src_name, None)?;
         self.check_unlocked(wtxn, dst_parent, dst_name, None)?;
@@ -679,32 +821,64 @@ impl ShardStore {
     /// Validates a cross-shard operation, reserves its name and records it.
     pub fn begin_intent(&self, wtxn: &mut RwTxn, action: &IntentOp) -> FsResult<Intent> {
         let action = match action.clone() {
-            IntentOp::Mkdir { parent, name, attrs, child_shard } => {
+            IntentOp::Mkdir {
+                parent,
+                name,
+                attrs,
+                child_shard,
+            } => {
                 self.dir(wtxn, parent)?;
                 self.check_unlocked(wtxn, parent, &name, None)?;
                 if self.dentry(wtxn, parent, &name)?.is_some() {
                     return Err(FsError::AlreadyExists(String::new()));
                 }
-                IntentOp::Mkdir { parent, name, attrs, child_shard }
+                IntentOp::Mkdir {
+                    parent,
+                    name,
+                    attrs,
+                    child_shard,
+                }
             }
             IntentOp::Rmdir { parent, name, .. } => {
                 self.dir(wtxn, parent)?;
-                let entry = self.dentry(wtxn, parent, &name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+                let entry = self
+                    .dentry(wtxn, parent, &name)?
+                    .ok_or_else(|| FsError::NotFound(String::new()))?;
                 if entry.kind != FileKind::Dir {
                     return Err(FsError::NotADirectory(String::new()));
                 }
                 self.check_unlocked(wtxn, parent, &name, None)?;
-                IntentOp::Rmdir { parent, name, ino: entry.ino }
+                IntentOp::Rmdir {
+                    parent,
+                    name,
+                    ino: entry.ino,
+                }
             }
-            IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, .. } => {
+            IntentOp::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ..
+            } => {
                 self.dir(wtxn, src_parent)?;
-                let entry =
-                    self.dentry(wtxn, src_parent, &src_name)?.ok_or_else(|| FsError::NotFound(String::new()))?;
+                let entry = self
+                    .dentry(wtxn, src_parent, &src_name)?
+                    .ok_or_else(|| FsError::NotFound(String::new()))?;
                 self.check_unlocked(wtxn, src_parent, &src_name, None)?;
-                IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, ino: entry.ino, kind: entry.kind }
+                IntentOp::Rename {
+                    src_parent,
+                    src_name,
+                    dst_parent,
+                    dst_name,
+                    ino: entry.ino,
+                    kind: entry.kind,
+                }
             }
             IntentOp::DropLink { .. } => {
-                return Err(FsError::InvalidArgument("drop-link intents are recorded by unlink".into()))
+                return Err(FsError::InvalidArgument(
+                    "drop-link intents are recorded by unlink".into(),
+                ))
             }
         };
         let op = self.alloc_op(wtxn)?;
@@ -712,18 +886,31 @@ impl ShardStore {
             IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
                 self.lock_name(wtxn, *parent, name, op)?
             }
-            IntentOp::Rename { src_parent, src_name, .. } => self.lock_name(wtxn, *src_parent, src_name, op)?,
+            IntentOp::Rename {
+                src_parent,
+                src_name,
+                ..
+            } => self.lock_name(wtxn, *src_parent, src_name, op)?,
             IntentOp::DropLink { .. } => {}
         }
-        let intent = Intent { op, action, created_ns: now_ns(), aborting: false };
-        self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)?;
+        let intent = Intent {
+            op,
+            action,
+            created_ns: now_ns(),
+            aborting: false,
+        };
+        self.intents
+            .put(wtxn, &key_ino(op), &encode_versioned(&intent))
+            .map_err(lmdb_err)?;
         Ok(intent)
     }
 
     pub fn abort_intent(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
         let mut intent = self.intent(wtxn, op)?;
         intent.aborting = true;
-        self.intents.put(wtxn, &key_ino(op), &encode_versioned(&intent)).map_err(lmdb_err)
+        self.intents
+            .put(wtxn, &key_ino(op), &encode_versioned(&intent))
+            .map_err(lmdb_err)
     }
 
     /// Deletes a finished intent, the locks it still holds here and its step records here.
@@ -733,7 +920,13 @@ impl ShardStore {
                 IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
                     self.unlock_name(wtxn, *parent, name, op)?
                 }
-                IntentOp::Rename { src_parent, src_name, dst_parent, dst_name, .. } => {
+                IntentOp::Rename {
+                    src_parent,
+                    src_name,
+                    dst_parent,
+                    dst_name,
+                    ..
+                } => {
                     self.unlock_name(wtxn, *src_parent, src_name, op)?;
                     if shard_of(*dst_parent) == self.shard {
                         self.unlock_name(wtxn, *dst_parent, dst_name, op)?;
@@ -775,7 +968,12 @@ impl ShardStore {
         let mut removed = 0;
         for k in stale {
             let op = ino_from(&k)?;
-            if self.intents.get(wtxn, &key_ino(op)).map_err(lmdb_err)?.is_none() {
+            if self
+                .intents
+                .get(wtxn, &key_ino(op))
+                .map_err(lmdb_err)?
+                .is_none()
+            {
                 self.ops.delete(wtxn, &k).map_err(lmdb_err)?;
                 removed += 1;
             }
@@ -785,7 +983,13 @@ impl ShardStore {
 
     /// Applies one step of a cross-shard operation, or returns the result it
     /// had when it was applied before.
-    pub fn apply_step(&self, wtxn: &mut RwTxn, op: OpId, step_no: u8, step: &Step) -> FsResult<StepResult> {
+    pub fn apply_step(
+        &self,
+        wtxn: &mut RwTxn,
+        op: OpId,
+        step_no: u8,
+        step: &Step,
+    ) -> FsResult<StepResult> {
         let key = key_step(op, step_no);
         if let Some(bytes) = self.ops.get(wtxn, &key).map_err(lmdb_err)? {
             return Ok(decode::<StepRecord>(bytes)?.result);
@@ -794,7 +998,14 @@ impl ShardStore {
         let result = match step {
             Step::CreateDirInode { attrs, parent } => {
                 let ino = self.alloc_ino(wtxn)?;
-                let attr = Self::new_attr(ino, &NewInode { kind: FileKind::Dir, ..attrs.clone() }, *parent);
+                let attr = Self::new_attr(
+                    ino,
+                    &NewInode {
+                        kind: FileKind::Dir,
+                        ..attrs.clone()
+                    },
+                    *parent,
+                );
                 self.put_inode(wtxn, &attr)?;
                 StepResult::Created(attr)
             }
@@ -822,13 +1033,20 @@ impl ShardStore {
             Step::LockName { parent, name } => {
                 self.dir(wtxn, *parent)?;
                 self.check_unlocked(wtxn, *parent, name, Some(op))?;
-                let existing = self
-                    .dentry(wtxn, *parent, name)?
-                    .map(|v| DirEntry { name: name.clone(), ino: v.ino, kind: v.kind });
+                let existing = self.dentry(wtxn, *parent, name)?.map(|v| DirEntry {
+                    name: name.clone(),
+                    ino: v.ino,
+                    kind: v.kind,
+                });
                 self.lock_name(wtxn, *parent, name, op)?;
                 StepResult::Existing(existing)
             }
-            Step::LinkName { parent, name, ino, kind } => {
+            Step::LinkName {
+                parent,
+                name,
+                ino,
+                kind,
+            } => {
                 self.check_unlocked(wtxn, *parent, name, Some(op))?;
                 let replaced = self.dentry(wtxn, *parent, name)?;
                 let mut delta = 0;
@@ -859,8 +1077,13 @@ impl ShardStore {
                 StepResult::Done
             }
         };
-        let record = StepRecord { at_ns: now, result: result.clone() };
-        self.ops.put(wtxn, &key, &encode_versioned(&record)).map_err(lmdb_err)?;
+        let record = StepRecord {
+            at_ns: now,
+            result: result.clone(),
+        };
+        self.ops
+            .put(wtxn, &key, &encode_versioned(&record))
+            .map_err(lmdb_err)?;
         Ok(result)
     }
 }

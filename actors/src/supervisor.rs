@@ -38,7 +38,11 @@ impl RestartTracker {
     /// Records a failure; returns the delay before restarting, or `None` when
     /// the child failed too often and the failure must escalate.
     pub fn on_failure(&mut self, policy: &RestartPolicy, now: Instant) -> Option<Duration> {
-        while self.recent.front().is_some_and(|t| now.duration_since(*t) > policy.window) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > policy.window)
+        {
             self.recent.pop_front();
         }
         if self.recent.len() as u32 >= policy.max_restarts {

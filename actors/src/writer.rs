@@ -51,8 +51,12 @@ impl Writer {
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
         let job: Job = Box::new(move |store, txn| {
-            let result = catch_unwind(AssertUnwindSafe(|| mutation(store, txn)))
-                .unwrap_or_else(|_| Err(FsError::Io("internal error: metadata mutation panicked".into())));
+            let result =
+                catch_unwind(AssertUnwindSafe(|| mutation(store, txn))).unwrap_or_else(|_| {
+                    Err(FsError::Io(
+                        "internal error: metadata mutation panicked".into(),
+                    ))
+                });
             let ok = result.is_ok();
             let completion: Completion = Box::new(move |commit: FsResult<()>| match commit {
                 Ok(()) => reply(result),

@@ -10,7 +10,11 @@ use curvine_messages::{Attr, FileKind, FsError};
 use curvine_node::Client;
 
 #[derive(Parser)]
-#[command(name = "curvine-cli", version, about = "Command line of a curvine cache cluster")]
+#[command(
+    name = "curvine-cli",
+    version,
+    about = "Command line of a curvine cache cluster"
+)]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -123,9 +127,12 @@ enum FsCommand {
 }
 
 fn config(global: &Global) -> Result<(Loader, Config), String> {
-    let mut loader = Loader::standard(global.conf.as_deref(), &global.overrides).map_err(|e| e.to_string())?;
+    let mut loader =
+        Loader::standard(global.conf.as_deref(), &global.overrides).map_err(|e| e.to_string())?;
     if let Some(c) = &global.cluster {
-        loader.flag("client.cluster", c, "--cluster").map_err(|e| e.to_string())?;
+        loader
+            .flag("client.cluster", c, "--cluster")
+            .map_err(|e| e.to_string())?;
     }
     let config = loader.build().map_err(|e| e.to_string())?;
     Ok((loader, config))
@@ -139,7 +146,11 @@ struct Failure {
 }
 
 fn fail(op: &str, path: &str, e: FsError) -> Failure {
-    Failure { what: format!("{op} {path}"), error: e.to_string(), code: 1 }
+    Failure {
+        what: format!("{op} {path}"),
+        error: e.to_string(),
+        code: 1,
+    }
 }
 
 fn format_time(ns: i64) -> String {
@@ -157,7 +168,11 @@ fn format_time(ns: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}", rem / 3600, rem % 3600 / 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60
+    )
 }
 
 fn mode_string(attr: &Attr) -> String {
@@ -200,7 +215,11 @@ fn long_line(name: &str, attr: &Attr) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let setup = |e: String| Failure { what: "config".into(), error: e, code: 2 };
+    let setup = |e: String| Failure {
+        what: "config".into(),
+        error: e,
+        code: 2,
+    };
     let (loader, config) = config(&cli.global).map_err(setup)?;
     let json_out = cli.global.json;
     let command = match cli.command {
@@ -209,11 +228,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if json_out {
                 let list: Vec<_> = entries
                     .iter()
-                    .map(|e| json!({"key": e.key, "value": e.value, "source": e.source.to_string()}))
+                    .map(
+                        |e| json!({"key": e.key, "value": e.value, "source": e.source.to_string()}),
+                    )
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).unwrap_or_default()
+                );
             } else {
-                let width = entries.iter().map(|e| e.key.len() + e.value.len() + 3).max().unwrap_or(0);
+                let width = entries
+                    .iter()
+                    .map(|e| e.key.len() + e.value.len() + 3)
+                    .max()
+                    .unwrap_or(0);
                 for e in entries {
                     let kv = format!("{} = {}", e.key, e.value);
                     println!("{kv:<width$}  # {}", e.source);
@@ -234,18 +262,32 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Report => {
             let report = client.report().await.map_err(|e| fail("report", "", e))?;
             if json_out {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
             } else {
-                println!("cluster {} ({} shards, {} nodes)", report.cluster_id, report.shard_count, report.nodes.len());
+                println!(
+                    "cluster {} ({} shards, {} nodes)",
+                    report.cluster_id,
+                    report.shard_count,
+                    report.nodes.len()
+                );
                 for node in &report.nodes {
                     let inodes: u64 = node.shards.iter().map(|s| s.inodes).sum();
                     println!(
                         "node {}  client {}  cluster {}  data {}  inodes {}",
                         node.node_id, node.rpc_addr, node.cluster_addr, node.data_dir, inodes
                     );
-                    println!("  {:>5} {:>10} {:>10} {:>8} {:>12}", "shard", "inodes", "entries", "pending", "disk");
+                    println!(
+                        "  {:>5} {:>10} {:>10} {:>8} {:>12}",
+                        "shard", "inodes", "entries", "pending", "disk"
+                    );
                     for s in &node.shards {
-                        println!("  {:>5} {:>10} {:>10} {:>8} {:>12}", s.shard, s.inodes, s.dentries, s.intents, s.disk_bytes);
+                        println!(
+                            "  {:>5} {:>10} {:>10} {:>8} {:>12}",
+                            s.shard, s.inodes, s.dentries, s.intents, s.disk_bytes
+                        );
                     }
                 }
             }
@@ -253,19 +295,37 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Admin(AdminCommand::Fsck) => {
             let report = client.fsck().await.map_err(|e| fail("fsck", "", e))?;
             if json_out {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
             } else {
                 println!(
                     "{} inodes, {} directories, {} entries, {} pending operations, {} name locks",
-                    report.inodes, report.directories, report.dentries, report.pending_intents, report.locks
+                    report.inodes,
+                    report.directories,
+                    report.dentries,
+                    report.pending_intents,
+                    report.locks
                 );
                 for p in &report.problems {
                     println!("problem: {p}");
                 }
-                println!("{}", if report.problems.is_empty() { "namespace is consistent" } else { "namespace has problems" });
+                println!(
+                    "{}",
+                    if report.problems.is_empty() {
+                        "namespace is consistent"
+                    } else {
+                        "namespace has problems"
+                    }
+                );
             }
             if !report.problems.is_empty() {
-                return Err(Failure { what: "fsck".into(), error: format!("{} problems found", report.problems.len()), code: 1 });
+                return Err(Failure {
+                    what: "fsck".into(),
+                    error: format!("{} problems found", report.problems.len()),
+                    code: 1,
+                });
             }
         }
         Command::Fs(fs) => run_fs(&client, fs, json_out, &abs).await?,
@@ -283,13 +343,19 @@ async fn run_fs(
         FsCommand::Mkdir { parents, paths } => {
             for p in paths {
                 let path = abs(&p)?;
-                client.mkdir(&path, parents).await.map_err(|e| fail("mkdir", &p, e))?;
+                client
+                    .mkdir(&path, parents)
+                    .await
+                    .map_err(|e| fail("mkdir", &p, e))?;
             }
         }
         FsCommand::Touch { paths } => {
             for p in paths {
                 let path = abs(&p)?;
-                client.touch(&path).await.map_err(|e| fail("touch", &p, e))?;
+                client
+                    .touch(&path)
+                    .await
+                    .map_err(|e| fail("touch", &p, e))?;
             }
         }
         FsCommand::Stat { paths } => {
@@ -301,22 +367,42 @@ async fn run_fs(
                     v["path"] = json!(path);
                     println!("{v}");
                 } else {
-                    println!("  File: {path}{}", attr.symlink.as_ref().map(|t| format!(" -> {t}")).unwrap_or_default());
+                    println!(
+                        "  File: {path}{}",
+                        attr.symlink
+                            .as_ref()
+                            .map(|t| format!(" -> {t}"))
+                            .unwrap_or_default()
+                    );
                     println!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
                     println!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
-                    println!("Access: ({:04o}/{})  Uid: {}  Gid: {}", attr.mode, mode_string(&attr), attr.uid, attr.gid);
+                    println!(
+                        "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+                        attr.mode,
+                        mode_string(&attr),
+                        attr.uid,
+                        attr.gid
+                    );
                     println!("Access: {}", format_time(attr.atime_ns));
                     println!("Modify: {}", format_time(attr.mtime_ns));
                     println!("Change: {}", format_time(attr.ctime_ns));
                 }
             }
         }
-        FsCommand::Ls { long, recursive, paths } => {
+        FsCommand::Ls {
+            long,
+            recursive,
+            paths,
+        } => {
             let several = paths.len() > 1 || recursive;
-            let mut queue: std::collections::VecDeque<String> = paths.iter().map(|p| abs(p)).collect::<Result<_, _>>()?;
+            let mut queue: std::collections::VecDeque<String> =
+                paths.iter().map(|p| abs(p)).collect::<Result<_, _>>()?;
             let mut all = Vec::new();
             while let Some(path) = queue.pop_front() {
-                let entries = client.list_all(&path).await.map_err(|e| fail("ls", &path, e))?;
+                let entries = client
+                    .list_all(&path)
+                    .await
+                    .map_err(|e| fail("ls", &path, e))?;
                 if json_out {
                     for e in &entries {
                         let mut v = attr_json(&e.attr);
@@ -334,8 +420,16 @@ async fn run_fs(
                     }
                 }
                 if recursive {
-                    for e in entries.iter().rev().filter(|e| e.attr.kind == FileKind::Dir) {
-                        let child = if path == "/" { format!("/{}", e.name) } else { format!("{path}/{}", e.name) };
+                    for e in entries
+                        .iter()
+                        .rev()
+                        .filter(|e| e.attr.kind == FileKind::Dir)
+                    {
+                        let child = if path == "/" {
+                            format!("/{}", e.name)
+                        } else {
+                            format!("{path}/{}", e.name)
+                        };
                         queue.push_front(child);
                     }
                 }
@@ -350,12 +444,23 @@ async fn run_fs(
             if let Ok(attr) = client.stat(&d).await {
                 if attr.kind == FileKind::Dir && s != d {
                     let name = s.rsplit('/').next().unwrap_or_default();
-                    d = if d == "/" { format!("/{name}") } else { format!("{d}/{name}") };
+                    d = if d == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{d}/{name}")
+                    };
                 }
             }
-            client.rename(&s, &d).await.map_err(|e| fail("mv", &src, e))?;
+            client
+                .rename(&s, &d)
+                .await
+                .map_err(|e| fail("mv", &src, e))?;
         }
-        FsCommand::Rm { recursive, force, paths } => {
+        FsCommand::Rm {
+            recursive,
+            force,
+            paths,
+        } => {
             for p in paths {
                 let path = abs(&p)?;
                 match client.remove(&path, recursive).await {
@@ -368,16 +473,29 @@ async fn run_fs(
         FsCommand::Rmdir { paths } => {
             for p in paths {
                 let path = abs(&p)?;
-                client.rmdir(&path).await.map_err(|e| fail("rmdir", &p, e))?;
+                client
+                    .rmdir(&path)
+                    .await
+                    .map_err(|e| fail("rmdir", &p, e))?;
             }
         }
-        FsCommand::Ln { symbolic: _, target, link } => {
+        FsCommand::Ln {
+            symbolic: _,
+            target,
+            link,
+        } => {
             let path = abs(&link)?;
-            client.symlink(&target, &path).await.map_err(|e| fail("ln", &link, e))?;
+            client
+                .symlink(&target, &path)
+                .await
+                .map_err(|e| fail("ln", &link, e))?;
         }
         FsCommand::Readlink { path } => {
             let p = abs(&path)?;
-            let target = client.readlink(&p).await.map_err(|e| fail("readlink", &path, e))?;
+            let target = client
+                .readlink(&p)
+                .await
+                .map_err(|e| fail("readlink", &path, e))?;
             if json_out {
                 println!("{}", json!({"path": p, "target": target}));
             } else {
@@ -400,7 +518,11 @@ fn print_entries(entries: &[ListEntry], long: bool) {
 
 fn main() {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("curvine-cli: cannot start the runtime: {e}");

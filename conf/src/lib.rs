@@ -23,6 +23,7 @@ pub const ENV_PREFIX: &str = "CURVINE_";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[derive(Default)]
 pub struct Config {
     pub cluster: ClusterConf,
     pub node: NodeConf,
@@ -107,22 +108,13 @@ pub struct LogConf {
     pub level: String,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            cluster: ClusterConf::default(),
-            node: NodeConf::default(),
-            meta: MetaConf::default(),
-            client: ClientConf::default(),
-            supervisor: SupervisorConf::default(),
-            log: LogConf::default(),
-        }
-    }
-}
-
 impl Default for ClusterConf {
     fn default() -> Self {
-        ClusterConf { name: "curvine".into(), cookie: String::new(), shards: 16 }
+        ClusterConf {
+            name: "curvine".into(),
+            cookie: String::new(),
+            shards: 16,
+        }
     }
 }
 
@@ -173,7 +165,9 @@ impl Default for SupervisorConf {
 
 impl Default for LogConf {
     fn default() -> Self {
-        LogConf { level: "info".into() }
+        LogConf {
+            level: "info".into(),
+        }
     }
 }
 
@@ -181,9 +175,18 @@ impl Default for LogConf {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfError {
     #[error("unknown config key '{key}' (from {origin}){hint}")]
-    UnknownKey { key: String, origin: Source, hint: String },
+    UnknownKey {
+        key: String,
+        origin: Source,
+        hint: String,
+    },
     #[error("invalid value {value} for config key '{key}' (from {origin}): {allowed}")]
-    InvalidValue { key: String, value: String, origin: Source, allowed: String },
+    InvalidValue {
+        key: String,
+        value: String,
+        origin: Source,
+        allowed: String,
+    },
     #[error("cannot read config file {path}: {reason}")]
     File { path: String, reason: String },
     #[error("'{arg}' is not key=value")]
@@ -228,7 +231,11 @@ fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, toml::Value
     match value {
         toml::Value::Table(table) => {
             for (k, v) in table {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 if v.is_table() {
                     flatten(&key, v, out);
                 } else {
@@ -257,7 +264,8 @@ impl Loader {
     /// Starts from the defaults.
     pub fn new() -> Loader {
         let mut values = BTreeMap::new();
-        let defaults = toml::Value::try_from(Config::default()).unwrap_or(toml::Value::Table(Default::default()));
+        let defaults = toml::Value::try_from(Config::default())
+            .unwrap_or(toml::Value::Table(Default::default()));
         let mut flat = Vec::new();
         flatten("", &defaults, &mut flat);
         for (k, v) in flat {
@@ -273,22 +281,38 @@ impl Loader {
 
     fn unknown(&self, key: &str, source: Source) -> ConfError {
         let section = key.split('.').next().unwrap_or("");
-        let similar: Vec<&str> = self.keys().filter(|k| k.starts_with(&format!("{section}."))).collect();
+        let similar: Vec<&str> = self
+            .keys()
+            .filter(|k| k.starts_with(&format!("{section}.")))
+            .collect();
         let hint = if similar.is_empty() {
             format!("; sections are {}", self.sections().join(", "))
         } else {
             format!("; keys of [{section}] are {}", similar.join(", "))
         };
-        ConfError::UnknownKey { key: key.to_string(), origin: source, hint }
+        ConfError::UnknownKey {
+            key: key.to_string(),
+            origin: source,
+            hint,
+        }
     }
 
     fn sections(&self) -> Vec<String> {
-        let mut s: Vec<String> = self.keys().filter_map(|k| k.split('.').next()).map(String::from).collect();
+        let mut s: Vec<String> = self
+            .keys()
+            .filter_map(|k| k.split('.').next())
+            .map(String::from)
+            .collect();
         s.dedup();
         s
     }
 
-    fn set_value(&mut self, key: &str, value: toml::Value, source: Source) -> Result<(), ConfError> {
+    fn set_value(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        source: Source,
+    ) -> Result<(), ConfError> {
         let Some((default, _)) = self.values.get(key) else {
             return Err(self.unknown(key, source));
         };
@@ -296,7 +320,11 @@ impl Loader {
         // becomes a list, so `--seeds a:1` and `seeds = "a:1"` both work.
         let value = match (default, value) {
             (toml::Value::Array(_), toml::Value::String(s)) => toml::Value::Array(
-                s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|p| toml::Value::String(p.into())).collect(),
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| toml::Value::String(p.into()))
+                    .collect(),
             ),
             (_, v) => v,
         };
@@ -322,12 +350,22 @@ impl Loader {
                 "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
                 _ => return Err(invalid("expected true or false")),
             },
-            toml::Value::Integer(_) => {
-                toml::Value::Integer(text.trim().parse().map_err(|_| invalid("expected an integer"))?)
-            }
-            toml::Value::Float(_) => toml::Value::Float(text.trim().parse().map_err(|_| invalid("expected a number"))?),
+            toml::Value::Integer(_) => toml::Value::Integer(
+                text.trim()
+                    .parse()
+                    .map_err(|_| invalid("expected an integer"))?,
+            ),
+            toml::Value::Float(_) => toml::Value::Float(
+                text.trim()
+                    .parse()
+                    .map_err(|_| invalid("expected a number"))?,
+            ),
             toml::Value::Array(_) => toml::Value::Array(
-                text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|p| toml::Value::String(p.into())).collect(),
+                text.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| toml::Value::String(p.into()))
+                    .collect(),
             ),
             _ => toml::Value::String(text.to_string()),
         })
@@ -336,26 +374,35 @@ impl Loader {
     /// Checks that a single key's value deserializes, so the error names it.
     fn check_one(&self, key: &str, value: &toml::Value, source: &Source) -> Result<(), ConfError> {
         let mut trial = self.clone();
-        trial.values.insert(key.to_string(), (value.clone(), source.clone()));
-        trial.build_unchecked().map(|_| ()).map_err(|reason| ConfError::InvalidValue {
-            key: key.to_string(),
-            value: display_value(value),
-            origin: source.clone(),
-            allowed: reason,
-        })
+        trial
+            .values
+            .insert(key.to_string(), (value.clone(), source.clone()));
+        trial
+            .build_unchecked()
+            .map(|_| ())
+            .map_err(|reason| ConfError::InvalidValue {
+                key: key.to_string(),
+                value: display_value(value),
+                origin: source.clone(),
+                allowed: reason,
+            })
     }
 
     /// Applies a TOML file.
     pub fn file(&mut self, path: &str) -> Result<&mut Self, ConfError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfError::File { path: path.to_string(), reason: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfError::File {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })?;
         self.toml_text(&text, path)
     }
 
     /// Applies TOML text read from `origin`.
     pub fn toml_text(&mut self, text: &str, origin: &str) -> Result<&mut Self, ConfError> {
-        let value: toml::Value = toml::from_str(text)
-            .map_err(|e| ConfError::File { path: origin.to_string(), reason: e.to_string() })?;
+        let value: toml::Value = toml::from_str(text).map_err(|e| ConfError::File {
+            path: origin.to_string(),
+            reason: e.to_string(),
+        })?;
         let mut flat = Vec::new();
         flatten("", &value, &mut flat);
         for (key, v) in flat {
@@ -365,10 +412,18 @@ impl Loader {
     }
 
     /// Applies `CURVINE_*` variables from the given environment (except `CURVINE_CONF`).
-    pub fn env_vars<I: IntoIterator<Item = (String, String)>>(&mut self, vars: I) -> Result<&mut Self, ConfError> {
+    pub fn env_vars<I: IntoIterator<Item = (String, String)>>(
+        &mut self,
+        vars: I,
+    ) -> Result<&mut Self, ConfError> {
         let by_env: BTreeMap<String, String> = self
             .keys()
-            .map(|k| (format!("{ENV_PREFIX}{}", k.replace('.', "_").to_ascii_uppercase()), k.to_string()))
+            .map(|k| {
+                (
+                    format!("{ENV_PREFIX}{}", k.replace('.', "_").to_ascii_uppercase()),
+                    k.to_string(),
+                )
+            })
             .collect();
         for (name, text) in vars {
             if !name.starts_with(ENV_PREFIX) || name == CONF_ENV {
@@ -378,7 +433,8 @@ impl Loader {
                 return Err(ConfError::UnknownKey {
                     key: name.clone(),
                     origin: Source::Env(name),
-                    hint: "; variables are CURVINE_<SECTION>_<KEY>, e.g. CURVINE_NODE_DATA_DIR".into(),
+                    hint: "; variables are CURVINE_<SECTION>_<KEY>, e.g. CURVINE_NODE_DATA_DIR"
+                        .into(),
                 });
             };
             let source = Source::Env(name.clone());
@@ -395,7 +451,9 @@ impl Loader {
 
     /// Applies `key=value` (from `-c`).
     pub fn key_value(&mut self, arg: &str) -> Result<&mut Self, ConfError> {
-        let (key, text) = arg.split_once('=').ok_or_else(|| ConfError::NotKeyValue { arg: arg.to_string() })?;
+        let (key, text) = arg.split_once('=').ok_or_else(|| ConfError::NotKeyValue {
+            arg: arg.to_string(),
+        })?;
         let source = Source::Flag(format!("-c {}", key.trim()));
         let value = self.parse_text(key.trim(), text, &source)?;
         self.set_value(key.trim(), value, source)?;
@@ -440,18 +498,27 @@ impl Loader {
             }
             table.insert(parts[parts.len() - 1].to_string(), value.clone());
         }
-        toml::Value::Table(root).try_into::<Config>().map_err(|e| e.message().to_string())
+        toml::Value::Table(root)
+            .try_into::<Config>()
+            .map_err(|e| e.message().to_string())
     }
 
     /// The config, validated.
     pub fn build(&self) -> Result<Config, ConfError> {
-        let config = self.build_unchecked().map_err(|reason| ConfError::InvalidValue {
-            key: "(config)".into(),
-            value: String::new(),
-            origin: Source::Default,
-            allowed: reason,
+        let config = self
+            .build_unchecked()
+            .map_err(|reason| ConfError::InvalidValue {
+                key: "(config)".into(),
+                value: String::new(),
+                origin: Source::Default,
+                allowed: reason,
+            })?;
+        config.validate(|key| {
+            self.values
+                .get(key)
+                .map(|(_, s)| s.clone())
+                .unwrap_or(Source::Default)
         })?;
-        config.validate(|key| self.values.get(key).map(|(_, s)| s.clone()).unwrap_or(Source::Default))?;
         Ok(config)
     }
 
@@ -498,38 +565,74 @@ impl Config {
             allowed: allowed.into(),
         };
         if !(1..=256).contains(&self.cluster.shards) {
-            return Err(invalid("cluster.shards", self.cluster.shards.to_string(), "expected 1 to 256"));
+            return Err(invalid(
+                "cluster.shards",
+                self.cluster.shards.to_string(),
+                "expected 1 to 256",
+            ));
         }
         check_addr("node.listen", &self.node.listen, source("node.listen"))?;
         if !self.node.cluster_listen.is_empty() {
-            check_addr("node.cluster_listen", &self.node.cluster_listen, source("node.cluster_listen"))?;
+            check_addr(
+                "node.cluster_listen",
+                &self.node.cluster_listen,
+                source("node.cluster_listen"),
+            )?;
         }
         for seed in &self.node.seeds {
             check_addr("node.seeds", seed, source("node.seeds"))?;
         }
         if self.client.cluster.is_empty() {
-            return Err(invalid("client.cluster", "[]".into(), "expected at least one host:port"));
+            return Err(invalid(
+                "client.cluster",
+                "[]".into(),
+                "expected at least one host:port",
+            ));
         }
         for addr in &self.client.cluster {
             check_addr("client.cluster", addr, source("client.cluster"))?;
         }
         if self.client.connections == 0 || self.client.connections > 64 {
-            return Err(invalid("client.connections", self.client.connections.to_string(), "expected 1 to 64"));
+            return Err(invalid(
+                "client.connections",
+                self.client.connections.to_string(),
+                "expected 1 to 64",
+            ));
         }
         if self.meta.group_commit_max == 0 {
-            return Err(invalid("meta.group_commit_max", "0".into(), "expected at least 1"));
+            return Err(invalid(
+                "meta.group_commit_max",
+                "0".into(),
+                "expected at least 1",
+            ));
         }
         if self.meta.map_size.0 < (16 << 20) {
-            return Err(invalid("meta.map_size", self.meta.map_size.to_string(), "expected at least 16MiB"));
+            return Err(invalid(
+                "meta.map_size",
+                self.meta.map_size.to_string(),
+                "expected at least 16MiB",
+            ));
         }
         if self.meta.max_readers < 8 {
-            return Err(invalid("meta.max_readers", self.meta.max_readers.to_string(), "expected at least 8"));
+            return Err(invalid(
+                "meta.max_readers",
+                self.meta.max_readers.to_string(),
+                "expected at least 8",
+            ));
         }
         if self.client.request_timeout.0.is_zero() {
-            return Err(invalid("client.request_timeout", "0s".into(), "expected more than 0s"));
+            return Err(invalid(
+                "client.request_timeout",
+                "0s".into(),
+                "expected more than 0s",
+            ));
         }
         if self.supervisor.max_restarts == 0 {
-            return Err(invalid("supervisor.max_restarts", "0".into(), "expected at least 1"));
+            return Err(invalid(
+                "supervisor.max_restarts",
+                "0".into(),
+                "expected at least 1",
+            ));
         }
         Ok(())
     }
@@ -576,8 +679,13 @@ mod tests {
     #[test]
     fn precedence_default_file_env_flag() {
         let mut l = Loader::new();
-        l.toml_text("[cluster]\nshards = 8\n[node]\nlisten = \"127.0.0.1:9000\"\n", "t.toml").unwrap();
-        l.env_vars([("CURVINE_CLUSTER_SHARDS".to_string(), "4".to_string())]).unwrap();
+        l.toml_text(
+            "[cluster]\nshards = 8\n[node]\nlisten = \"127.0.0.1:9000\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        l.env_vars([("CURVINE_CLUSTER_SHARDS".to_string(), "4".to_string())])
+            .unwrap();
         l.key_value("cluster.shards=2").unwrap();
         let c = l.build().unwrap();
         assert_eq!(c.cluster.shards, 2);
@@ -593,9 +701,18 @@ mod tests {
 
     #[test]
     fn unknown_keys_name_the_key_and_the_choices() {
-        let err = Loader::new().key_value("node.lisen=1").unwrap_err().to_string();
-        assert!(err.contains("node.lisen") && err.contains("node.listen"), "{err}");
-        let err = Loader::new().toml_text("[nodes]\nx = 1\n", "f.toml").unwrap_err().to_string();
+        let err = Loader::new()
+            .key_value("node.lisen=1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("node.lisen") && err.contains("node.listen"),
+            "{err}"
+        );
+        let err = Loader::new()
+            .toml_text("[nodes]\nx = 1\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("nodes.x") && err.contains("f.toml"), "{err}");
         let err = Loader::new()
             .env_vars([("CURVINE_NODE_DATADIR".to_string(), "x".to_string())])
@@ -606,19 +723,40 @@ mod tests {
 
     #[test]
     fn bad_values_name_key_value_and_allowed() {
-        let err = Loader::new().key_value("meta.map_size=12 parsecs").unwrap_err().to_string();
-        assert!(err.contains("meta.map_size") && err.contains("12 parsecs") && err.contains("size"), "{err}");
-        let err = Loader::new().key_value("cluster.shards=many").unwrap_err().to_string();
-        assert!(err.contains("cluster.shards") && err.contains("integer"), "{err}");
+        let err = Loader::new()
+            .key_value("meta.map_size=12 parsecs")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("meta.map_size") && err.contains("12 parsecs") && err.contains("size"),
+            "{err}"
+        );
+        let err = Loader::new()
+            .key_value("cluster.shards=many")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cluster.shards") && err.contains("integer"),
+            "{err}"
+        );
         let mut l = Loader::new();
         l.key_value("cluster.shards=1000").unwrap();
         let err = l.build().unwrap_err().to_string();
-        assert!(err.contains("cluster.shards") && err.contains("1 to 256"), "{err}");
+        assert!(
+            err.contains("cluster.shards") && err.contains("1 to 256"),
+            "{err}"
+        );
         let mut l = Loader::new();
         l.key_value("node.listen=nowhere").unwrap();
         assert!(l.build().unwrap_err().to_string().contains("node.listen"));
-        let err = Loader::new().key_value("supervisor.restart_backoff=soon").unwrap_err().to_string();
-        assert!(err.contains("supervisor.restart_backoff") && err.contains("duration"), "{err}");
+        let err = Loader::new()
+            .key_value("supervisor.restart_backoff=soon")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("supervisor.restart_backoff") && err.contains("duration"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -637,11 +775,19 @@ mod tests {
         let mut from_file = Loader::new();
         from_file.toml_text(text, "curvine.toml").unwrap();
         assert_eq!(from_file.build().unwrap(), Config::default());
-        let documented: std::collections::BTreeSet<String> =
-            from_file.entries().into_iter().filter(|e| e.source != Source::Default).map(|e| e.key).collect();
-        let all: std::collections::BTreeSet<String> = Loader::new().keys().map(String::from).collect();
+        let documented: std::collections::BTreeSet<String> = from_file
+            .entries()
+            .into_iter()
+            .filter(|e| e.source != Source::Default)
+            .map(|e| e.key)
+            .collect();
+        let all: std::collections::BTreeSet<String> =
+            Loader::new().keys().map(String::from).collect();
         let missing: Vec<_> = all.difference(&documented).collect();
-        assert!(missing.is_empty(), "keys missing from conf/curvine.toml: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "keys missing from conf/curvine.toml: {missing:?}"
+        );
     }
 
     #[test]

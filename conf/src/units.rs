@@ -17,10 +17,14 @@ impl ByteSize {
 
     pub fn parse(text: &str) -> Result<ByteSize, String> {
         let t = text.trim();
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
         let (number, unit) = t.split_at(split);
         if number.is_empty() {
-            return Err(format!("'{text}' is not a size (expected e.g. 128KB, 64MiB, 4096)"));
+            return Err(format!(
+                "'{text}' is not a size (expected e.g. 128KB, 64MiB, 4096)"
+            ));
         }
         let value: f64 = number
             .parse()
@@ -31,7 +35,11 @@ impl ByteSize {
             "m" | "mb" | "mib" => 1 << 20,
             "g" | "gb" | "gib" => 1 << 30,
             "t" | "tb" | "tib" => 1 << 40,
-            other => return Err(format!("unknown size unit '{other}' in '{text}' (use B, KB, MB, GB, TB)")),
+            other => {
+                return Err(format!(
+                    "unknown size unit '{other}' in '{text}' (use B, KB, MB, GB, TB)"
+                ))
+            }
         };
         let bytes = value * factor as f64;
         if !bytes.is_finite() || bytes > u64::MAX as f64 {
@@ -43,9 +51,14 @@ impl ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
         for (name, size) in UNITS {
-            if self.0 >= size && self.0 % size == 0 {
+            if self.0 >= size && self.0.is_multiple_of(size) {
                 return write!(f, "{}{}", self.0 / size, name);
             }
         }
@@ -87,7 +100,9 @@ impl Dur {
 
     pub fn parse(text: &str) -> Result<Dur, String> {
         let t = text.trim();
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
         let (number, unit) = t.split_at(split);
         let value: f64 = number
             .parse()
@@ -99,7 +114,11 @@ impl Dur {
             "m" | "min" => value * 60.0,
             "h" => value * 3600.0,
             "d" => value * 86400.0,
-            other => return Err(format!("unknown duration unit '{other}' in '{text}' (use ms, s, m, h, d)")),
+            other => {
+                return Err(format!(
+                    "unknown duration unit '{other}' in '{text}' (use ms, s, m, h, d)"
+                ))
+            }
         };
         Duration::try_from_secs_f64(seconds)
             .map(Dur)
@@ -113,13 +132,13 @@ impl fmt::Display for Dur {
         if ms == 0 && !self.0.is_zero() {
             return write!(f, "{}us", self.0.as_micros());
         }
-        if ms % 1000 != 0 {
+        if !ms.is_multiple_of(1000) {
             return write!(f, "{ms}ms");
         }
         let s = ms / 1000;
-        if s != 0 && s % 3600 == 0 {
+        if s != 0 && s.is_multiple_of(3600) {
             write!(f, "{}h", s / 3600)
-        } else if s != 0 && s % 60 == 0 {
+        } else if s != 0 && s.is_multiple_of(60) {
             write!(f, "{}m", s / 60)
         } else {
             write!(f, "{s}s")
@@ -143,7 +162,9 @@ impl<'de> Deserialize<'de> for Dur {
         }
         match Raw::deserialize(d)? {
             Raw::Int(n) if n >= 0 => Ok(Dur(Duration::from_secs(n as u64))),
-            Raw::Int(n) => Err(serde::de::Error::custom(format!("duration {n} is negative"))),
+            Raw::Int(n) => Err(serde::de::Error::custom(format!(
+                "duration {n} is negative"
+            ))),
             Raw::Text(t) => Dur::parse(&t).map_err(serde::de::Error::custom),
         }
     }

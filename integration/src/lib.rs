@@ -15,12 +15,19 @@ use curvine_node::Client;
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent().and_then(Path::parent).expect("target directory").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf()
 }
 
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
-    assert!(path.exists(), "{} is not built; run `cargo build --bins` first", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --bins` first",
+        path.display()
+    );
     path
 }
 
@@ -36,7 +43,12 @@ impl NodeProcess {
     /// Starts a node on free ports and waits until it serves clients.
     pub fn start(data_dir: &Path, extra: &[&str]) -> NodeProcess {
         let log = data_dir.with_extension("log");
-        let mut node = NodeProcess { data_dir: data_dir.to_path_buf(), addr: String::new(), log, child: None };
+        let mut node = NodeProcess {
+            data_dir: data_dir.to_path_buf(),
+            addr: String::new(),
+            log,
+            child: None,
+        };
         node.spawn(extra);
         node
     }
@@ -46,7 +58,12 @@ impl NodeProcess {
         let child = Command::new(bin("curvine-node"))
             .args(["start", "--data-dir"])
             .arg(&self.data_dir)
-            .args(["--listen", "127.0.0.1:0", "-c", "node.cluster_listen=127.0.0.1:0"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "-c",
+                "node.cluster_listen=127.0.0.1:0",
+            ])
             .args(extra)
             .env_remove("CURVINE_CONF")
             .stdout(Stdio::null())
@@ -62,13 +79,24 @@ impl NodeProcess {
             }
             if let Some(line) = text.lines().find(|l| l.contains("serving clients on ")) {
                 let rest = line.split("serving clients on ").nth(1).unwrap_or_default();
-                self.addr = rest.split_whitespace().next().unwrap_or_default().to_string();
+                self.addr = rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("curvine-node exited with {status} during start:\n{text}");
             }
-            assert!(Instant::now() < deadline, "curvine-node did not start in 30s:\n{text}");
+            assert!(
+                Instant::now() < deadline,
+                "curvine-node did not start in 30s:\n{text}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -98,11 +126,16 @@ impl NodeProcess {
     }
 
     pub fn client_conf(&self) -> ClientConf {
-        ClientConf { cluster: vec![self.addr.clone()], ..ClientConf::default() }
+        ClientConf {
+            cluster: vec![self.addr.clone()],
+            ..ClientConf::default()
+        }
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect(&self.client_conf()).await.expect("connect to node")
+        Client::connect(&self.client_conf())
+            .await
+            .expect("connect to node")
     }
 
     /// Runs `curvine-cli --cluster ADDR args...`.

@@ -36,7 +36,10 @@ fn parent(path: &str) -> &str {
 
 impl Model {
     pub fn new(root: &str) -> Model {
-        Model { root: root.to_string(), entries: BTreeMap::new() }
+        Model {
+            root: root.to_string(),
+            entries: BTreeMap::new(),
+        }
     }
 
     fn kind(&self, path: &str) -> Option<FileKind> {
@@ -70,7 +73,10 @@ impl Model {
 
     fn has_children(&self, path: &str) -> bool {
         let prefix = format!("{path}/");
-        self.entries.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix))
+        self.entries
+            .range(prefix.clone()..)
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(&prefix))
     }
 
     /// Applies an operation; returns the error kind name it must fail with.
@@ -114,7 +120,9 @@ impl Model {
             }
             Op::Rename(a, b) => {
                 self.check_parent(a)?;
-                let Some(src) = self.kind(a) else { return Err("not_found") };
+                let Some(src) = self.kind(a) else {
+                    return Err("not_found");
+                };
                 self.check_parent(b)?;
                 if a == b {
                     return Ok(());

@@ -15,7 +15,11 @@ fn stderr(o: &std::process::Output) -> String {
 
 fn ok(node: &NodeProcess, args: &[&str]) -> String {
     let out = node.cli(args);
-    assert!(out.status.success(), "curvine-cli {args:?} failed: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "curvine-cli {args:?} failed: {}",
+        stderr(&out)
+    );
     stdout(&out)
 }
 
@@ -25,15 +29,34 @@ fn namespace_commands_and_errors() {
     let mut node = NodeProcess::start(&dir.path().join("node"), &[]);
 
     ok(&node, &["fs", "mkdir", "-p", "/data/train/images"]);
-    ok(&node, &["fs", "touch", "/data/train/a.jpg", "/data/train/b.jpg"]);
+    ok(
+        &node,
+        &["fs", "touch", "/data/train/a.jpg", "/data/train/b.jpg"],
+    );
     ok(&node, &["fs", "ln", "-s", "/data/train", "/data/latest"]);
-    assert_eq!(ok(&node, &["fs", "ls", "/data/train"]), "a.jpg\nb.jpg\nimages\n");
+    assert_eq!(
+        ok(&node, &["fs", "ls", "/data/train"]),
+        "a.jpg\nb.jpg\nimages\n"
+    );
     let long = ok(&node, &["fs", "ls", "-l", "/data"]);
-    assert!(long.contains("lrwxrwxrwx") && long.contains("latest -> /data/train"), "{long}");
-    assert!(long.lines().any(|l| l.starts_with("drwxr-xr-x") && l.ends_with(" train")), "{long}");
-    assert_eq!(ok(&node, &["fs", "readlink", "/data/latest"]), "/data/train\n");
+    assert!(
+        long.contains("lrwxrwxrwx") && long.contains("latest -> /data/train"),
+        "{long}"
+    );
+    assert!(
+        long.lines()
+            .any(|l| l.starts_with("drwxr-xr-x") && l.ends_with(" train")),
+        "{long}"
+    );
+    assert_eq!(
+        ok(&node, &["fs", "readlink", "/data/latest"]),
+        "/data/train\n"
+    );
     // Relative paths, '.' and '..' as a shell user expects (from the root).
-    assert_eq!(ok(&node, &["fs", "ls", "data/./train/images/../.."]), "latest\ntrain\n");
+    assert_eq!(
+        ok(&node, &["fs", "ls", "data/./train/images/../.."]),
+        "latest\ntrain\n"
+    );
     // Through the symlink.
     assert_eq!(ok(&node, &["fs", "ls", "/data/latest/images"]), "");
 
@@ -48,26 +71,46 @@ fn namespace_commands_and_errors() {
     // Errors: one line naming the command and path, non-zero exit.
     let out = node.cli(&["fs", "mkdir", "/missing/child"]);
     assert!(!out.status.success());
-    assert_eq!(stderr(&out), "curvine-cli: mkdir /missing/child: no such file or directory\n");
+    assert_eq!(
+        stderr(&out),
+        "curvine-cli: mkdir /missing/child: no such file or directory\n"
+    );
     let out = node.cli(&["fs", "mv", "/data", "/data/train/inside"]);
-    assert_eq!(stderr(&out), "curvine-cli: mv /data: invalid argument: cannot move a directory into itself\n");
+    assert_eq!(
+        stderr(&out),
+        "curvine-cli: mv /data: invalid argument: cannot move a directory into itself\n"
+    );
     let out = node.cli(&["fs", "rmdir", "/data"]);
-    assert_eq!(stderr(&out), "curvine-cli: rmdir /data: directory not empty\n");
+    assert_eq!(
+        stderr(&out),
+        "curvine-cli: rmdir /data: directory not empty\n"
+    );
     let out = node.cli(&["fs", "rm", "/data"]);
     assert_eq!(stderr(&out), "curvine-cli: rm /data: is a directory\n");
     let long_name = format!("/{}", "n".repeat(256));
     let out = node.cli(&["fs", "touch", &long_name]);
-    assert!(stderr(&out).contains("file name too long"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("file name too long"),
+        "{}",
+        stderr(&out)
+    );
     let out = node.cli(&["fs", "mkdir", "/archive"]);
     assert_eq!(stderr(&out), "curvine-cli: mkdir /archive: file exists\n");
 
     // JSON for scripts.
-    let json: serde_json::Value = serde_json::from_str(&ok(&node, &["--json", "fs", "stat", "/archive/a.jpg"])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&node, &["--json", "fs", "stat", "/archive/a.jpg"])).unwrap();
     assert_eq!(json["type"], "file");
     assert_eq!(json["path"], "/archive/a.jpg");
-    let report: serde_json::Value = serde_json::from_str(&ok(&node, &["--json", "report"])).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&node, &["--json", "report"])).unwrap();
     assert_eq!(report["shard_count"], 16);
-    let inodes: u64 = report["nodes"][0]["shards"].as_array().unwrap().iter().map(|s| s["inodes"].as_u64().unwrap()).sum();
+    let inodes: u64 = report["nodes"][0]["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["inodes"].as_u64().unwrap())
+        .sum();
     // root, data, train, images, b.jpg, latest, archive, a.jpg
     assert_eq!(inodes, 8);
 
@@ -79,7 +122,11 @@ fn namespace_commands_and_errors() {
     // A clean stop and a restart keep everything.
     assert_eq!(node.terminate(), Some(0));
     node.restart(&[]);
-    assert!(node.log_text().contains("reopened cluster"), "{}", node.log_text());
+    assert!(
+        node.log_text().contains("reopened cluster"),
+        "{}",
+        node.log_text()
+    );
     assert_eq!(ok(&node, &["fs", "ls", "/archive"]), "a.jpg\n");
 }
 
@@ -96,14 +143,38 @@ fn conf_show_prints_values_and_sources() {
         .output()
         .unwrap();
     let text = stdout(&out);
-    assert!(text.lines().any(|l| l.starts_with("client.connections = 3") && l.contains("# file")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("log.level = \"debug\"") && l.contains("# flag -c log.level")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("meta.group_commit_max = 64") && l.contains("# env CURVINE_META_GROUP_COMMIT_MAX")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("cluster.shards = 16") && l.contains("# default")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("client.connections = 3") && l.contains("# file")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("log.level = \"debug\"") && l.contains("# flag -c log.level")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("meta.group_commit_max = 64")
+                && l.contains("# env CURVINE_META_GROUP_COMMIT_MAX")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("cluster.shards = 16") && l.contains("# default")),
+        "{text}"
+    );
 
-    let out = std::process::Command::new(bin("curvine-cli")).args(["conf", "show", "-c", "meta.map_size=huge"]).output().unwrap();
+    let out = std::process::Command::new(bin("curvine-cli"))
+        .args(["conf", "show", "-c", "meta.map_size=huge"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("meta.map_size") && stderr(&out).contains("huge"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("meta.map_size") && stderr(&out).contains("huge"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -117,7 +188,10 @@ fn bad_config_stops_the_node_with_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("cluster.shards") && err.contains("1 to 256"), "{err}");
+    assert!(
+        err.contains("cluster.shards") && err.contains("1 to 256"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -133,9 +207,14 @@ fn other_protocol_versions_are_refused_clearly() {
     stream.read_exact(&mut len).unwrap();
     let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
     stream.read_exact(&mut frame).unwrap();
-    let reply: curvine_messages::rpc::HelloReply = curvine_messages::codec::from_bytes("hello", &frame).unwrap();
+    let reply: curvine_messages::rpc::HelloReply =
+        curvine_messages::codec::from_bytes("hello", &frame).unwrap();
     assert!(!reply.accepted);
-    assert!(reply.message.contains("protocol version 99"), "{}", reply.message);
+    assert!(
+        reply.message.contains("protocol version 99"),
+        "{}",
+        reply.message
+    );
     // Garbage instead of a hello does not hurt the node.
     let mut junk = std::net::TcpStream::connect(&node.addr).unwrap();
     junk.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();

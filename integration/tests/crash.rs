@@ -16,7 +16,9 @@ fn random_op(rng: &mut StdRng, root: &str) -> Op {
     let names = ["a", "b", "c", "d"];
     let path = |rng: &mut StdRng| {
         let depth = rng.gen_range(1..=3);
-        let parts: Vec<&str> = (0..depth).map(|_| names[rng.gen_range(0..names.len())]).collect();
+        let parts: Vec<&str> = (0..depth)
+            .map(|_| names[rng.gen_range(0..names.len())])
+            .collect();
         format!("{root}/{}", parts.join("/"))
     };
     match rng.gen_range(0..10) {
@@ -34,7 +36,10 @@ fn acknowledged_operations_survive_sigkill() {
     let extra = ["-c", "cluster.shards=4"];
     let mut node = NodeProcess::start(&dir.path().join("node"), &extra);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let kills: u64 = std::env::var("CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let kills: u64 = std::env::var("CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let root = "/crash";
     runtime.block_on(async { node.client().await.mkdir(root, false).await.unwrap() });
     let mut model = Model::new(root);
@@ -60,15 +65,31 @@ fn acknowledged_operations_survive_sigkill() {
                 }
             }
         });
-        std::thread::sleep(Duration::from_millis(StdRng::seed_from_u64(round).gen_range(50..400)));
+        std::thread::sleep(Duration::from_millis(
+            StdRng::seed_from_u64(round).gen_range(50..400),
+        ));
         node.kill();
-        runtime.block_on(async { tokio::time::timeout(Duration::from_secs(30), worker).await.ok() });
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), worker)
+                .await
+                .ok()
+        });
         node.restart(&extra);
         let client = runtime.block_on(node.client());
         let report = runtime.block_on(settle(&client));
-        assert!(report.problems.is_empty(), "round {round}: fsck after restart: {:?}", report.problems);
-        assert_eq!(report.pending_intents, 0, "round {round}: intents left after recovery");
-        assert_eq!(report.locks, 0, "round {round}: name locks left after recovery");
+        assert!(
+            report.problems.is_empty(),
+            "round {round}: fsck after restart: {:?}",
+            report.problems
+        );
+        assert_eq!(
+            report.pending_intents, 0,
+            "round {round}: intents left after recovery"
+        );
+        assert_eq!(
+            report.locks, 0,
+            "round {round}: name locks left after recovery"
+        );
         let tree = runtime.block_on(model::snapshot(&client, root));
         let (acked, in_flight) = state.lock().clone();
         // The op in flight may or may not have happened; everything acknowledged must have.

@@ -32,8 +32,14 @@ fn cluster_matches_model() {
     let node = NodeProcess::start(&dir.path().join("node"), &["-c", "cluster.shards=4"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = runtime.block_on(node.client());
-    let cases: u32 = std::env::var("MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
-    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    let cases: u32 = std::env::var("MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
     let counter = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&prop::collection::vec(op_strategy("/ROOT"), 1..40), |ops| {

@@ -23,7 +23,11 @@ pub enum CodecError {
     #[error("cannot decode {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
     #[error("{what} was written by a newer release (record version {found}, this release reads up to {supported})")]
-    NewerVersion { what: &'static str, found: u8, supported: u8 },
+    NewerVersion {
+        what: &'static str,
+        found: u8,
+        supported: u8,
+    },
     #[error("{what} has unknown record version {found}")]
     UnknownVersion { what: &'static str, found: u8 },
     #[error("cannot encode {what}: {reason}")]
@@ -45,19 +49,25 @@ impl From<CodecError> for crate::FsError {
 
 /// Encodes a wire payload (no version byte: the connection carries the version).
 pub fn to_bytes<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, CodecError> {
-    postcard::to_stdvec(value).map_err(|e| CodecError::Encode { what, reason: e.to_string() })
+    postcard::to_stdvec(value).map_err(|e| CodecError::Encode {
+        what,
+        reason: e.to_string(),
+    })
 }
 
 /// Decodes a wire payload. Trailing bytes are an error: they mean the peer
 /// wrote a different type than the one expected.
 pub fn from_bytes<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
     match postcard::take_from_bytes::<T>(bytes) {
-        Ok((value, rest)) if rest.is_empty() => Ok(value),
+        Ok((value, [])) => Ok(value),
         Ok((_, rest)) => Err(CodecError::Malformed {
             what,
             reason: format!("{} trailing bytes", rest.len()),
         }),
-        Err(e) => Err(CodecError::Malformed { what, reason: e.to_string() }),
+        Err(e) => Err(CodecError::Malformed {
+            what,
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -71,7 +81,10 @@ pub trait Versioned: Serialize + DeserializeOwned {
     const WHAT: &'static str;
     /// Reads a value stored by an older release. The default knows none.
     fn migrate(version: u8, _payload: &[u8]) -> Result<Self, CodecError> {
-        Err(CodecError::UnknownVersion { what: Self::WHAT, found: version })
+        Err(CodecError::UnknownVersion {
+            what: Self::WHAT,
+            found: version,
+        })
     }
 }
 
@@ -93,7 +106,11 @@ pub fn decode_versioned<T: Versioned>(bytes: &[u8]) -> Result<T, CodecError> {
     if version == T::VERSION {
         from_bytes(T::WHAT, payload)
     } else if version > T::VERSION {
-        Err(CodecError::NewerVersion { what: T::WHAT, found: version, supported: T::VERSION })
+        Err(CodecError::NewerVersion {
+            what: T::WHAT,
+            found: version,
+            supported: T::VERSION,
+        })
     } else {
         T::migrate(version, payload)
     }
@@ -109,7 +126,9 @@ impl Hello {
     pub const LEN: usize = 6;
 
     pub fn current() -> Self {
-        Hello { version: PROTOCOL_VERSION }
+        Hello {
+            version: PROTOCOL_VERSION,
+        }
     }
 
     pub fn encode(&self) -> [u8; Self::LEN] {
@@ -124,14 +143,19 @@ impl Hello {
                 reason: "not a curvine client (bad magic bytes)".into(),
             });
         }
-        Ok(Hello { version: u16::from_be_bytes([bytes[4], bytes[5]]) })
+        Ok(Hello {
+            version: u16::from_be_bytes([bytes[4], bytes[5]]),
+        })
     }
 }
 
 /// Checks a frame length prefix against [`MAX_FRAME`].
 pub fn check_frame_len(len: usize) -> Result<(), CodecError> {
     if len > MAX_FRAME {
-        Err(CodecError::FrameTooLarge { len, max: MAX_FRAME })
+        Err(CodecError::FrameTooLarge {
+            len,
+            max: MAX_FRAME,
+        })
     } else {
         Ok(())
     }
@@ -152,19 +176,37 @@ mod tests {
         const WHAT: &'static str = "sample";
         fn migrate(version: u8, payload: &[u8]) -> Result<Self, CodecError> {
             match version {
-                1 => Ok(Sample { a: from_bytes::<u64>("sample v1", payload)?, b: String::new() }),
-                _ => Err(CodecError::UnknownVersion { what: Self::WHAT, found: version }),
+                1 => Ok(Sample {
+                    a: from_bytes::<u64>("sample v1", payload)?,
+                    b: String::new(),
+                }),
+                _ => Err(CodecError::UnknownVersion {
+                    what: Self::WHAT,
+                    found: version,
+                }),
             }
         }
     }
 
     #[test]
     fn versioned_roundtrip_and_migration() {
-        let s = Sample { a: 7, b: "x".into() };
-        assert_eq!(decode_versioned::<Sample>(&encode_versioned(&s)).unwrap(), s);
+        let s = Sample {
+            a: 7,
+            b: "x".into(),
+        };
+        assert_eq!(
+            decode_versioned::<Sample>(&encode_versioned(&s)).unwrap(),
+            s
+        );
         let mut v1 = vec![1u8];
         v1.extend(postcard::to_stdvec(&9u64).unwrap());
-        assert_eq!(decode_versioned::<Sample>(&v1).unwrap(), Sample { a: 9, b: String::new() });
+        assert_eq!(
+            decode_versioned::<Sample>(&v1).unwrap(),
+            Sample {
+                a: 9,
+                b: String::new()
+            }
+        );
         let mut v3 = encode_versioned(&s);
         v3[0] = 3;
         assert!(matches!(

@@ -183,7 +183,10 @@ mod tests {
 
     #[test]
     fn display_is_strerror_with_optional_detail() {
-        assert_eq!(FsError::NotFound(String::new()).to_string(), "no such file or directory");
+        assert_eq!(
+            FsError::NotFound(String::new()).to_string(),
+            "no such file or directory"
+        );
         assert_eq!(
             FsError::InvalidArgument("cannot move a directory into itself".into()).to_string(),
             "invalid argument: cannot move a directory into itself"
@@ -193,7 +196,10 @@ mod tests {
     #[test]
     fn errno_mapping() {
         assert_eq!(FsError::NotEmpty(String::new()).errno(), libc::ENOTEMPTY);
-        assert_eq!(FsError::NameTooLong(String::new()).errno(), libc::ENAMETOOLONG);
+        assert_eq!(
+            FsError::NameTooLong(String::new()).errno(),
+            libc::ENAMETOOLONG
+        );
         assert_eq!(FsError::CrossDevice(String::new()).errno(), libc::EXDEV);
         assert_eq!(FsError::NotSupported(String::new()).errno(), libc::ENOTSUP);
     }

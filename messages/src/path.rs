@@ -15,7 +15,9 @@ pub fn check_name(name: &str) -> Result<(), FsError> {
         )));
     }
     if name == "." || name == ".." {
-        return Err(FsError::InvalidArgument(format!("'{name}' cannot be used as a name")));
+        return Err(FsError::InvalidArgument(format!(
+            "'{name}' cannot be used as a name"
+        )));
     }
     if name.contains('/') || name.contains('\0') {
         return Err(FsError::InvalidArgument(format!(
@@ -84,7 +86,9 @@ pub fn join(parts: &[String]) -> String {
 
 /// Splits a normalised path into parent components and final name; `None` for `/`.
 pub fn split_last(parts: &[String]) -> Option<(&[String], &str)> {
-    parts.split_last().map(|(last, parent)| (parent, last.as_str()))
+    parts
+        .split_last()
+        .map(|(last, parent)| (parent, last.as_str()))
 }
 
 #[cfg(test)]
@@ -104,11 +108,20 @@ mod tests {
     #[test]
     fn rejects_bad_names_and_lengths() {
         let long = "n".repeat(256);
-        assert!(matches!(components(&format!("/{long}"), "/"), Err(FsError::NameTooLong(_))));
+        assert!(matches!(
+            components(&format!("/{long}"), "/"),
+            Err(FsError::NameTooLong(_))
+        ));
         assert!(components(&format!("/{}", "n".repeat(255)), "/").is_ok());
         let deep = "/abcdefgh".repeat(600);
-        assert!(matches!(components(&deep, "/"), Err(FsError::NameTooLong(_))));
-        assert!(matches!(components("/a\0b", "/"), Err(FsError::InvalidArgument(_))));
+        assert!(matches!(
+            components(&deep, "/"),
+            Err(FsError::NameTooLong(_))
+        ));
+        assert!(matches!(
+            components("/a\0b", "/"),
+            Err(FsError::InvalidArgument(_))
+        ));
         assert!(check_name("a/b").is_err());
         assert!(check_name("..").is_err());
         assert!(check_name("").is_err());

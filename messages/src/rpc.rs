@@ -262,10 +262,20 @@ mod tests {
     fn frames_roundtrip() {
         let frame = RequestFrame {
             id: 9,
-            request: Mkdir { path: "/a".into(), parents: true, mode: 0o755, uid: 0, gid: 0 }.into(),
+            request: Mkdir {
+                path: "/a".into(),
+                parents: true,
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+            }
+            .into(),
         };
         let bytes = to_bytes("request", &frame).unwrap();
-        assert_eq!(from_bytes::<RequestFrame>("request", &bytes).unwrap(), frame);
+        assert_eq!(
+            from_bytes::<RequestFrame>("request", &bytes).unwrap(),
+            frame
+        );
     }
 
     #[test]

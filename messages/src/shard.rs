@@ -19,7 +19,12 @@ use crate::types::{Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, Shard
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum IntentOp {
     /// Create directory `name` in `parent` (held here) with its inode on `child_shard`.
-    Mkdir { parent: Ino, name: String, attrs: NewInode, child_shard: ShardId },
+    Mkdir {
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        child_shard: ShardId,
+    },
     /// Remove empty directory `name` (inode `ino`, on another shard) from `parent`.
     Rmdir { parent: Ino, name: String, ino: Ino },
     /// Move `src_parent/src_name` (here) to `dst_parent/dst_name`.
@@ -65,7 +70,12 @@ pub enum Step {
     /// returns the entry currently under that name, if any.
     LockName { parent: Ino, name: String },
     /// Make `parent/name` point at `ino` (replacing what is there), release the name.
-    LinkName { parent: Ino, name: String, ino: Ino, kind: FileKind },
+    LinkName {
+        parent: Ino,
+        name: String,
+        ino: Ino,
+        kind: FileKind,
+    },
     /// Remove `parent/name` if it still points at `ino`, release the name.
     UnlinkName { parent: Ino, name: String, ino: Ino },
     /// Release a name reserved by this op.
@@ -182,21 +192,52 @@ type Reply<T> = RpcReplyPort<FsResult<T>>;
 #[derive(Debug)]
 pub enum ShardMsg {
     /// The entry `name` in directory `parent` (held by this shard).
-    Lookup { parent: Ino, name: String, reply: Reply<DirEntry> },
+    Lookup {
+        parent: Ino,
+        name: String,
+        reply: Reply<DirEntry>,
+    },
     /// Attributes of an inode owned by this shard.
     GetAttr { ino: Ino, reply: Reply<Attr> },
     /// Up to `limit` entries of directory `ino` after name `after`, in name order.
-    ReadDir { ino: Ino, after: Option<String>, limit: u32, reply: Reply<Vec<DirEntry>> },
+    ReadDir {
+        ino: Ino,
+        after: Option<String>,
+        limit: u32,
+        reply: Reply<Vec<DirEntry>>,
+    },
     /// Create a file or symlink `name` in `parent`; its inode lives here too.
-    Create { parent: Ino, name: String, attrs: NewInode, reply: Reply<Attr> },
+    Create {
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        reply: Reply<Attr>,
+    },
     /// Create directory `name` in `parent` with its inode on this shard.
-    MkdirLocal { parent: Ino, name: String, attrs: NewInode, reply: Reply<Attr> },
+    MkdirLocal {
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        reply: Reply<Attr>,
+    },
     /// Change attributes of an inode owned here.
-    SetAttr { ino: Ino, set: SetAttr, reply: Reply<Attr> },
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+        reply: Reply<Attr>,
+    },
     /// Remove file or symlink `name` from `parent`.
-    Unlink { parent: Ino, name: String, reply: Reply<UnlinkOutcome> },
+    Unlink {
+        parent: Ino,
+        name: String,
+        reply: Reply<UnlinkOutcome>,
+    },
     /// Remove empty directory `name` from `parent` when its inode is here too.
-    RmdirLocal { parent: Ino, name: String, reply: Reply<DirEntry> },
+    RmdirLocal {
+        parent: Ino,
+        name: String,
+        reply: Reply<DirEntry>,
+    },
     /// Rename within this shard (both parents here) when no other shard is involved.
     RenameLocal {
         src_parent: Ino,
@@ -206,11 +247,19 @@ pub enum ShardMsg {
         reply: Reply<RenameOutcome>,
     },
     /// Validate and record a cross-shard operation coordinated by this shard.
-    BeginIntent { action: IntentOp, reply: Reply<Intent> },
+    BeginIntent {
+        action: IntentOp,
+        reply: Reply<Intent>,
+    },
     /// Mark an intent as rolling back.
     AbortIntent { op: OpId, reply: Reply<()> },
     /// Apply one idempotent step of operation `op`.
-    ApplyStep { op: OpId, step_no: u8, step: Step, reply: Reply<StepResult> },
+    ApplyStep {
+        op: OpId,
+        step_no: u8,
+        step: Step,
+        reply: Reply<StepResult>,
+    },
     /// Delete a finished intent and the name locks it still holds here.
     EndIntent { op: OpId, reply: Reply<()> },
     /// Delete the step records of a finished operation. May be lost: leftover

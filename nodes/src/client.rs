@@ -42,7 +42,8 @@ pub struct Client {
 }
 
 async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
-    let unavailable = |e: std::io::Error| FsError::Unavailable(format!("cannot reach node {addr}: {e}"));
+    let unavailable =
+        |e: std::io::Error| FsError::Unavailable(format!("cannot reach node {addr}: {e}"));
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| FsError::TimedOut(format!("connecting to node {addr}")))?
@@ -51,7 +52,10 @@ async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
     let (read, write) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, read);
     let mut writer = BufWriter::with_capacity(64 * 1024, write);
-    writer.write_all(&Hello::current().encode()).await.map_err(unavailable)?;
+    writer
+        .write_all(&Hello::current().encode())
+        .await
+        .map_err(unavailable)?;
     writer.flush().await.map_err(unavailable)?;
     let handshake = async {
         let mut hello = [0u8; Hello::LEN];
@@ -68,7 +72,10 @@ async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
         .await
         .map_err(|_| FsError::TimedOut(format!("handshake with node {addr}")))??;
     if !reply.accepted {
-        return Err(FsError::Protocol(format!("node {addr} refused the connection: {}", reply.message)));
+        return Err(FsError::Protocol(format!(
+            "node {addr} refused the connection: {}",
+            reply.message
+        )));
     }
 
     let pending: Pending = Default::default();
@@ -110,7 +117,14 @@ async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
             let _ = waiter.send(Err(FsError::Unavailable(reason.clone())));
         }
     });
-    Ok((Conn { tx, pending, closed }, reply))
+    Ok((
+        Conn {
+            tx,
+            pending,
+            closed,
+        },
+        reply,
+    ))
 }
 
 impl Client {
@@ -135,7 +149,8 @@ impl Client {
             conns.push(conn);
             hello = Some(reply);
         }
-        let hello = hello.ok_or_else(|| FsError::InvalidArgument("client.connections is 0".into()))?;
+        let hello =
+            hello.ok_or_else(|| FsError::InvalidArgument("client.connections is 0".into()))?;
         Ok(Client {
             conns,
             next_conn: AtomicUsize::new(0),
@@ -152,23 +167,38 @@ impl Client {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = &self.conns[self.next_conn.fetch_add(1, Ordering::Relaxed) % self.conns.len()];
         if conn.closed.load(Ordering::SeqCst) {
-            return Err(FsError::Unavailable(format!("connection to node {} is closed", self.node_addr)));
+            return Err(FsError::Unavailable(format!(
+                "connection to node {} is closed",
+                self.node_addr
+            )));
         }
-        let frame = RequestFrame { id, request: request.into() };
+        let frame = RequestFrame {
+            id,
+            request: request.into(),
+        };
         let bytes = to_bytes("request", &frame).map_err(FsError::from)?;
         let (tx, rx) = oneshot::channel();
         conn.pending.lock().insert(id, tx);
         if conn.tx.send(bytes).is_err() {
             conn.pending.lock().remove(&id);
-            return Err(FsError::Unavailable(format!("connection to node {} is closed", self.node_addr)));
+            return Err(FsError::Unavailable(format!(
+                "connection to node {} is closed",
+                self.node_addr
+            )));
         }
         // The server answers within its own request timeout; allow a margin.
         match tokio::time::timeout(self.timeout + Duration::from_secs(5), rx).await {
             Ok(Ok(result)) => R::reply(result?),
-            Ok(Err(_)) => Err(FsError::Unavailable(format!("connection to node {} lost", self.node_addr))),
+            Ok(Err(_)) => Err(FsError::Unavailable(format!(
+                "connection to node {} lost",
+                self.node_addr
+            ))),
             Err(_) => {
                 conn.pending.lock().remove(&id);
-                Err(FsError::TimedOut(format!("no reply from node {} in {:?}", self.node_addr, self.timeout)))
+                Err(FsError::TimedOut(format!(
+                    "no reply from node {} in {:?}",
+                    self.node_addr, self.timeout
+                )))
             }
         }
     }
@@ -181,23 +211,50 @@ impl Client {
 
     pub async fn mkdir(&self, path: &str, parents: bool) -> FsResult<Attr> {
         let (uid, gid) = current_owner();
-        self.call(Mkdir { path: path.into(), parents, mode: 0o755, uid, gid }).await
+        self.call(Mkdir {
+            path: path.into(),
+            parents,
+            mode: 0o755,
+            uid,
+            gid,
+        })
+        .await
     }
 
     pub async fn touch(&self, path: &str) -> FsResult<Attr> {
         let (uid, gid) = current_owner();
-        self.call(Touch { path: path.into(), mode: 0o644, exclusive: false, uid, gid }).await
+        self.call(Touch {
+            path: path.into(),
+            mode: 0o644,
+            exclusive: false,
+            uid,
+            gid,
+        })
+        .await
     }
 
     /// Creates an empty file; EEXIST if the path exists.
     pub async fn create(&self, path: &str) -> FsResult<Attr> {
         let (uid, gid) = current_owner();
-        self.call(Touch { path: path.into(), mode: 0o644, exclusive: true, uid, gid }).await
+        self.call(Touch {
+            path: path.into(),
+            mode: 0o644,
+            exclusive: true,
+            uid,
+            gid,
+        })
+        .await
     }
 
     pub async fn symlink(&self, target: &str, link: &str) -> FsResult<Attr> {
         let (uid, gid) = current_owner();
-        self.call(Symlink { target: target.into(), link: link.into(), uid, gid }).await
+        self.call(Symlink {
+            target: target.into(),
+            link: link.into(),
+            uid,
+            gid,
+        })
+        .await
     }
 
     pub async fn readlink(&self, path: &str) -> FsResult<String> {
@@ -205,19 +262,37 @@ impl Client {
     }
 
     pub async fn rename(&self, src: &str, dst: &str) -> FsResult<()> {
-        self.call(Rename { src: src.into(), dst: dst.into() }).await
+        self.call(Rename {
+            src: src.into(),
+            dst: dst.into(),
+        })
+        .await
     }
 
     pub async fn remove(&self, path: &str, recursive: bool) -> FsResult<RemoveSummary> {
-        self.call(Remove { path: path.into(), recursive, dir: false }).await
+        self.call(Remove {
+            path: path.into(),
+            recursive,
+            dir: false,
+        })
+        .await
     }
 
     pub async fn rmdir(&self, path: &str) -> FsResult<RemoveSummary> {
-        self.call(Remove { path: path.into(), recursive: false, dir: true }).await
+        self.call(Remove {
+            path: path.into(),
+            recursive: false,
+            dir: true,
+        })
+        .await
     }
 
     pub async fn setattr(&self, path: &str, set: SetAttr) -> FsResult<Attr> {
-        self.call(SetAttrs { path: path.into(), set }).await
+        self.call(SetAttrs {
+            path: path.into(),
+            set,
+        })
+        .await
     }
 
     /// Every entry of a directory, all pages.
@@ -225,7 +300,13 @@ impl Client {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let page = self.call(List { path: path.into(), after: after.clone(), limit: 1000 }).await?;
+            let page = self
+                .call(List {
+                    path: path.into(),
+                    after: after.clone(),
+                    limit: 1000,
+                })
+                .await?;
             after = page.entries.last().map(|e| e.name.clone());
             let more = page.more;
             out.extend(page.entries);

@@ -33,13 +33,21 @@ pub enum IdentityError {
     Locked { path: String },
     #[error("{path} is not a valid identity file: {reason}")]
     Invalid { path: String, reason: String },
-    #[error("{path} was written by a newer release (layout {found}, this release reads {supported})")]
-    Newer { path: String, found: u32, supported: u32 },
+    #[error(
+        "{path} was written by a newer release (layout {found}, this release reads {supported})"
+    )]
+    Newer {
+        path: String,
+        found: u32,
+        supported: u32,
+    },
 }
 
 fn random_hex(bytes: usize) -> String {
     let mut rng = rand::thread_rng();
-    (0..bytes).map(|_| format!("{:02x}", rng.gen::<u8>())).collect()
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.gen::<u8>()))
+        .collect()
 }
 
 /// An open data directory, locked for this process while the value lives.
@@ -53,21 +61,37 @@ pub struct DataDir {
 impl DataDir {
     /// Opens the data directory, formatting a new cluster on first use.
     pub fn open(path: &Path, config: &Config) -> Result<DataDir, IdentityError> {
-        let io = |reason: std::io::Error| IdentityError::Io { path: path.display().to_string(), reason: reason.to_string() };
+        let io = |reason: std::io::Error| IdentityError::Io {
+            path: path.display().to_string(),
+            reason: reason.to_string(),
+        };
         std::fs::create_dir_all(path).map_err(io)?;
-        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(path.join("LOCK")).map_err(io)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.join("LOCK"))
+            .map_err(io)?;
         // SAFETY: flock on a file descriptor we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(IdentityError::Locked { path: path.display().to_string() });
+            return Err(IdentityError::Locked {
+                path: path.display().to_string(),
+            });
         }
         let file = path.join(IDENTITY_FILE);
         let shown = file.display().to_string();
         let (identity, formatted_now) = if file.exists() {
             let text = std::fs::read_to_string(&file).map_err(io)?;
-            let identity: Identity =
-                toml::from_str(&text).map_err(|e| IdentityError::Invalid { path: shown.clone(), reason: e.to_string() })?;
+            let identity: Identity = toml::from_str(&text).map_err(|e| IdentityError::Invalid {
+                path: shown.clone(),
+                reason: e.to_string(),
+            })?;
             if identity.version > IDENTITY_VERSION {
-                return Err(IdentityError::Newer { path: shown, found: identity.version, supported: IDENTITY_VERSION });
+                return Err(IdentityError::Newer {
+                    path: shown,
+                    found: identity.version,
+                    supported: IDENTITY_VERSION,
+                });
             }
             (identity, false)
         } else {
@@ -77,9 +101,16 @@ impl DataDir {
                 cluster_name: config.cluster.name.clone(),
                 node_id: random_hex(6),
                 shard_count: config.cluster.shards,
-                cookie: if config.cluster.cookie.is_empty() { random_hex(16) } else { config.cluster.cookie.clone() },
+                cookie: if config.cluster.cookie.is_empty() {
+                    random_hex(16)
+                } else {
+                    config.cluster.cookie.clone()
+                },
             };
-            let text = toml::to_string(&identity).map_err(|e| IdentityError::Invalid { path: shown, reason: e.to_string() })?;
+            let text = toml::to_string(&identity).map_err(|e| IdentityError::Invalid {
+                path: shown,
+                reason: e.to_string(),
+            })?;
             // Write then rename, so a crash never leaves a half identity.
             let tmp = path.join(format!("{IDENTITY_FILE}.tmp"));
             let mut f = File::create(&tmp).map_err(io)?;
@@ -89,7 +120,12 @@ impl DataDir {
             File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
             (identity, true)
         };
-        Ok(DataDir { path: path.to_path_buf(), identity, formatted_now, _lock: lock })
+        Ok(DataDir {
+            path: path.to_path_buf(),
+            identity,
+            formatted_now,
+            _lock: lock,
+        })
     }
 
     /// Directory of one shard's LMDB environment.

@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use curvine_conf::Loader;
 
 #[derive(Parser)]
-#[command(name = "curvine-node", version, about = "A node of a curvine cache cluster")]
+#[command(
+    name = "curvine-node",
+    version,
+    about = "A node of a curvine cache cluster"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,7 +39,13 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let Command::Start { conf, data_dir, listen, seeds, overrides } = cli.command;
+    let Command::Start {
+        conf,
+        data_dir,
+        listen,
+        seeds,
+        overrides,
+    } = cli.command;
     let loader = (|| {
         let mut loader = Loader::standard(conf.as_deref(), &overrides)?;
         if let Some(v) = &data_dir {
@@ -59,9 +69,15 @@ fn main() {
     };
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("curvine-node: cannot start the runtime: {e}");

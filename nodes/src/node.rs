@@ -39,10 +39,17 @@ pub struct NodeState {
 }
 
 impl NodeSupervisor {
-    async fn start_host(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
-        let (host, _) =
-            Actor::spawn_linked(Some("shard-host".into()), ShardHost, (state.args.make_host_args)(), myself.get_cell())
-                .await?;
+    async fn start_host(
+        myself: &ActorRef<NodeMsg>,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (host, _) = Actor::spawn_linked(
+            Some("shard-host".into()),
+            ShardHost,
+            (state.args.make_host_args)(),
+            myself.get_cell(),
+        )
+        .await?;
         state.host = Some(host);
         Ok(())
     }
@@ -53,18 +60,37 @@ impl Actor for NodeSupervisor {
     type State = NodeState;
     type Arguments = NodeArgs;
 
-    async fn pre_start(&self, myself: ActorRef<NodeMsg>, args: NodeArgs) -> Result<NodeState, ActorProcessingErr> {
-        let mut state = NodeState { args, host: None, tracker: RestartTracker::default() };
+    async fn pre_start(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        args: NodeArgs,
+    ) -> Result<NodeState, ActorProcessingErr> {
+        let mut state = NodeState {
+            args,
+            host: None,
+            tracker: RestartTracker::default(),
+        };
         Self::start_host(&myself, &mut state).await?;
         Ok(state)
     }
 
-    async fn post_stop(&self, myself: ActorRef<NodeMsg>, _state: &mut NodeState) -> Result<(), ActorProcessingErr> {
-        myself.stop_children_and_wait(Some("node stopping".into()), Some(Duration::from_secs(60))).await;
+    async fn post_stop(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        _state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        myself
+            .stop_children_and_wait(Some("node stopping".into()), Some(Duration::from_secs(60)))
+            .await;
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<NodeMsg>, message: NodeMsg, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        message: NodeMsg,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
         match message {
             NodeMsg::RestartShardHost => Self::start_host(&myself, state).await?,
         }
@@ -78,14 +104,20 @@ impl Actor for NodeSupervisor {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(cell, error) = event {
-            if state.host.as_ref().is_some_and(|h| h.get_id() == cell.get_id()) {
+            if state
+                .host
+                .as_ref()
+                .is_some_and(|h| h.get_id() == cell.get_id())
+            {
                 state.host = None;
                 tracing::error!(error = %error, "shard host failed");
                 match state.tracker.on_failure(&state.args.policy, Instant::now()) {
                     Some(delay) => {
                         myself.send_after(delay, || NodeMsg::RestartShardHost);
                     }
-                    None => return Err(format!("shard host keeps failing; last error: {error}").into()),
+                    None => {
+                        return Err(format!("shard host keeps failing; last error: {error}").into())
+                    }
                 }
             }
         }
@@ -158,21 +190,36 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
                     match ns.redrive(shard).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(shard, intents = n, "recovered pending operations"),
-                        Err(e) => tracing::error!(shard, error = %e, "recovering pending operations failed"),
+                        Err(e) => {
+                            tracing::error!(shard, error = %e, "recovering pending operations failed")
+                        }
                     }
                 });
             }),
         }
     });
-    let (supervisor, supervisor_done) =
-        Actor::spawn(Some("node".into()), NodeSupervisor, NodeArgs { make_host_args, policy })
-            .await
-            .map_err(|e| StartError::Actors(e.to_string()))?;
+    let (supervisor, supervisor_done) = Actor::spawn(
+        Some("node".into()),
+        NodeSupervisor,
+        NodeArgs {
+            make_host_args,
+            policy,
+        },
+    )
+    .await
+    .map_err(|e| StartError::Actors(e.to_string()))?;
 
-    let listener = TcpListener::bind(&config.node.listen)
-        .await
-        .map_err(|e| StartError::Listen { addr: config.node.listen.clone(), reason: e.to_string() })?;
-    let rpc_addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.node.listen.clone());
+    let listener =
+        TcpListener::bind(&config.node.listen)
+            .await
+            .map_err(|e| StartError::Listen {
+                addr: config.node.listen.clone(),
+                reason: e.to_string(),
+            })?;
+    let rpc_addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| config.node.listen.clone());
 
     let cluster_addr = config.cluster_listen();
     let (host, port) = cluster_addr.rsplit_once(':').unwrap_or(("127.0.0.1", "0"));
@@ -187,7 +234,12 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
     );
     let cluster_server = match Actor::spawn(None, cluster_server, ()).await {
         Ok((server, _)) => Some(server),
-        Err(e) => return Err(StartError::Cluster { addr: cluster_addr, reason: e.to_string() }),
+        Err(e) => {
+            return Err(StartError::Cluster {
+                addr: cluster_addr,
+                reason: e.to_string(),
+            })
+        }
     };
 
     let service = Arc::new(Service {
@@ -202,7 +254,16 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         },
     });
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
-    Ok(RunningNode { data_dir, supervisor, supervisor_done, service, rpc_addr, cluster_addr, server, cluster_server })
+    Ok(RunningNode {
+        data_dir,
+        supervisor,
+        supervisor_done,
+        service,
+        rpc_addr,
+        cluster_addr,
+        server,
+        cluster_server,
+    })
 }
 
 impl RunningNode {
@@ -211,7 +272,10 @@ impl RunningNode {
         let supervisor = self.supervisor.clone();
         async move {
             loop {
-                if matches!(supervisor.get_status(), ractor::ActorStatus::Stopped | ractor::ActorStatus::Stopping) {
+                if matches!(
+                    supervisor.get_status(),
+                    ractor::ActorStatus::Stopped | ractor::ActorStatus::Stopping
+                ) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -226,6 +290,9 @@ impl RunningNode {
         if let Some(server) = &self.cluster_server {
             server.stop(None);
         }
-        let _ = self.supervisor.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60))).await;
+        let _ = self
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+            .await;
     }
 }

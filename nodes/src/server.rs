@@ -14,7 +14,10 @@ use curvine_messages::FsError;
 use crate::service::Service;
 
 /// Writes one length-prefixed frame.
-pub async fn write_frame<W: AsyncWriteExt + Unpin>(w: &mut W, payload: &[u8]) -> std::io::Result<()> {
+pub async fn write_frame<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    payload: &[u8],
+) -> std::io::Result<()> {
     w.write_all(&(payload.len() as u32).to_be_bytes()).await?;
     w.write_all(payload).await
 }
@@ -28,7 +31,8 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<O
         Err(e) => return Err(e),
     }
     let len = u32::from_be_bytes(len) as usize;
-    check_frame_len(len).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    check_frame_len(len)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf).await?;
     Ok(Some(buf))
@@ -104,7 +108,10 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
             Ok(f) => f,
             Err(e) => {
                 // The stream is out of step: answer once, then close.
-                let response = ResponseFrame { id: 0, result: Err(FsError::Protocol(e.to_string())) };
+                let response = ResponseFrame {
+                    id: 0,
+                    result: Err(FsError::Protocol(e.to_string())),
+                };
                 if let Ok(out) = to_bytes("response", &response) {
                     let _ = tx.send(out);
                 }
@@ -115,9 +122,15 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
         let tx = tx.clone();
         tokio::spawn(async move {
             let result = service.handle(frame.request).await;
-            let response = ResponseFrame { id: frame.id, result };
+            let response = ResponseFrame {
+                id: frame.id,
+                result,
+            };
             let out = to_bytes("response", &response).unwrap_or_else(|e| {
-                let fallback = ResponseFrame { id: frame.id, result: Err(FsError::Protocol(e.to_string())) };
+                let fallback = ResponseFrame {
+                    id: frame.id,
+                    result: Err(FsError::Protocol(e.to_string())),
+                };
                 to_bytes("response", &fallback).unwrap_or_default()
             });
             let _ = tx.send(out);

@@ -35,10 +35,16 @@ impl Service {
         let ns = &self.namespace;
         Ok(match request {
             Request::Stat(r) => Response::Attr(ns.stat(&r.path, false).await?),
-            Request::Mkdir(r) => Response::Attr(ns.mkdir(&r.path, r.parents, r.mode, r.uid, r.gid).await?),
+            Request::Mkdir(r) => {
+                Response::Attr(ns.mkdir(&r.path, r.parents, r.mode, r.uid, r.gid).await?)
+            }
             Request::List(r) => Response::Listing(ns.list(&r.path, r.after, r.limit).await?),
-            Request::Touch(r) => Response::Attr(ns.touch(&r.path, r.mode, r.exclusive, r.uid, r.gid).await?),
-            Request::Symlink(r) => Response::Attr(ns.symlink(&r.target, &r.link, r.uid, r.gid).await?),
+            Request::Touch(r) => {
+                Response::Attr(ns.touch(&r.path, r.mode, r.exclusive, r.uid, r.gid).await?)
+            }
+            Request::Symlink(r) => {
+                Response::Attr(ns.symlink(&r.target, &r.link, r.uid, r.gid).await?)
+            }
             Request::Readlink(r) => Response::Target(ns.readlink(&r.path).await?),
             Request::Rename(r) => Response::Done(ns.rename(&r.src, &r.dst).await?),
             Request::Remove(r) => Response::Removed(ns.remove(&r.path, r.recursive, r.dir).await?),

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: builds the binaries once, then every test
+# (unit, conformance, property, crash and CLI tests on real node processes).
+# Installs what the tests need when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  echo "run-tests: cargo-nextest not found; using cargo test" >&2
+fi
+
+export CRASH_KILLS="${CRASH_KILLS:-20}"
+export MODEL_CASES="${MODEL_CASES:-60}"
+
+cargo build --workspace --bins --tests --locked
+if command -v cargo-nextest >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
