@@ -10,7 +10,7 @@
 //! does with its per-filesystem rename mutex) so that two concurrent moves
 //! cannot build a cycle between them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ractor::rpc::CallResult;
@@ -35,6 +35,8 @@ const MAX_SYMLINK_HOPS: usize = 40;
 const PAGE: u32 = 1024;
 
 pub struct Namespace {
+    /// This namespace itself, so intent drivers can run in tasks of their own.
+    me: Weak<Namespace>,
     directory: ShardDirectory,
     shard_count: u32,
     timeout: Duration,
@@ -53,7 +55,8 @@ enum Follow {
 impl Namespace {
     pub fn new(directory: ShardDirectory, timeout: Duration) -> Arc<Namespace> {
         let shard_count = directory.shard_count();
-        Arc::new(Namespace {
+        Arc::new_cyclic(|me| Namespace {
+            me: me.clone(),
             directory,
             shard_count,
             timeout,
@@ -231,9 +234,7 @@ impl Namespace {
                 for part in target_parts.into_iter().rev() {
                     pending.push(part);
                 }
-                // Restart from the root with the target's absolute components.
-                let resolved: Vec<String> = pending.drain(..).rev().collect();
-                pending = resolved.into_iter().rev().collect();
+                // The target's components are absolute: continue from the root.
                 done.clear();
                 current = ROOT_INO;
                 current_kind = FileKind::Dir;
@@ -314,6 +315,7 @@ impl Namespace {
                 Err(e) => return Err(e),
             };
             current = match existing {
+                Some(entry) if entry.kind != FileKind::Symlink => self.getattr(entry.ino).await?,
                 Some(_) => self.resolve_parts(&parts[..=i], Follow::All).await?,
                 None => match self.mkdir_at(current.ino, name, attrs(now_ns())).await {
                     Ok(attr) => attr,
@@ -358,13 +360,7 @@ impl Namespace {
             attrs,
             child_shard: child,
         };
-        let intent = self
-            .call(home, move |reply| ShardMsg::BeginIntent {
-                action: action.clone(),
-                reply,
-            })
-            .await?;
-        self.drive_in_task(intent)
+        self.begin_and_drive(home, action)
             .await
             .map(|attr| attr.expect("mkdir returns the new directory"))
     }
@@ -554,13 +550,7 @@ impl Namespace {
             ino: 0,
             kind: FileKind::File,
         };
-        let intent = self
-            .call(home, move |reply| ShardMsg::BeginIntent {
-                action: action.clone(),
-                reply,
-            })
-            .await?;
-        self.drive_in_task(intent).await.map(|_| ())
+        self.begin_and_drive(home, action).await.map(|_| ())
     }
 
     /// Removes a path: files and symlinks; a directory when `dir` (must be
@@ -641,13 +631,7 @@ impl Namespace {
             name,
             ino: 0,
         };
-        let intent = self
-            .call(home, move |reply| ShardMsg::BeginIntent {
-                action: action.clone(),
-                reply,
-            })
-            .await?;
-        self.drive_in_task(intent).await.map(|_| ())
+        self.begin_and_drive(home, action).await.map(|_| ())
     }
 
     // ---- driving intents ---------------------------------------------------
@@ -655,7 +639,10 @@ impl Namespace {
     /// Drives an intent in a task of its own: a caller that gives up (timeout,
     /// disconnect) does not leave it half done.
     async fn drive_in_task(&self, intent: Intent) -> FsResult<Option<Attr>> {
-        let this = self.clone_handle();
+        let this = self
+            .me
+            .upgrade()
+            .ok_or_else(|| FsError::Unavailable("the node is stopping".into()))?;
         let task = tokio::spawn(async move { this.drive(intent).await });
         match tokio::time::timeout(self.timeout, task).await {
             Ok(Ok(result)) => result,
@@ -666,13 +653,15 @@ impl Namespace {
         }
     }
 
-    fn clone_handle(&self) -> Arc<Namespace> {
-        Arc::new(Namespace {
-            directory: self.directory.clone(),
-            shard_count: self.shard_count,
-            timeout: self.timeout,
-            rename_lock: tokio::sync::Mutex::new(()),
-        })
+    /// Records a cross-shard operation in shard `home` and drives it.
+    async fn begin_and_drive(&self, home: ShardId, action: IntentOp) -> FsResult<Option<Attr>> {
+        let intent = self
+            .call(home, move |reply| ShardMsg::BeginIntent {
+                action: action.clone(),
+                reply,
+            })
+            .await?;
+        self.drive_in_task(intent).await
     }
 
     /// Drives an intent to its end from its first step (finished steps return

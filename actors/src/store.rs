@@ -436,17 +436,7 @@ impl ShardStore {
 
     fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
         self.inodes.delete(wtxn, &key_ino(ino)).map_err(lmdb_err)?;
-        let keys: Vec<Vec<u8>> = self
-            .xattrs
-            .prefix_iter(wtxn, &key_ino(ino))
-            .map_err(lmdb_err)?
-            .map(|r| r.map(|(k, _)| k.to_vec()))
-            .collect::<Result<_, _>>()
-            .map_err(lmdb_err)?;
-        for k in keys {
-            self.xattrs.delete(wtxn, &k).map_err(lmdb_err)?;
-        }
-        Ok(())
+        delete_id_prefix(self.xattrs, wtxn, ino)
     }
 
     fn put_dentry(
@@ -941,17 +931,7 @@ impl ShardStore {
 
     /// Deletes the step records of an operation.
     pub fn forget_op(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
-        let keys: Vec<Vec<u8>> = self
-            .ops
-            .prefix_iter(wtxn, &key_ino(op))
-            .map_err(lmdb_err)?
-            .map(|r| r.map(|(k, _)| k.to_vec()))
-            .collect::<Result<_, _>>()
-            .map_err(lmdb_err)?;
-        for k in keys {
-            self.ops.delete(wtxn, &k).map_err(lmdb_err)?;
-        }
-        Ok(())
+        delete_id_prefix(self.ops, wtxn, op)
     }
 
     /// Deletes step records older than `before_ns` whose operation is no
@@ -1086,6 +1066,15 @@ impl ShardStore {
             .map_err(lmdb_err)?;
         Ok(result)
     }
+}
+
+/// Deletes every key that starts with the big-endian `id` (an inode's
+/// xattrs, an operation's step records).
+fn delete_id_prefix(db: Db, wtxn: &mut RwTxn, id: u64) -> FsResult<()> {
+    let start = key_ino(id);
+    let end = key_ino(id + 1);
+    let range = (Bound::Included(&start[..]), Bound::Excluded(&end[..]));
+    db.delete_range(wtxn, &range).map_err(lmdb_err).map(|_| ())
 }
 
 /// POSIX rules for what a rename may replace.

@@ -232,10 +232,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         |e| json!({"key": e.key, "value": e.value, "source": e.source.to_string()}),
                     )
                     .collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&list).unwrap_or_default()
-                );
+                print_json(&list);
             } else {
                 let width = entries
                     .iter()
@@ -262,10 +259,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Report => {
             let report = client.report().await.map_err(|e| fail("report", "", e))?;
             if json_out {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
+                print_json(&report);
             } else {
                 println!(
                     "cluster {} ({} shards, {} nodes)",
@@ -295,10 +289,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Admin(AdminCommand::Fsck) => {
             let report = client.fsck().await.map_err(|e| fail("fsck", "", e))?;
             if json_out {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
+                print_json(&report);
             } else {
                 println!(
                     "{} inodes, {} directories, {} entries, {} pending operations, {} name locks",
@@ -504,6 +495,13 @@ async fn run_fs(
         }
     }
     Ok(())
+}
+
+fn print_json<T: serde::Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
 }
 
 fn print_entries(entries: &[ListEntry], long: bool) {

@@ -92,6 +92,7 @@ fn main() {
                 return 1;
             }
         };
+        let mut node = node;
         let id = &node.data_dir.identity;
         eprintln!(
             "curvine-node: data directory {} ({} cluster {} with {} shards)",
@@ -114,7 +115,7 @@ fn main() {
         let failed = tokio::select! {
             _ = tokio::signal::ctrl_c() => false,
             _ = term.recv() => false,
-            _ = node.supervisor_done_ref() => true,
+            _ = &mut node.supervisor_done => true,
         };
         if failed {
             eprintln!("curvine-node: the supervision tree stopped after repeated failures; see the log above");

@@ -267,22 +267,6 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
 }
 
 impl RunningNode {
-    /// Completes when the supervision tree has stopped on its own (repeated failures).
-    pub fn supervisor_done_ref(&self) -> impl std::future::Future<Output = ()> + '_ {
-        let supervisor = self.supervisor.clone();
-        async move {
-            loop {
-                if matches!(
-                    supervisor.get_status(),
-                    ractor::ActorStatus::Stopped | ractor::ActorStatus::Stopping
-                ) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-
     /// Stops accepting requests, stops the actors (every queued mutation is
     /// committed first) and releases the data directory.
     pub async fn stop(self) {
