@@ -91,7 +91,7 @@ impl ShardHost {
             .args
             .shards
             .iter()
-            .find(|a| a.identity.shard == id)
+            .find(|a| a.store.shard == id)
             .cloned()
             .ok_or_else(|| format!("no arguments for shard {id}"))?;
         let (actor, _) = Actor::spawn_linked(
@@ -124,7 +124,7 @@ impl Actor for ShardHost {
             by_actor: HashMap::new(),
             trackers: HashMap::new(),
         };
-        let ids: Vec<ShardId> = state.args.shards.iter().map(|a| a.identity.shard).collect();
+        let ids: Vec<ShardId> = state.args.shards.iter().map(|a| a.store.shard).collect();
         for id in ids {
             Self::start_shard(&myself, &mut state, id).await?;
         }

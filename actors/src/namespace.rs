@@ -213,18 +213,35 @@ impl Namespace {
         let mut current: Ino = ROOT_INO;
         let mut current_kind = FileKind::Dir;
         let mut hops = 0;
+        // Attributes of `current` when the last lookup brought them along.
+        let mut current_attr: Option<Attr> = None;
         while let Some(name) = pending.pop() {
             if current_kind != FileKind::Dir {
                 return Err(FsError::NotADirectory(join(&done)));
             }
-            let entry = self.lookup(current, &name).await?;
             let last = pending.is_empty();
+            let (entry, attr) = if last {
+                // The final inode is usually in its directory's shard: one hop.
+                let name = name.clone();
+                self.call(shard_of(current), move |reply| ShardMsg::LookupAttr {
+                    parent: current,
+                    name: name.clone(),
+                    reply,
+                })
+                .await?
+            } else {
+                (self.lookup(current, &name).await?, None)
+            };
             if entry.kind == FileKind::Symlink && (!last || follow == Follow::All) {
                 hops += 1;
                 if hops > MAX_SYMLINK_HOPS {
                     return Err(FsError::TooManyLinks(join(parts)));
                 }
-                let target = self.getattr(entry.ino).await?.symlink.unwrap_or_default();
+                let link = match attr {
+                    Some(attr) => attr,
+                    None => self.getattr(entry.ino).await?,
+                };
+                let target = link.symlink.unwrap_or_default();
                 let base = if target.starts_with('/') {
                     "/".to_string()
                 } else {
@@ -238,13 +255,18 @@ impl Namespace {
                 done.clear();
                 current = ROOT_INO;
                 current_kind = FileKind::Dir;
+                current_attr = None;
                 continue;
             }
             done.push(name);
             current = entry.ino;
             current_kind = entry.kind;
+            current_attr = attr;
         }
-        self.getattr(current).await
+        match current_attr {
+            Some(attr) => Ok(attr),
+            None => self.getattr(current).await,
+        }
     }
 
     pub async fn resolve(&self, path: &str) -> FsResult<Attr> {

@@ -1,12 +1,10 @@
 //! `NamespaceShard`: one shard of the namespace, over its own LMDB environment.
 //!
 //! Reads run in the actor against a short read transaction. Mutations are
-//! handed to the shard's writer thread and answered after their group commit,
+//! handed to the writer thread of the shard's environment and answered after their group commit,
 //! so the actor never waits on a disk flush and queued mutations share one.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -14,16 +12,17 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::{now_ns, FsResult};
 
-use crate::store::{ShardIdentity, ShardStore, StoreOptions};
+use crate::store::ShardStore;
 use crate::writer::Writer;
 
 pub struct NamespaceShard;
 
+/// A shard's store is opened once when the node starts (LMDB must not open
+/// databases while other transactions of the process run) and handed to
+/// every incarnation of the shard's actor.
 #[derive(Clone)]
 pub struct ShardArgs {
-    pub path: PathBuf,
-    pub identity: ShardIdentity,
-    pub options: StoreOptions,
+    pub store: Arc<ShardStore>,
     pub group_commit_max: usize,
     pub op_record_ttl: Duration,
 }
@@ -31,7 +30,6 @@ pub struct ShardArgs {
 pub struct ShardState {
     store: Arc<ShardStore>,
     writer: Writer,
-    _thread: JoinHandle<()>,
 }
 
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
@@ -54,7 +52,20 @@ impl ShardState {
         T: Send + 'static,
         F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<T> + Send + 'static,
     {
-        self.writer.submit(f, move |result| answer(reply, result));
+        let store = self.store.clone();
+        self.writer.submit(
+            move |txn| f(&store, txn),
+            move |result| answer(reply, result),
+        );
+    }
+
+    /// A mutation nobody waits for (a message that may be lost).
+    fn write_unanswered<F>(&self, f: F)
+    where
+        F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<()> + Send + 'static,
+    {
+        let store = self.store.clone();
+        self.writer.submit(move |txn| f(&store, txn), |_| {});
     }
 }
 
@@ -68,16 +79,13 @@ impl Actor for NamespaceShard {
         _myself: ActorRef<ShardMsg>,
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
-        let store = tokio::task::spawn_blocking(move || {
-            ShardStore::open(&args.path, &args.identity, &args.options)
-        })
-        .await??;
-        let store = Arc::new(store);
-        let (writer, thread) = Writer::start(store.clone(), args.group_commit_max);
+        let store = args.store;
+        let writer = Writer::for_env(store.env(), args.group_commit_max);
         let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
         let shard = store.shard;
+        let sweeper = store.clone();
         writer.submit(
-            move |s, txn| s.sweep_op_records(txn, before),
+            move |txn| sweeper.sweep_op_records(txn, before),
             move |r| match r {
                 Ok(n) if n > 0 => tracing::info!(shard, swept = n, "removed stale step records"),
                 Ok(_) => {}
@@ -85,11 +93,7 @@ impl Actor for NamespaceShard {
             },
         );
         tracing::debug!(shard, "namespace shard started");
-        Ok(ShardState {
-            store,
-            writer,
-            _thread: thread,
-        })
+        Ok(ShardState { store, writer })
     }
 
     /// Waits until every mutation queued before the stop is committed.
@@ -100,7 +104,7 @@ impl Actor for NamespaceShard {
     ) -> Result<(), ActorProcessingErr> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         state.writer.submit(
-            |_, _| Ok(()),
+            |_| Ok(()),
             move |r: FsResult<()>| {
                 let _ = tx.send(r);
             },
@@ -122,6 +126,11 @@ impl Actor for NamespaceShard {
                 name,
                 reply,
             } => state.read(reply, |s, t| s.lookup(t, parent, &name)),
+            ShardMsg::LookupAttr {
+                parent,
+                name,
+                reply,
+            } => state.read(reply, |s, t| s.lookup_attr(t, parent, &name)),
             ShardMsg::GetAttr { ino, reply } => state.read(reply, |s, t| s.getattr(t, ino)),
             ShardMsg::ReadDir {
                 ino,
@@ -181,9 +190,7 @@ impl Actor for NamespaceShard {
             ShardMsg::EndIntent { op, reply } => {
                 state.write(reply, move |s, t| s.end_intent(t, op))
             }
-            ShardMsg::ForgetOp { op } => {
-                state.writer.submit(move |s, t| s.forget_op(t, op), |_| {})
-            }
+            ShardMsg::ForgetOp { op } => state.write_unanswered(move |s, t| s.forget_op(t, op)),
         }
         Ok(())
     }

@@ -145,6 +145,7 @@ fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<Withou
 /// shard's writer thread.
 pub struct ShardStore {
     pub shard: ShardId,
+    meta_key: Vec<u8>,
     pub shard_count: u32,
     pub cluster_id: String,
     env: &'static Env<WithoutTls>,
@@ -157,11 +158,15 @@ pub struct ShardStore {
     locks: Db,
 }
 
-const META_KEY: &[u8] = b"shard";
+/// The key of a shard's [`ShardMeta`] record.
+fn meta_key(shard: ShardId) -> Vec<u8> {
+    format!("shard{shard:03}").into_bytes()
+}
 
 impl ShardStore {
-    /// Opens (and on first use formats) the environment at `path`. A store
-    /// formatted for another cluster or shard is refused.
+    /// Opens (and on first use formats) the shard's databases in the
+    /// environment at `path`, which may hold other shards' databases too. A
+    /// shard formatted for another cluster or shard count is refused.
     pub fn open(
         path: &Path,
         identity: &ShardIdentity,
@@ -191,6 +196,7 @@ impl ShardStore {
         };
         let store = ShardStore {
             shard: identity.shard,
+            meta_key: meta_key(identity.shard),
             shard_count: identity.shard_count,
             cluster_id: identity.cluster_id.clone(),
             env,
@@ -208,7 +214,7 @@ impl ShardStore {
 
     fn format_or_check(&self, identity: &ShardIdentity) -> FsResult<()> {
         let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
-        match self.meta.get(&wtxn, META_KEY).map_err(lmdb_err)? {
+        match self.meta.get(&wtxn, &self.meta_key).map_err(lmdb_err)? {
             Some(bytes) => {
                 let meta: ShardMeta = decode(bytes)?;
                 if meta.cluster_id != identity.cluster_id
@@ -237,7 +243,7 @@ impl ShardStore {
                     next_op: 1,
                 };
                 self.meta
-                    .put(&mut wtxn, META_KEY, &encode_versioned(&meta))
+                    .put(&mut wtxn, &self.meta_key, &encode_versioned(&meta))
                     .map_err(lmdb_err)?;
                 if identity.shard == 0 {
                     let now = now_ns();
@@ -329,6 +335,22 @@ impl ShardStore {
         }
     }
 
+    /// [`Self::lookup`] plus the inode's attributes when it is held here.
+    pub fn lookup_attr(
+        &self,
+        txn: &RoTxn,
+        parent: Ino,
+        name: &str,
+    ) -> FsResult<(DirEntry, Option<Attr>)> {
+        let entry = self.lookup(txn, parent, name)?;
+        let attr = if self.is_local(entry.ino) {
+            self.inode(txn, entry.ino)?
+        } else {
+            None
+        };
+        Ok((entry, attr))
+    }
+
     pub fn readdir(
         &self,
         txn: &RoTxn,
@@ -374,7 +396,7 @@ impl ShardStore {
 
     pub fn intents(&self, txn: &RoTxn) -> FsResult<Vec<Intent>> {
         let mut out = Vec::new();
-        for item in self.intents.iter(txn).map_err(lmdb_err)? {
+        for item in self.own(self.intents, txn)? {
             let (_, v) = item.map_err(lmdb_err)?;
             out.push(decode(v)?);
         }
@@ -388,14 +410,44 @@ impl ShardStore {
         }
     }
 
+    /// Keys of this shard in tables keyed by an id that carries the shard
+    /// (inodes, entries by parent, intents and locks).
+    fn own_keys(&self) -> ([u8; 8], Option<[u8; 8]>) {
+        let start = key_ino(make_id(self.shard, 0));
+        let end = (u32::from(self.shard) + 1 < curvine_messages::MAX_SHARDS)
+            .then(|| key_ino(make_id(self.shard + 1, 0)));
+        (start, end)
+    }
+
+    /// Entries of `db` that belong to this shard.
+    fn own<'t>(&self, db: Db, txn: &'t RoTxn) -> FsResult<heed::RoRange<'t, Bytes, Bytes>> {
+        let (start, end) = self.own_keys();
+        let upper = match &end {
+            Some(end) => Bound::Excluded(&end[..]),
+            None => Bound::Unbounded,
+        };
+        db.range(txn, &(Bound::Included(&start[..]), upper))
+            .map_err(lmdb_err)
+    }
+
+    fn count_own(&self, db: Db, txn: &RoTxn) -> FsResult<u64> {
+        let mut n = 0;
+        for item in self.own(db, txn)? {
+            item.map_err(lmdb_err)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     pub fn stats(&self, txn: &RoTxn) -> FsResult<ShardStats> {
         Ok(ShardStats {
             shard: self.shard,
-            inodes: self.inodes.len(txn).map_err(lmdb_err)?,
-            dentries: self.dentries.len(txn).map_err(lmdb_err)?,
-            intents: self.intents.len(txn).map_err(lmdb_err)?,
-            locks: self.locks.len(txn).map_err(lmdb_err)?,
-            disk_bytes: self.env.real_disk_size().unwrap_or(0),
+            inodes: self.count_own(self.inodes, txn)?,
+            dentries: self.count_own(self.dentries, txn)?,
+            intents: self.count_own(self.intents, txn)?,
+            locks: self.count_own(self.locks, txn)?,
+            env: self.env.path().display().to_string(),
+            env_bytes: self.env.real_disk_size().unwrap_or(0),
         })
     }
 
@@ -404,10 +456,10 @@ impl ShardStore {
             shard: self.shard,
             ..Default::default()
         };
-        for item in self.inodes.iter(txn).map_err(lmdb_err)? {
+        for item in self.own(self.inodes, txn)? {
             scan.inodes.push(decode(item.map_err(lmdb_err)?.1)?);
         }
-        for item in self.dentries.iter(txn).map_err(lmdb_err)? {
+        for item in self.own(self.dentries, txn)? {
             let (key, value) = item.map_err(lmdb_err)?;
             let v: DentryValue = decode(value)?;
             let name = String::from_utf8_lossy(&key[8..]).into_owned();
@@ -421,8 +473,8 @@ impl ShardStore {
             ));
         }
         scan.intents = self.intents(txn)?;
-        scan.locks = self.locks.len(txn).map_err(lmdb_err)?;
-        scan.op_records = self.ops.len(txn).map_err(lmdb_err)?;
+        scan.locks = self.count_own(self.locks, txn)?;
+        scan.op_records = self.count_own(self.ops, txn)?;
         Ok(scan)
     }
 
@@ -464,7 +516,7 @@ impl ShardStore {
     }
 
     fn meta(&self, txn: &RoTxn) -> FsResult<ShardMeta> {
-        match self.meta.get(txn, META_KEY).map_err(lmdb_err)? {
+        match self.meta.get(txn, &self.meta_key).map_err(lmdb_err)? {
             Some(v) => decode(v),
             None => Err(FsError::Corrupt(format!(
                 "shard {} has no meta record",
@@ -478,7 +530,7 @@ impl ShardStore {
         let ino = make_id(self.shard, meta.next_ino);
         meta.next_ino += 1;
         self.meta
-            .put(wtxn, META_KEY, &encode_versioned(&meta))
+            .put(wtxn, &self.meta_key, &encode_versioned(&meta))
             .map_err(lmdb_err)?;
         Ok(ino)
     }
@@ -488,7 +540,7 @@ impl ShardStore {
         let op = make_id(self.shard, meta.next_op);
         meta.next_op += 1;
         self.meta
-            .put(wtxn, META_KEY, &encode_versioned(&meta))
+            .put(wtxn, &self.meta_key, &encode_versioned(&meta))
             .map_err(lmdb_err)?;
         Ok(op)
     }

@@ -1,62 +1,91 @@
-//! The write thread of one shard environment, with group commit.
+//! The write thread of one LMDB environment, with group commit.
 //!
-//! LMDB write transactions must stay on one OS thread, so each shard has a
-//! dedicated thread that owns every write. It takes all queued mutations (up
-//! to `meta.group_commit_max`), runs each in a nested transaction of one
-//! write transaction, commits once (one fsync), and only then answers each
-//! caller. A mutation that fails or panics is rolled back alone; the others
-//! still commit. An acknowledged mutation is therefore durable.
+//! LMDB write transactions must stay on one OS thread, so each environment
+//! has one dedicated thread that owns every write to it, whichever shard the
+//! write is for. It takes all queued mutations (up to `meta.group_commit_max`),
+//! runs each in a nested transaction of one write transaction, commits once
+//! (one pair of fsyncs), and only then answers each caller. A mutation that
+//! fails or panics is rolled back alone; the others still commit. An
+//! acknowledged mutation is therefore durable.
+//!
+//! The thread also keeps zero-filled space ahead of the end of LMDB's data
+//! file: a commit that writes inside the file costs one journal-free
+//! fdatasync, while one that extends the file costs an ext4 journal commit
+//! as well (measured here: 2.5k against 4.0k fdatasync/s).
 
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 
-use heed::RwTxn;
+use heed::{Env, RwTxn, WithoutTls};
 
 use curvine_messages::{FsError, FsResult};
 
-use crate::store::{lmdb_err, ShardStore};
+use crate::store::lmdb_err;
 
 /// Called once the transaction a mutation ran in has committed (`Ok`) or failed.
 type Completion = Box<dyn FnOnce(FsResult<()>) + Send>;
 /// A mutation: runs inside a nested transaction; says whether it succeeded
 /// and what to do after the commit.
-type Job = Box<dyn FnOnce(&ShardStore, &mut RwTxn<'_>) -> (bool, Completion) + Send>;
+type Job = Box<dyn FnOnce(&mut RwTxn<'_>) -> (bool, Completion) + Send>;
 
-/// Handle to a shard's write thread. Dropping every handle lets the thread
-/// commit what is queued and exit.
-#[derive(Clone)]
-pub struct Writer {
+struct Inner {
     tx: mpsc::Sender<Job>,
 }
 
+/// Handle to an environment's write thread. The thread commits what is
+/// queued and exits when the last handle is dropped.
+#[derive(Clone)]
+pub struct Writer {
+    inner: Arc<Inner>,
+}
+
+fn running() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
+    static RUNNING: OnceLock<Mutex<HashMap<PathBuf, Weak<Inner>>>> = OnceLock::new();
+    RUNNING.get_or_init(Default::default)
+}
+
 impl Writer {
-    /// Starts the write thread of `store`.
-    pub fn start(store: Arc<ShardStore>, group_max: usize) -> (Writer, JoinHandle<()>) {
+    /// The write thread of `env`, started on first use and shared by every
+    /// shard whose databases live in `env`.
+    pub fn for_env(env: &'static Env<WithoutTls>, group_max: usize) -> Writer {
+        let mut map = running()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let path = env.path().to_path_buf();
+        if let Some(inner) = map.get(&path).and_then(Weak::upgrade) {
+            return Writer { inner };
+        }
         let (tx, rx) = mpsc::channel::<Job>();
-        let name = format!("shard-{}-writer", store.shard);
-        let handle = std::thread::Builder::new()
+        let name = format!(
+            "lmdb-writer-{}",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("env")
+        );
+        std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(store, rx, group_max.max(1)))
+            .spawn(move || run(env, rx, group_max.max(1)))
             .expect("spawning a thread only fails when the OS is out of resources");
-        (Writer { tx }, handle)
+        let inner = Arc::new(Inner { tx });
+        map.insert(path, Arc::downgrade(&inner));
+        Writer { inner }
     }
 
     /// Queues a mutation; `reply` gets its result once it is durable.
     pub fn submit<T, F, R>(&self, mutation: F, reply: R)
     where
         T: Send + 'static,
-        F: FnOnce(&ShardStore, &mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
+        F: FnOnce(&mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
-        let job: Job = Box::new(move |store, txn| {
-            let result =
-                catch_unwind(AssertUnwindSafe(|| mutation(store, txn))).unwrap_or_else(|_| {
-                    Err(FsError::Io(
-                        "internal error: metadata mutation panicked".into(),
-                    ))
-                });
+        let job: Job = Box::new(move |txn| {
+            let result = catch_unwind(AssertUnwindSafe(|| mutation(txn))).unwrap_or_else(|_| {
+                Err(FsError::Io(
+                    "internal error: metadata mutation panicked".into(),
+                ))
+            });
             let ok = result.is_ok();
             let completion: Completion = Box::new(move |commit: FsResult<()>| match commit {
                 Ok(()) => reply(result),
@@ -66,12 +95,12 @@ impl Writer {
         });
         // If the thread is gone the job is dropped with its reply, and the
         // caller sees the shard as unavailable instead of waiting forever.
-        let _ = self.tx.send(job);
+        let _ = self.inner.tx.send(job);
     }
 }
 
-fn run(store: Arc<ShardStore>, rx: mpsc::Receiver<Job>, group_max: usize) {
-    let env = store.env();
+fn run(env: &'static Env<WithoutTls>, rx: mpsc::Receiver<Job>, group_max: usize) {
+    let mut space = Headroom::new(env);
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < group_max {
@@ -85,7 +114,7 @@ fn run(store: Arc<ShardStore>, rx: mpsc::Receiver<Job>, group_max: usize) {
             let mut txn = env.write_txn().map_err(lmdb_err)?;
             for job in batch.drain(..) {
                 let mut nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
-                let (ok, completion) = job(&store, &mut nested);
+                let (ok, completion) = job(&mut nested);
                 if ok {
                     nested.commit().map_err(lmdb_err)?;
                 } else {
@@ -96,7 +125,7 @@ fn run(store: Arc<ShardStore>, rx: mpsc::Receiver<Job>, group_max: usize) {
             txn.commit().map_err(lmdb_err)
         })();
         if let Err(e) = &commit {
-            tracing::error!(shard = store.shard, error = %e, "metadata commit failed");
+            tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");
         }
         // Jobs never started (the transaction failed early) are dropped: their
         // reply ports close and callers see the shard as unavailable.
@@ -104,6 +133,59 @@ fn run(store: Arc<ShardStore>, rx: mpsc::Receiver<Job>, group_max: usize) {
         for completion in completions {
             completion(commit.clone());
         }
+        space.keep_ahead();
     }
-    tracing::debug!(shard = store.shard, "writer stopped");
+    tracing::debug!(env = %env.path().display(), "metadata writer stopped");
+}
+
+/// Zero-filled space kept ahead of LMDB's last page.
+struct Headroom {
+    env: &'static Env<WithoutTls>,
+    page_size: u64,
+    file: Option<std::fs::File>,
+}
+
+impl Headroom {
+    const MIN_STEP: u64 = 4 << 20;
+    const MAX_STEP: u64 = 256 << 20;
+
+    fn new(env: &'static Env<WithoutTls>) -> Headroom {
+        let page_size = env.unnamed_database_stat().page_size.max(512) as u64;
+        let file = OpenOptions::new()
+            .write(true)
+            .open(env.path().join("data.mdb"))
+            .ok();
+        Headroom {
+            env,
+            page_size,
+            file,
+        }
+    }
+
+    fn keep_ahead(&mut self) {
+        let Some(file) = &self.file else { return };
+        let info = self.env.info();
+        let used = (info.last_page_number as u64 + 1) * self.page_size;
+        let Ok(len) = file.metadata().map(|m| m.len()) else {
+            return;
+        };
+        let step = (len / 4).clamp(Self::MIN_STEP, Self::MAX_STEP);
+        if len.saturating_sub(used) >= step / 2 {
+            return;
+        }
+        let target = (len + step).min(info.map_size as u64);
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = len;
+        while at < target {
+            let n = (target - at).min(zeros.len() as u64) as usize;
+            if let Err(e) = file.write_all_at(&zeros[..n], at) {
+                tracing::warn!(error = %e, "cannot preallocate metadata file space");
+                return;
+            }
+            at += n as u64;
+        }
+        if let Err(e) = file.sync_data() {
+            tracing::warn!(error = %e, "cannot sync preallocated metadata file space");
+        }
+    }
 }

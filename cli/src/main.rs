@@ -269,18 +269,28 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
                 for node in &report.nodes {
                     let inodes: u64 = node.shards.iter().map(|s| s.inodes).sum();
+                    let envs: std::collections::BTreeMap<&str, u64> = node
+                        .shards
+                        .iter()
+                        .map(|s| (s.env.as_str(), s.env_bytes))
+                        .collect();
                     println!(
-                        "node {}  client {}  cluster {}  data {}  inodes {}",
-                        node.node_id, node.rpc_addr, node.cluster_addr, node.data_dir, inodes
+                        "node {}  client {}  cluster {}  data {}",
+                        node.node_id, node.rpc_addr, node.cluster_addr, node.data_dir
                     );
                     println!(
-                        "  {:>5} {:>10} {:>10} {:>8} {:>12}",
-                        "shard", "inodes", "entries", "pending", "disk"
+                        "  inodes {inodes}, metadata on disk {} bytes in {} environment(s)",
+                        envs.values().sum::<u64>(),
+                        envs.len()
+                    );
+                    println!(
+                        "  {:>5} {:>10} {:>10} {:>8}",
+                        "shard", "inodes", "entries", "pending"
                     );
                     for s in &node.shards {
                         println!(
-                            "  {:>5} {:>10} {:>10} {:>8} {:>12}",
-                            s.shard, s.inodes, s.dentries, s.intents, s.disk_bytes
+                            "  {:>5} {:>10} {:>10} {:>8}",
+                            s.shard, s.inodes, s.dentries, s.intents
                         );
                     }
                 }

@@ -63,6 +63,11 @@ pub struct NodeConf {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetaConf {
+    /// Where a node keeps its shards' databases, fixed when the cluster is
+    /// formatted: `node` (one LMDB environment for all shards of the node, so
+    /// concurrent changes to any shards share one commit) or `shard` (one
+    /// environment per shard).
+    pub layout: String,
     /// Fsync every commit before acknowledging it. Turning this off trades
     /// the last acknowledged operations on a machine crash for speed.
     pub sync_commit: bool,
@@ -132,6 +137,7 @@ impl Default for NodeConf {
 impl Default for MetaConf {
     fn default() -> Self {
         MetaConf {
+            layout: "node".into(),
             sync_commit: true,
             group_commit_max: 512,
             map_size: ByteSize(32 << 30),
@@ -597,6 +603,13 @@ impl Config {
                 "client.connections",
                 self.client.connections.to_string(),
                 "expected 1 to 64",
+            ));
+        }
+        if !matches!(self.meta.layout.as_str(), "node" | "shard") {
+            return Err(invalid(
+                "meta.layout",
+                format!("{:?}", self.meta.layout),
+                "expected \"node\" or \"shard\"",
             ));
         }
         if self.meta.group_commit_max == 0 {

@@ -27,9 +27,13 @@ fn op_strategy(root: &'static str) -> impl Strategy<Value = Op> {
 #[test]
 fn cluster_matches_model() {
     let dir = tempfile::tempdir().unwrap();
-    // 4 shards: most directories land on another shard than their parent,
+    // One environment per shard here (the other tests use the default, one
+    // per node). 4 shards: most directories land on another shard than their parent,
     // so mkdir, rmdir and rename run through intents most of the time.
-    let node = NodeProcess::start(&dir.path().join("node"), &["-c", "cluster.shards=4"]);
+    let node = NodeProcess::start(
+        &dir.path().join("node"),
+        &["-c", "cluster.shards=4", "-c", "meta.layout=shard"],
+    );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = runtime.block_on(node.client());
     let cases: u32 = std::env::var("MODEL_CASES")

@@ -197,6 +197,13 @@ pub enum ShardMsg {
         name: String,
         reply: Reply<DirEntry>,
     },
+    /// The entry `name` in `parent`, with the inode's attributes when this
+    /// shard owns the inode too (files usually; directories rarely).
+    LookupAttr {
+        parent: Ino,
+        name: String,
+        reply: Reply<(DirEntry, Option<Attr>)>,
+    },
     /// Attributes of an inode owned by this shard.
     GetAttr { ino: Ino, reply: Reply<Attr> },
     /// Up to `limit` entries of directory `ino` after name `after`, in name order.
@@ -280,6 +287,7 @@ impl ShardMsg {
     pub fn kind_name(&self) -> &'static str {
         match self {
             ShardMsg::Lookup { .. } => "lookup",
+            ShardMsg::LookupAttr { .. } => "lookup_attr",
             ShardMsg::GetAttr { .. } => "getattr",
             ShardMsg::ReadDir { .. } => "readdir",
             ShardMsg::Create { .. } => "create",

@@ -143,8 +143,11 @@ pub struct ShardStats {
     pub dentries: u64,
     pub intents: u64,
     pub locks: u64,
-    /// Bytes the shard's LMDB environment occupies on disk.
-    pub disk_bytes: u64,
+    /// The LMDB environment holding the shard (shared by the node's shards
+    /// with `meta.layout = "node"`).
+    pub env: String,
+    /// Bytes that environment occupies on disk.
+    pub env_bytes: u64,
 }
 
 /// Current time in nanoseconds since the Unix epoch.

@@ -23,6 +23,14 @@ pub struct Identity {
     pub node_id: String,
     pub shard_count: u32,
     pub cookie: String,
+    /// `node` or `shard` (see `meta.layout`). Directories formatted before
+    /// the key existed used one environment per shard.
+    #[serde(default = "per_shard_layout")]
+    pub meta_layout: String,
+}
+
+fn per_shard_layout() -> String {
+    "shard".into()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +109,7 @@ impl DataDir {
                 cluster_name: config.cluster.name.clone(),
                 node_id: random_hex(6),
                 shard_count: config.cluster.shards,
+                meta_layout: config.meta.layout.clone(),
                 cookie: if config.cluster.cookie.is_empty() {
                     random_hex(16)
                 } else {
@@ -128,8 +137,12 @@ impl DataDir {
         })
     }
 
-    /// Directory of one shard's LMDB environment.
-    pub fn shard_path(&self, shard: u16) -> PathBuf {
-        self.path.join("shards").join(format!("{shard:03}"))
+    /// Directory of the LMDB environment that holds a shard's databases.
+    pub fn shard_env_path(&self, shard: u16) -> PathBuf {
+        if self.identity.meta_layout == "shard" {
+            self.path.join("shards").join(format!("{shard:03}"))
+        } else {
+            self.path.join("meta")
+        }
     }
 }

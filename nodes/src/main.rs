@@ -101,6 +101,12 @@ fn main() {
             id.cluster_id,
             id.shard_count
         );
+        if id.meta_layout != config.meta.layout {
+            eprintln!(
+                "curvine-node: meta.layout is {:?} but this data directory was formatted with {:?}; keeping {:?}",
+                config.meta.layout, id.meta_layout, id.meta_layout
+            );
+        }
         if !config.node.seeds.is_empty() {
             eprintln!("curvine-node: seeds {:?} noted; joining other nodes is not supported by this release yet", config.node.seeds);
         }

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
 use curvine_actors::namespace::Namespace;
 use curvine_actors::shard::ShardArgs;
-use curvine_actors::store::{ShardIdentity, StoreOptions};
+use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::{RestartPolicy, RestartTracker};
 use curvine_conf::Config;
 use curvine_messages::{now_ns, ShardId};
@@ -145,6 +145,8 @@ pub enum StartError {
     Listen { addr: String, reason: String },
     #[error("cannot start the cluster port on {addr}: {reason}")]
     Cluster { addr: String, reason: String },
+    #[error("cannot open the metadata store: {0}")]
+    Store(String),
     #[error("cannot start the actors: {0}")]
     Actors(String),
 }
@@ -162,15 +164,31 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         max_readers: config.meta.max_readers,
         sync_commit: config.meta.sync_commit,
     };
-    let shard_args: Vec<ShardArgs> = (0..identity.shard_count as ShardId)
-        .map(|shard| ShardArgs {
-            path: data_dir.shard_path(shard),
-            identity: ShardIdentity {
-                cluster_id: identity.cluster_id.clone(),
-                shard,
-                shard_count: identity.shard_count,
-            },
-            options: options.clone(),
+    let identities: Vec<ShardIdentity> = (0..identity.shard_count as ShardId)
+        .map(|shard| ShardIdentity {
+            cluster_id: identity.cluster_id.clone(),
+            shard,
+            shard_count: identity.shard_count,
+        })
+        .collect();
+    let paths: Vec<_> = identities
+        .iter()
+        .map(|i| data_dir.shard_env_path(i.shard))
+        .collect();
+    let stores = tokio::task::spawn_blocking(move || {
+        identities
+            .iter()
+            .zip(paths)
+            .map(|(id, path)| ShardStore::open(&path, id, &options).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| StartError::Actors(e.to_string()))?
+    .map_err(|e| StartError::Store(e.to_string()))?;
+    let shard_args: Vec<ShardArgs> = stores
+        .into_iter()
+        .map(|store| ShardArgs {
+            store,
             group_commit_max: config.meta.group_commit_max as usize,
             op_record_ttl: config.meta.op_record_ttl.0,
         })
