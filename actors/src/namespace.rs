@@ -22,8 +22,8 @@ use curvine_messages::shard::{
     Intent, IntentOp, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome,
 };
 use curvine_messages::{
-    dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId,
-    SetAttr, ShardId, ShardStats, TimeSet, MAX_SYMLINK_LEN, ROOT_INO,
+    check_xattr, dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
+    NewInode, OpId, SetAttr, ShardId, ShardStats, TimeSet, XattrMode, MAX_SYMLINK_LEN, ROOT_INO,
 };
 
 use crate::host::ShardDirectory;
@@ -495,6 +495,57 @@ impl Namespace {
         self.call(shard_of(ino), move |reply| ShardMsg::SetAttr {
             ino,
             set: set.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn set_xattr(
+        &self,
+        path: &str,
+        name: &str,
+        value: Vec<u8>,
+        mode: XattrMode,
+    ) -> FsResult<()> {
+        check_xattr(name, Some(&value))?;
+        let ino = self.resolve(path).await?.ino;
+        let name = name.to_string();
+        self.call(shard_of(ino), move |reply| ShardMsg::SetXattr {
+            ino,
+            name: name.clone(),
+            value: value.clone(),
+            mode,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn get_xattr(&self, path: &str, name: &str) -> FsResult<Vec<u8>> {
+        let ino = self.resolve(path).await?.ino;
+        let name = name.to_string();
+        self.call(shard_of(ino), move |reply| ShardMsg::GetXattr {
+            ino,
+            name: name.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn list_xattr(&self, path: &str) -> FsResult<Vec<String>> {
+        let ino = self.resolve(path).await?.ino;
+        self.call(shard_of(ino), move |reply| ShardMsg::ListXattr {
+            ino,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn remove_xattr(&self, path: &str, name: &str) -> FsResult<()> {
+        let ino = self.resolve(path).await?.ino;
+        let name = name.to_string();
+        self.call(shard_of(ino), move |reply| ShardMsg::RemoveXattr {
+            ino,
+            name: name.clone(),
             reply,
         })
         .await

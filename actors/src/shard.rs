@@ -131,6 +131,20 @@ impl Actor for NamespaceShard {
                 name,
                 reply,
             } => state.read(reply, |s, t| s.lookup_attr(t, parent, &name)),
+            ShardMsg::SetXattr {
+                ino,
+                name,
+                value,
+                mode,
+                reply,
+            } => state.write(reply, move |s, t| s.set_xattr(t, ino, &name, &value, mode)),
+            ShardMsg::GetXattr { ino, name, reply } => {
+                state.read(reply, |s, t| s.get_xattr(t, ino, &name))
+            }
+            ShardMsg::ListXattr { ino, reply } => state.read(reply, |s, t| s.list_xattr(t, ino)),
+            ShardMsg::RemoveXattr { ino, name, reply } => {
+                state.write(reply, move |s, t| s.remove_xattr(t, ino, &name))
+            }
             ShardMsg::GetAttr { ino, reply } => state.read(reply, |s, t| s.getattr(t, ino)),
             ShardMsg::ReadDir {
                 ino,

@@ -6,7 +6,7 @@ use serde_json::json;
 use curvine_conf::{Config, Loader};
 use curvine_messages::path::normalize;
 use curvine_messages::rpc::ListEntry;
-use curvine_messages::{Attr, FileKind, FsError};
+use curvine_messages::{Attr, FileKind, FsError, XattrMode};
 use curvine_node::Client;
 
 #[derive(Parser)]
@@ -124,6 +124,55 @@ enum FsCommand {
     },
     /// Print the target of a symbolic link.
     Readlink { path: String },
+    /// Extended attributes.
+    #[command(subcommand)]
+    Xattr(XattrCommand),
+}
+
+#[derive(Subcommand)]
+enum XattrCommand {
+    /// Set an attribute (text value, or hex with --hex).
+    Set {
+        path: String,
+        name: String,
+        value: String,
+        /// VALUE is hexadecimal bytes.
+        #[arg(long)]
+        hex: bool,
+        /// Fail if the attribute exists.
+        #[arg(long, conflicts_with = "replace")]
+        create: bool,
+        /// Fail if the attribute does not exist.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Print an attribute's value (text, or 0x-prefixed hex when not UTF-8).
+    Get { path: String, name: String },
+    /// List attribute names.
+    List { path: String },
+    /// Remove an attribute.
+    Rm { path: String, name: String },
+}
+
+fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    let t = text.strip_prefix("0x").unwrap_or(text);
+    if !t.is_ascii() || !t.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..t.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&t[i..i + 2], 16).ok())
+        .collect()
+}
+
+fn show_value(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) => text.to_string(),
+        Err(_) => format!(
+            "0x{}",
+            value.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+    }
 }
 
 fn config(global: &Global) -> Result<(Loader, Config), String> {
@@ -491,6 +540,7 @@ async fn run_fs(
                 .await
                 .map_err(|e| fail("ln", &link, e))?;
         }
+        FsCommand::Xattr(command) => run_xattr(client, command, json_out, abs).await?,
         FsCommand::Readlink { path } => {
             let p = abs(&path)?;
             let target = client
@@ -502,6 +552,81 @@ async fn run_fs(
             } else {
                 println!("{target}");
             }
+        }
+    }
+    Ok(())
+}
+
+async fn run_xattr(
+    client: &Client,
+    command: XattrCommand,
+    json_out: bool,
+    abs: &dyn Fn(&str) -> Result<String, Failure>,
+) -> Result<(), Failure> {
+    match command {
+        XattrCommand::Set {
+            path,
+            name,
+            value,
+            hex,
+            create,
+            replace,
+        } => {
+            let p = abs(&path)?;
+            let bytes = if hex {
+                parse_hex(&value).ok_or_else(|| Failure {
+                    what: format!("xattr set {path}"),
+                    error: format!("'{value}' is not hexadecimal bytes"),
+                    code: 1,
+                })?
+            } else {
+                value.into_bytes()
+            };
+            let mode = match (create, replace) {
+                (true, _) => XattrMode::Create,
+                (_, true) => XattrMode::Replace,
+                _ => XattrMode::Any,
+            };
+            client
+                .set_xattr(&p, &name, &bytes, mode)
+                .await
+                .map_err(|e| fail("xattr set", &path, e))?;
+        }
+        XattrCommand::Get { path, name } => {
+            let p = abs(&path)?;
+            let value = client
+                .get_xattr(&p, &name)
+                .await
+                .map_err(|e| fail("xattr get", &path, e))?;
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"path": p, "name": name, "value": show_value(&value)})
+                );
+            } else {
+                println!("{}", show_value(&value));
+            }
+        }
+        XattrCommand::List { path } => {
+            let p = abs(&path)?;
+            let names = client
+                .list_xattr(&p)
+                .await
+                .map_err(|e| fail("xattr list", &path, e))?;
+            if json_out {
+                println!("{}", json!(names));
+            } else {
+                for n in names {
+                    println!("{n}");
+                }
+            }
+        }
+        XattrCommand::Rm { path, name } => {
+            let p = abs(&path)?;
+            client
+                .remove_xattr(&p, &name)
+                .await
+                .map_err(|e| fail("xattr rm", &path, e))?;
         }
     }
     Ok(())

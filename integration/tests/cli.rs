@@ -114,6 +114,68 @@ fn namespace_commands_and_errors() {
     // root, data, train, images, b.jpg, latest, archive, a.jpg
     assert_eq!(inodes, 8);
 
+    // Extended attributes.
+    ok(
+        &node,
+        &["fs", "xattr", "set", "/archive/a.jpg", "user.label", "cat"],
+    );
+    ok(
+        &node,
+        &[
+            "fs",
+            "xattr",
+            "set",
+            "/archive/a.jpg",
+            "user.raw",
+            "00ff",
+            "--hex",
+        ],
+    );
+    assert_eq!(
+        ok(
+            &node,
+            &["fs", "xattr", "get", "/archive/a.jpg", "user.label"]
+        ),
+        "cat\n"
+    );
+    assert_eq!(
+        ok(&node, &["fs", "xattr", "get", "/archive/a.jpg", "user.raw"]),
+        "0x00ff\n"
+    );
+    assert_eq!(
+        ok(&node, &["fs", "xattr", "list", "/archive/a.jpg"]),
+        "user.label\nuser.raw\n"
+    );
+    let out = node.cli(&[
+        "fs",
+        "xattr",
+        "set",
+        "/archive/a.jpg",
+        "user.label",
+        "dog",
+        "--create",
+    ]);
+    assert_eq!(
+        stderr(&out),
+        "curvine-cli: xattr set /archive/a.jpg: file exists: attribute user.label\n"
+    );
+    ok(
+        &node,
+        &["fs", "xattr", "rm", "/archive/a.jpg", "user.label"],
+    );
+    let out = node.cli(&["fs", "xattr", "get", "/archive/a.jpg", "user.label"]);
+    assert_eq!(
+        stderr(&out),
+        "curvine-cli: xattr get /archive/a.jpg: no data available: attribute user.label\n"
+    );
+    let big = "v".repeat(64 * 1024 + 1);
+    let out = node.cli(&["fs", "xattr", "set", "/archive/a.jpg", "user.big", &big]);
+    assert!(
+        stderr(&out).contains("argument list too long"),
+        "{}",
+        stderr(&out)
+    );
+
     // rm -r and a consistent namespace afterwards.
     ok(&node, &["fs", "rm", "-r", "/data"]);
     assert_eq!(ok(&node, &["fs", "ls", "/"]), "archive\n");

@@ -44,6 +44,12 @@ pub enum FsError {
     NotSupported(String),
     #[error("too many levels of symbolic links{}", detail(.0))]
     TooManyLinks(String),
+    /// An extended attribute that does not exist.
+    #[error("no data available{}", detail(.0))]
+    NoData(String),
+    /// A value larger than its limit (an extended attribute over 64 KiB).
+    #[error("argument list too long{}", detail(.0))]
+    TooBig(String),
     /// A name is held by an operation in progress; the caller retries.
     #[error("device or resource busy{}", detail(.0))]
     Busy(String),
@@ -81,6 +87,8 @@ impl FsError {
             FsError::CrossDevice(_) => libc::EXDEV,
             FsError::NotSupported(_) => libc::ENOTSUP,
             FsError::TooManyLinks(_) => libc::ELOOP,
+            FsError::NoData(_) => libc::ENODATA,
+            FsError::TooBig(_) => libc::E2BIG,
             FsError::Busy(_) => libc::EBUSY,
             FsError::Unavailable(_) => libc::EAGAIN,
             FsError::TimedOut(_) => libc::ETIMEDOUT,
@@ -106,6 +114,8 @@ impl FsError {
             FsError::CrossDevice(_) => "cross_device",
             FsError::NotSupported(_) => "not_supported",
             FsError::TooManyLinks(_) => "too_many_links",
+            FsError::NoData(_) => "no_data",
+            FsError::TooBig(_) => "too_big",
             FsError::Busy(_) => "busy",
             FsError::Unavailable(_) => "unavailable",
             FsError::TimedOut(_) => "timed_out",
@@ -138,6 +148,8 @@ impl FsError {
             FsError::CrossDevice(_) => FsError::CrossDevice(text),
             FsError::NotSupported(_) => FsError::NotSupported(text),
             FsError::TooManyLinks(_) => FsError::TooManyLinks(text),
+            FsError::NoData(_) => FsError::NoData(text),
+            FsError::TooBig(_) => FsError::TooBig(text),
             FsError::Busy(_) => FsError::Busy(text),
             FsError::Unavailable(_) => FsError::Unavailable(text),
             FsError::TimedOut(_) => FsError::TimedOut(text),
@@ -163,6 +175,8 @@ impl FsError {
             | FsError::CrossDevice(s)
             | FsError::NotSupported(s)
             | FsError::TooManyLinks(s)
+            | FsError::NoData(s)
+            | FsError::TooBig(s)
             | FsError::Busy(s)
             | FsError::Unavailable(s)
             | FsError::TimedOut(s)

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FsError, FsResult};
-use crate::types::{Attr, SetAttr, ShardStats};
+use crate::types::{Attr, SetAttr, ShardStats, XattrMode};
 
 /// The node's answer to a client's hello. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +114,35 @@ pub struct Remove {
 pub struct SetAttrs {
     pub path: String,
     pub set: SetAttr,
+}
+
+/// Set an extended attribute of a path (following a final symlink).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetXattr {
+    pub path: String,
+    pub name: String,
+    pub value: Vec<u8>,
+    pub mode: XattrMode,
+}
+
+/// Value of an extended attribute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GetXattr {
+    pub path: String,
+    pub name: String,
+}
+
+/// Names of a path's extended attributes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListXattr {
+    pub path: String,
+}
+
+/// Remove an extended attribute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemoveXattr {
+    pub path: String,
+    pub name: String,
 }
 
 /// Nodes, shards and counts.
@@ -222,6 +251,10 @@ calls! {
     Rename => (), Done;
     Remove => RemoveSummary, Removed;
     SetAttrs => Attr, Attr;
+    SetXattr => (), Done;
+    GetXattr => Vec<u8>, Bytes;
+    ListXattr => Vec<String>, Names;
+    RemoveXattr => (), Done;
     Report => ClusterReport, Report;
     Fsck => FsckReport, Fsck;
 }
@@ -234,6 +267,8 @@ pub enum Response {
     Target(String),
     Done(()),
     Removed(RemoveSummary),
+    Bytes(Vec<u8>),
+    Names(Vec<String>),
     Report(ClusterReport),
     Fsck(FsckReport),
 }
@@ -246,6 +281,8 @@ impl Response {
             Response::Target(_) => "Target",
             Response::Done(_) => "Done",
             Response::Removed(_) => "Removed",
+            Response::Bytes(_) => "Bytes",
+            Response::Names(_) => "Names",
             Response::Report(_) => "Report",
             Response::Fsck(_) => "Fsck",
         }

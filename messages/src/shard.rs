@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::Versioned;
 use crate::error::FsResult;
-use crate::types::{Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats};
+use crate::types::{
+    Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
+};
 
 /// A cross-shard operation recorded in its coordinating shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +148,15 @@ impl Versioned for Attr {
     const WHAT: &'static str = "inode record";
 }
 
+/// A stored extended attribute value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XattrValue(pub Vec<u8>);
+
+impl Versioned for XattrValue {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "extended attribute";
+}
+
 /// Identity and counters of a shard, stored in its `meta` database.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardMeta {
@@ -233,6 +244,28 @@ pub enum ShardMsg {
         set: SetAttr,
         reply: Reply<Attr>,
     },
+    /// Set an extended attribute of an inode owned here.
+    SetXattr {
+        ino: Ino,
+        name: String,
+        value: Vec<u8>,
+        mode: XattrMode,
+        reply: Reply<()>,
+    },
+    /// Value of an extended attribute (ENODATA when absent).
+    GetXattr {
+        ino: Ino,
+        name: String,
+        reply: Reply<Vec<u8>>,
+    },
+    /// Names of an inode's extended attributes, in byte order.
+    ListXattr { ino: Ino, reply: Reply<Vec<String>> },
+    /// Remove an extended attribute (ENODATA when absent).
+    RemoveXattr {
+        ino: Ino,
+        name: String,
+        reply: Reply<()>,
+    },
     /// Remove file or symlink `name` from `parent`.
     Unlink {
         parent: Ino,
@@ -294,6 +327,10 @@ impl ShardMsg {
             ShardMsg::MkdirLocal { .. } => "mkdir_local",
             ShardMsg::SetAttr { .. } => "setattr",
             ShardMsg::Unlink { .. } => "unlink",
+            ShardMsg::SetXattr { .. } => "setxattr",
+            ShardMsg::GetXattr { .. } => "getxattr",
+            ShardMsg::ListXattr { .. } => "listxattr",
+            ShardMsg::RemoveXattr { .. } => "removexattr",
             ShardMsg::RmdirLocal { .. } => "rmdir_local",
             ShardMsg::RenameLocal { .. } => "rename_local",
             ShardMsg::BeginIntent { .. } => "begin_intent",

@@ -150,6 +150,46 @@ pub struct ShardStats {
     pub env_bytes: u64,
 }
 
+/// Longest extended attribute name, in bytes.
+pub const MAX_XATTR_NAME_LEN: usize = 255;
+/// Largest extended attribute value, in bytes (Linux's XATTR_SIZE_MAX).
+pub const MAX_XATTR_VALUE_LEN: usize = 64 * 1024;
+
+/// How a set of an extended attribute treats an existing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrMode {
+    /// Create or replace.
+    Any,
+    /// Fail with EEXIST if it exists (XATTR_CREATE).
+    Create,
+    /// Fail with ENODATA if it does not exist (XATTR_REPLACE).
+    Replace,
+}
+
+/// Checks an extended attribute's name and value against the limits.
+pub fn check_xattr(name: &str, value: Option<&[u8]>) -> Result<(), crate::FsError> {
+    if name.is_empty() || name.contains('\0') {
+        return Err(crate::FsError::InvalidArgument(
+            "extended attribute names are 1 to 255 bytes without NUL".into(),
+        ));
+    }
+    if name.len() > MAX_XATTR_NAME_LEN {
+        return Err(crate::FsError::NameTooLong(format!(
+            "attribute name of {} bytes exceeds {MAX_XATTR_NAME_LEN}",
+            name.len()
+        )));
+    }
+    if let Some(v) = value {
+        if v.len() > MAX_XATTR_VALUE_LEN {
+            return Err(crate::FsError::TooBig(format!(
+                "attribute value of {} bytes exceeds {MAX_XATTR_VALUE_LEN}",
+                v.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Current time in nanoseconds since the Unix epoch.
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()

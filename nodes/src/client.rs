@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use curvine_conf::ClientConf;
 use curvine_messages::codec::{from_bytes, to_bytes, Hello};
 use curvine_messages::rpc::*;
-use curvine_messages::{Attr, FsError, FsResult, SetAttr};
+use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
 
 use crate::server::{read_frame, write_frame};
 
@@ -291,6 +291,42 @@ impl Client {
         self.call(SetAttrs {
             path: path.into(),
             set,
+        })
+        .await
+    }
+
+    pub async fn set_xattr(
+        &self,
+        path: &str,
+        name: &str,
+        value: &[u8],
+        mode: XattrMode,
+    ) -> FsResult<()> {
+        self.call(SetXattr {
+            path: path.into(),
+            name: name.into(),
+            value: value.to_vec(),
+            mode,
+        })
+        .await
+    }
+
+    pub async fn get_xattr(&self, path: &str, name: &str) -> FsResult<Vec<u8>> {
+        self.call(GetXattr {
+            path: path.into(),
+            name: name.into(),
+        })
+        .await
+    }
+
+    pub async fn list_xattr(&self, path: &str) -> FsResult<Vec<String>> {
+        self.call(ListXattr { path: path.into() }).await
+    }
+
+    pub async fn remove_xattr(&self, path: &str, name: &str) -> FsResult<()> {
+        self.call(RemoveXattr {
+            path: path.into(),
+            name: name.into(),
         })
         .await
     }

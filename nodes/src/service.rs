@@ -49,6 +49,12 @@ impl Service {
             Request::Rename(r) => Response::Done(ns.rename(&r.src, &r.dst).await?),
             Request::Remove(r) => Response::Removed(ns.remove(&r.path, r.recursive, r.dir).await?),
             Request::SetAttrs(r) => Response::Attr(ns.setattr(&r.path, r.set).await?),
+            Request::SetXattr(r) => {
+                Response::Done(ns.set_xattr(&r.path, &r.name, r.value, r.mode).await?)
+            }
+            Request::GetXattr(r) => Response::Bytes(ns.get_xattr(&r.path, &r.name).await?),
+            Request::ListXattr(r) => Response::Names(ns.list_xattr(&r.path).await?),
+            Request::RemoveXattr(r) => Response::Done(ns.remove_xattr(&r.path, &r.name).await?),
             Request::Report(_) => Response::Report(ClusterReport {
                 cluster_id: self.info.cluster_id.clone(),
                 shard_count: ns.shard_count(),
