@@ -275,6 +275,11 @@ impl ShardStore {
         self.env
     }
 
+    /// Whether two stores share one environment.
+    pub fn same_env(&self, other: &ShardStore) -> bool {
+        std::ptr::eq(self.env, other.env)
+    }
+
     pub fn read_txn(&self) -> FsResult<RoTxn<'static, WithoutTls>> {
         self.env.read_txn().map_err(lmdb_err)
     }
@@ -285,7 +290,12 @@ impl ShardStore {
 
     // ---- reads -------------------------------------------------------------
 
+    /// An inode this shard owns. Inodes of other shards are never visible,
+    /// even when they share the environment.
     pub fn inode(&self, txn: &RoTxn, ino: Ino) -> FsResult<Option<Attr>> {
+        if !self.is_local(ino) {
+            return Ok(None);
+        }
         match self.inodes.get(txn, &key_ino(ino)).map_err(lmdb_err)? {
             Some(bytes) => Ok(Some(decode(bytes)?)),
             None => Ok(None),

@@ -1,0 +1,674 @@
+//! Conformance suite of the shard store, on real LMDB environments. Every
+//! case runs twice: with one environment per shard and with both shards in
+//! one shared environment (the two `meta.layout`s).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
+use curvine_actors::writer::Writer;
+use curvine_messages::shard::{IntentOp, RenameOutcome, Step, StepResult, UnlinkOutcome};
+use curvine_messages::{
+    make_id, now_ns, shard_of, Attr, FileKind, FsError, FsResult, NewInode, XattrMode, ROOT_INO,
+};
+use heed::RwTxn;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    shards: Vec<Arc<ShardStore>>,
+}
+
+fn options() -> StoreOptions {
+    StoreOptions {
+        map_size: 64 << 20,
+        max_readers: 32,
+        sync_commit: true,
+    }
+}
+
+fn identity(shard: u16) -> ShardIdentity {
+    ShardIdentity {
+        cluster_id: "c1".into(),
+        shard,
+        shard_count: 2,
+    }
+}
+
+fn fixture(shared: bool) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = (0..2u16)
+        .map(|s| {
+            let path = if shared {
+                dir.path().join("meta")
+            } else {
+                dir.path().join(format!("s{s}"))
+            };
+            Arc::new(ShardStore::open(&path, &identity(s), &options()).unwrap())
+        })
+        .collect();
+    Fixture { _dir: dir, shards }
+}
+
+impl Fixture {
+    fn write<T>(
+        &self,
+        shard: usize,
+        f: impl FnOnce(&ShardStore, &mut RwTxn) -> FsResult<T>,
+    ) -> FsResult<T> {
+        let store = &self.shards[shard];
+        let mut txn = store.env().write_txn().unwrap();
+        let result = f(store, &mut txn);
+        if result.is_ok() {
+            txn.commit().unwrap();
+        }
+        result
+    }
+
+    fn read<T>(
+        &self,
+        shard: usize,
+        f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>,
+    ) -> FsResult<T> {
+        let store = &self.shards[shard];
+        let txn = store.read_txn().unwrap();
+        f(store, &txn)
+    }
+}
+
+fn file() -> NewInode {
+    NewInode {
+        kind: FileKind::File,
+        mode: 0o644,
+        uid: 1,
+        gid: 2,
+        symlink: None,
+        now_ns: now_ns(),
+    }
+}
+
+fn dir() -> NewInode {
+    NewInode {
+        kind: FileKind::Dir,
+        ..file()
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod per_shard_env {
+            $(#[test] fn $name() { super::$name(super::fixture(false)); })*
+        }
+        mod shared_env {
+            $(#[test] fn $name() { super::$name(super::fixture(true)); })*
+        }
+    };
+}
+
+conformance!(
+    formats_root_and_keeps_counters_across_reopen,
+    create_rules,
+    mkdir_and_rmdir_keep_link_counts,
+    unlink_rules_and_remote_inodes,
+    rename_local_rules,
+    steps_are_idempotent_and_locks_hold_names,
+    xattr_rules,
+    stats_and_scan_see_only_their_shard,
+);
+
+fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
+    let root = f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap();
+    assert_eq!(
+        (root.kind, root.nlink, root.parent),
+        (FileKind::Dir, 2, ROOT_INO)
+    );
+    assert!(matches!(
+        f.read(1, |s, t| s.getattr(t, ROOT_INO)),
+        Err(FsError::NotFound(_))
+    ));
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    assert_eq!(shard_of(a.ino), 0);
+    // Reopening the same path (as a restarted shard does) sees the same data
+    // and allocates fresh ids.
+    let path = f.shards[0].env().path().to_path_buf();
+    let again = ShardStore::open(&path, &identity(0), &options()).unwrap();
+    let txn = again.read_txn().unwrap();
+    assert_eq!(again.lookup(&txn, ROOT_INO, "a").unwrap().ino, a.ino);
+    drop(txn);
+    let mut w = again.env().write_txn().unwrap();
+    let b = again.create(&mut w, ROOT_INO, "b", &file()).unwrap();
+    w.commit().unwrap();
+    assert!(b.ino > a.ino);
+    // Another cluster's identity is refused, naming both.
+    let other = ShardIdentity {
+        cluster_id: "c2".into(),
+        ..identity(0)
+    };
+    let err = ShardStore::open(&path, &other, &options())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("cluster c1") && err.contains("cluster c2"),
+        "{err}"
+    );
+}
+
+fn create_rules(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    assert_eq!(
+        (a.kind, a.nlink, a.mode, a.uid, a.gid),
+        (FileKind::File, 1, 0o644, 1, 2)
+    );
+    assert!(matches!(
+        f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file())),
+        Err(FsError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.create(t, a.ino, "x", &file())),
+        Err(FsError::NotADirectory(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.create(t, make_id(0, 999), "x", &file())),
+        Err(FsError::NotFound(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.create(t, ROOT_INO, "d", &dir())),
+        Err(FsError::InvalidArgument(_))
+    ));
+    let link = NewInode {
+        kind: FileKind::Symlink,
+        symlink: Some("/t".into()),
+        ..file()
+    };
+    let l = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "l", &link))
+        .unwrap();
+    assert_eq!((l.size, l.symlink.as_deref()), (2, Some("/t")));
+    let root = f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap();
+    assert!(root.mtime_ns >= a.mtime_ns);
+    let names: Vec<String> = f
+        .read(0, |s, t| s.readdir(t, ROOT_INO, None, 10))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["a", "l"]);
+    let after: Vec<String> = f
+        .read(0, |s, t| s.readdir(t, ROOT_INO, Some("a"), 10))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(after, ["l"]);
+}
+
+fn mkdir_and_rmdir_keep_link_counts(f: Fixture) {
+    let d = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
+        .unwrap();
+    assert_eq!((d.nlink, d.parent), (2, ROOT_INO));
+    assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 3);
+    f.write(0, |s, t| s.create(t, d.ino, "f", &file())).unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "d")),
+        Err(FsError::NotEmpty(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.unlink(t, ROOT_INO, "d")),
+        Err(FsError::IsADirectory(_))
+    ));
+    f.write(0, |s, t| s.unlink(t, d.ino, "f")).unwrap();
+    f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "d")).unwrap();
+    assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 2);
+    assert!(matches!(
+        f.read(0, |s, t| s.getattr(t, d.ino)),
+        Err(FsError::NotFound(_))
+    ));
+    f.write(0, |s, t| s.create(t, ROOT_INO, "file", &file()))
+        .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "file")),
+        Err(FsError::NotADirectory(_))
+    ));
+}
+
+fn unlink_rules_and_remote_inodes(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")),
+        Ok(UnlinkOutcome::Done(_))
+    ));
+    assert!(f.read(0, |s, t| s.inode(t, a.ino)).unwrap().is_none());
+    assert!(matches!(
+        f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")),
+        Err(FsError::NotFound(_))
+    ));
+    // An entry whose inode lives on shard 1 (a directory of shard 1 moved a
+    // file here): unlink removes the entry and records the remote drop.
+    let sub = f
+        .write(0, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Mkdir {
+                    parent: ROOT_INO,
+                    name: "sub".into(),
+                    attrs: dir(),
+                    child_shard: 1,
+                },
+            )
+        })
+        .unwrap();
+    let created = f
+        .write(1, |s, t| {
+            s.apply_step(
+                t,
+                sub.op,
+                1,
+                &Step::CreateDirInode {
+                    attrs: dir(),
+                    parent: ROOT_INO,
+                },
+            )
+        })
+        .unwrap();
+    let StepResult::Created(sub_dir) = created else {
+        panic!("{created:?}")
+    };
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            sub.op,
+            2,
+            &Step::LinkName {
+                parent: ROOT_INO,
+                name: "sub".into(),
+                ino: sub_dir.ino,
+                kind: FileKind::Dir,
+            },
+        )
+    })
+    .unwrap();
+    f.write(0, |s, t| s.end_intent(t, sub.op)).unwrap();
+    let remote = f
+        .write(1, |s, t| s.create(t, sub_dir.ino, "r", &file()))
+        .unwrap();
+    let mv = f
+        .write(1, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Rename {
+                    src_parent: sub_dir.ino,
+                    src_name: "r".into(),
+                    dst_parent: ROOT_INO,
+                    dst_name: "r".into(),
+                    ino: 0,
+                    kind: FileKind::File,
+                },
+            )
+        })
+        .unwrap();
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            mv.op,
+            1,
+            &Step::LockName {
+                parent: ROOT_INO,
+                name: "r".into(),
+            },
+        )
+    })
+    .unwrap();
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            mv.op,
+            3,
+            &Step::LinkName {
+                parent: ROOT_INO,
+                name: "r".into(),
+                ino: remote.ino,
+                kind: FileKind::File,
+            },
+        )
+    })
+    .unwrap();
+    f.write(1, |s, t| {
+        s.apply_step(
+            t,
+            mv.op,
+            4,
+            &Step::UnlinkName {
+                parent: sub_dir.ino,
+                name: "r".into(),
+                ino: remote.ino,
+            },
+        )
+    })
+    .unwrap();
+    f.write(1, |s, t| s.end_intent(t, mv.op)).unwrap();
+    match f.write(0, |s, t| s.unlink(t, ROOT_INO, "r")).unwrap() {
+        UnlinkOutcome::Pending(entry, intent) => {
+            assert_eq!(entry.ino, remote.ino);
+            assert_eq!(intent.action, IntentOp::DropLink { ino: remote.ino });
+            f.write(1, |s, t| {
+                s.apply_step(t, intent.op, 1, &Step::DropLink { ino: remote.ino })
+            })
+            .unwrap();
+            f.write(0, |s, t| s.end_intent(t, intent.op)).unwrap();
+        }
+        other => panic!("expected a pending drop, got {other:?}"),
+    }
+    assert!(f.read(1, |s, t| s.inode(t, remote.ino)).unwrap().is_none());
+    assert!(f.read(0, |s, t| s.intents(t)).unwrap().is_empty());
+}
+
+fn rename_local_rules(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    let b = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file()))
+        .unwrap();
+    let d = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
+        .unwrap();
+    let e = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "e", &dir()))
+        .unwrap();
+    let rename =
+        |src: &str, dst: &str| f.write(0, |s, t| s.rename_local(t, ROOT_INO, src, ROOT_INO, dst));
+    assert!(matches!(rename("a", "d"), Err(FsError::IsADirectory(_))));
+    assert!(matches!(rename("d", "a"), Err(FsError::NotADirectory(_))));
+    assert!(matches!(rename("missing", "x"), Err(FsError::NotFound(_))));
+    // A file replaces a file: the replaced inode goes.
+    assert_eq!(rename("a", "b").unwrap(), RenameOutcome::Done);
+    assert!(f.read(0, |s, t| s.inode(t, b.ino)).unwrap().is_none());
+    assert_eq!(
+        f.read(0, |s, t| s.lookup(t, ROOT_INO, "b")).unwrap().ino,
+        a.ino
+    );
+    // A directory replaces an empty directory, not a full one.
+    f.write(0, |s, t| s.create(t, e.ino, "inside", &file()))
+        .unwrap();
+    assert!(matches!(rename("d", "e"), Err(FsError::NotEmpty(_))));
+    f.write(0, |s, t| s.unlink(t, e.ino, "inside")).unwrap();
+    assert_eq!(rename("d", "e").unwrap(), RenameOutcome::Done);
+    assert!(f.read(0, |s, t| s.inode(t, e.ino)).unwrap().is_none());
+    assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 3);
+    // Moving a directory into another local directory updates '..' and links.
+    let g = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "g", &dir()))
+        .unwrap();
+    assert_eq!(
+        f.write(0, |s, t| s.rename_local(t, ROOT_INO, "e", g.ino, "moved"))
+            .unwrap(),
+        RenameOutcome::Done
+    );
+    assert_eq!(f.read(0, |s, t| s.getattr(t, d.ino)).unwrap().parent, g.ino);
+    assert_eq!(f.read(0, |s, t| s.getattr(t, g.ino)).unwrap().nlink, 3);
+    assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 3);
+    // Renaming onto itself does nothing.
+    assert_eq!(rename("b", "b").unwrap(), RenameOutcome::Done);
+}
+
+fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
+    let intent = f
+        .write(0, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Mkdir {
+                    parent: ROOT_INO,
+                    name: "x".into(),
+                    attrs: dir(),
+                    child_shard: 1,
+                },
+            )
+        })
+        .unwrap();
+    // The name is reserved: other operations on it wait.
+    assert!(matches!(
+        f.write(0, |s, t| s.create(t, ROOT_INO, "x", &file())),
+        Err(FsError::Busy(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.begin_intent(
+            t,
+            &IntentOp::Mkdir {
+                parent: ROOT_INO,
+                name: "x".into(),
+                attrs: dir(),
+                child_shard: 1
+            }
+        )),
+        Err(FsError::Busy(_))
+    ));
+    let step = Step::CreateDirInode {
+        attrs: dir(),
+        parent: ROOT_INO,
+    };
+    let first = f
+        .write(1, |s, t| s.apply_step(t, intent.op, 1, &step))
+        .unwrap();
+    let again = f
+        .write(1, |s, t| s.apply_step(t, intent.op, 1, &step))
+        .unwrap();
+    assert_eq!(first, again, "a repeated step returns its recorded result");
+    let StepResult::Created(attr): StepResult = first else {
+        panic!()
+    };
+    assert_eq!(
+        f.read(1, |s, t| s.scan(t)).unwrap().inodes.len(),
+        1,
+        "created once"
+    );
+    assert_eq!(
+        f.read(0, |s, t| s.intents(t)).unwrap(),
+        vec![intent.clone()]
+    );
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            intent.op,
+            2,
+            &Step::LinkName {
+                parent: ROOT_INO,
+                name: "x".into(),
+                ino: attr.ino,
+                kind: FileKind::Dir,
+            },
+        )
+    })
+    .unwrap();
+    f.write(0, |s, t| s.end_intent(t, intent.op)).unwrap();
+    f.write(1, |s, t| s.forget_op(t, intent.op)).unwrap();
+    assert!(f.read(0, |s, t| s.intents(t)).unwrap().is_empty());
+    assert_eq!(f.read(0, |s, t| s.stats(t)).unwrap().locks, 0);
+    assert_eq!(
+        f.read(0, |s, t| s.lookup(t, ROOT_INO, "x")).unwrap().ino,
+        attr.ino
+    );
+    // Step records are swept once old, and only when their intent is gone.
+    let held = f
+        .write(0, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Rmdir {
+                    parent: ROOT_INO,
+                    name: "x".into(),
+                    ino: 0,
+                },
+            )
+        })
+        .unwrap();
+    f.write(1, |s, t| {
+        s.apply_step(
+            t,
+            held.op,
+            1,
+            &Step::SetDirParent {
+                ino: attr.ino,
+                parent: ROOT_INO,
+            },
+        )
+    })
+    .unwrap();
+    let swept = f
+        .write(1, |s, t| s.sweep_op_records(t, now_ns() + 1))
+        .unwrap();
+    assert_eq!(
+        swept,
+        if f.shards[0].same_env(&f.shards[1]) {
+            0
+        } else {
+            1
+        }
+    );
+}
+
+fn xattr_rules(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    f.write(0, |s, t| {
+        s.set_xattr(t, a.ino, "user.k", b"v1", XattrMode::Any)
+    })
+    .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.set_xattr(
+            t,
+            a.ino,
+            "user.k",
+            b"v2",
+            XattrMode::Create
+        )),
+        Err(FsError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.set_xattr(
+            t,
+            a.ino,
+            "user.n",
+            b"v",
+            XattrMode::Replace
+        )),
+        Err(FsError::NoData(_))
+    ));
+    f.write(0, |s, t| {
+        s.set_xattr(t, a.ino, "user.k", b"v2", XattrMode::Replace)
+    })
+    .unwrap();
+    f.write(0, |s, t| {
+        s.set_xattr(t, a.ino, "user.a", b"", XattrMode::Any)
+    })
+    .unwrap();
+    assert_eq!(
+        f.read(0, |s, t| s.get_xattr(t, a.ino, "user.k")).unwrap(),
+        b"v2"
+    );
+    assert_eq!(
+        f.read(0, |s, t| s.list_xattr(t, a.ino)).unwrap(),
+        ["user.a", "user.k"]
+    );
+    let big = vec![0u8; 64 * 1024 + 1];
+    assert!(matches!(
+        f.write(0, |s, t| s.set_xattr(
+            t,
+            a.ino,
+            "user.big",
+            &big,
+            XattrMode::Any
+        )),
+        Err(FsError::TooBig(_))
+    ));
+    let long = "n".repeat(256);
+    assert!(matches!(
+        f.write(0, |s, t| s.set_xattr(t, a.ino, &long, b"", XattrMode::Any)),
+        Err(FsError::NameTooLong(_))
+    ));
+    f.write(0, |s, t| s.remove_xattr(t, a.ino, "user.k"))
+        .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.remove_xattr(t, a.ino, "user.k")),
+        Err(FsError::NoData(_))
+    ));
+    // Attributes go with their inode.
+    f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")).unwrap();
+    let b = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file()))
+        .unwrap();
+    assert!(f.read(0, |s, t| s.list_xattr(t, b.ino)).unwrap().is_empty());
+    assert!(matches!(
+        f.read(0, |s, t| s.list_xattr(t, a.ino)),
+        Err(FsError::NotFound(_))
+    ));
+}
+
+fn stats_and_scan_see_only_their_shard(f: Fixture) {
+    f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .unwrap();
+    let d = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
+        .unwrap();
+    let _ = d;
+    let s0 = f.read(0, |s, t| s.stats(t)).unwrap();
+    let s1 = f.read(1, |s, t| s.stats(t)).unwrap();
+    assert_eq!((s0.inodes, s0.dentries), (3, 2));
+    assert_eq!((s1.inodes, s1.dentries), (0, 0));
+    let scan: Vec<Attr> = f.read(1, |s, t| s.scan(t)).unwrap().inodes;
+    assert!(scan.is_empty());
+}
+
+#[test]
+fn group_commit_isolates_failing_and_panicking_mutations() {
+    let f = fixture(true);
+    let writer = Writer::for_env(f.shards[0].env(), 64);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, FsResult<()>)>();
+    for i in 0..40usize {
+        let store = f.shards[0].clone();
+        let tx = tx.clone();
+        writer.submit(
+            move |txn| {
+                match i % 10 {
+                    // Fails after nothing was written.
+                    3 => return Err(FsError::InvalidArgument("refused".into())),
+                    // Panics after writing: must leave nothing.
+                    7 => {
+                        store.create(txn, ROOT_INO, &format!("p{i}"), &file())?;
+                        panic!("mutation {i} panics");
+                    }
+                    _ => {}
+                }
+                store
+                    .create(txn, ROOT_INO, &format!("f{i}"), &file())
+                    .map(|_| ())
+            },
+            move |r| tx.send((i, r)).unwrap(),
+        );
+    }
+    let mut results: Vec<(usize, FsResult<()>)> = (0..40)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    results.sort_by_key(|(i, _)| *i);
+    for (i, r) in &results {
+        match i % 10 {
+            3 => assert!(matches!(r, Err(FsError::InvalidArgument(_))), "{i}: {r:?}"),
+            7 => assert!(matches!(r, Err(FsError::Io(_))), "{i}: {r:?}"),
+            _ => assert!(r.is_ok(), "{i}: {r:?}"),
+        }
+    }
+    let names: Vec<String> = f
+        .read(0, |s, t| s.readdir(t, ROOT_INO, None, 100))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), 32);
+    assert!(names.iter().all(|n| n.starts_with('f')), "{names:?}");
+}
