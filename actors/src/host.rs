@@ -179,10 +179,14 @@ impl Actor for ShardHost {
                     self.on_child_failure(&myself, state, id, &error.to_string())?;
                 }
             }
+            // A shard never stops on its own: outside the host's own shutdown
+            // (when events are no longer handled) a stop is a failure too.
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 if let Some(id) = state.by_actor.remove(&cell.get_id()) {
                     state.args.directory.set(id, None);
-                    tracing::info!(shard = id, reason = ?reason, "shard stopped");
+                    let reason = reason.unwrap_or_else(|| "stopped".into());
+                    tracing::error!(shard = id, reason, "shard stopped unexpectedly");
+                    self.on_child_failure(&myself, state, id, &reason)?;
                 }
             }
             _ => {}

@@ -399,19 +399,32 @@ impl Namespace {
             });
         }
         let limit = limit.clamp(1, 100_000);
-        let entries = self.readdir(attr.ino, after, limit + 1).await?;
+        let ino = attr.ino;
+        let entries = self
+            .call(shard_of(ino), move |reply| ShardMsg::ReadDirPlus {
+                ino,
+                after: after.clone(),
+                limit: limit + 1,
+                reply,
+            })
+            .await?;
         let more = entries.len() > limit as usize;
         let mut out = Vec::with_capacity(entries.len().min(limit as usize));
-        for entry in entries.into_iter().take(limit as usize) {
-            match self.getattr(entry.ino).await {
-                Ok(attr) => out.push(ListEntry {
-                    name: entry.name,
-                    attr,
-                }),
-                // Removed between readdir and getattr: skip it, as ls does.
-                Err(FsError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
+        for (entry, attr) in entries.into_iter().take(limit as usize) {
+            let attr = match attr {
+                Some(attr) => attr,
+                // Held by another shard (a subdirectory, a moved file).
+                None => match self.getattr(entry.ino).await {
+                    Ok(attr) => attr,
+                    // Removed between readdir and getattr: skip it, as ls does.
+                    Err(FsError::NotFound(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            out.push(ListEntry {
+                name: entry.name,
+                attr,
+            });
         }
         Ok(Listing { entries: out, more })
     }

@@ -24,6 +24,7 @@ pub struct NamespaceShard;
 pub struct ShardArgs {
     pub store: Arc<ShardStore>,
     pub group_commit_max: usize,
+    pub commit_delay: Duration,
     pub op_record_ttl: Duration,
 }
 
@@ -80,7 +81,7 @@ impl Actor for NamespaceShard {
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
         let store = args.store;
-        let writer = Writer::for_env(store.env(), args.group_commit_max);
+        let writer = Writer::for_env(store.env(), args.group_commit_max, args.commit_delay);
         let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
         let shard = store.shard;
         let sweeper = store.clone();
@@ -152,6 +153,14 @@ impl Actor for NamespaceShard {
                 limit,
                 reply,
             } => state.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit)),
+            ShardMsg::ReadDirPlus {
+                ino,
+                after,
+                limit,
+                reply,
+            } => state.read(reply, |s, t| {
+                s.readdir_plus(t, ino, after.as_deref(), limit)
+            }),
             ShardMsg::ListIntents { reply } => state.read(reply, |s, t| s.intents(t)),
             ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
             ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),

@@ -396,6 +396,23 @@ impl ShardStore {
         Ok(out)
     }
 
+    /// [`Self::readdir`] with the attributes of entries whose inode is held here.
+    pub fn readdir_plus(
+        &self,
+        txn: &RoTxn,
+        ino: Ino,
+        after: Option<&str>,
+        limit: u32,
+    ) -> FsResult<Vec<(DirEntry, Option<Attr>)>> {
+        self.readdir(txn, ino, after, limit)?
+            .into_iter()
+            .map(|entry| {
+                let attr = self.inode(txn, entry.ino)?;
+                Ok((entry, attr))
+            })
+            .collect()
+    }
+
     fn has_children(&self, txn: &RoTxn, ino: Ino) -> FsResult<bool> {
         let mut iter = self
             .dentries

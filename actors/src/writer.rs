@@ -3,6 +3,7 @@
 //! LMDB write transactions must stay on one OS thread, so each environment
 //! has one dedicated thread that owns every write to it, whichever shard the
 //! write is for. It takes all queued mutations (up to `meta.group_commit_max`),
+//! waits up to `meta.commit_delay` for more when callers are concurrent,
 //! runs each in a nested transaction of one write transaction, commits once
 //! (one pair of fsyncs), and only then answers each caller. A mutation that
 //! fails or panics is rolled back alone; the others still commit. An
@@ -19,6 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use heed::{Env, RwTxn, WithoutTls};
 
@@ -51,7 +53,11 @@ fn running() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
 impl Writer {
     /// The write thread of `env`, started on first use and shared by every
     /// shard whose databases live in `env`.
-    pub fn for_env(env: &'static Env<WithoutTls>, group_max: usize) -> Writer {
+    pub fn for_env(
+        env: &'static Env<WithoutTls>,
+        group_max: usize,
+        commit_delay: Duration,
+    ) -> Writer {
         let mut map = running()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -66,7 +72,7 @@ impl Writer {
         );
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(env, rx, group_max.max(1)))
+            .spawn(move || run(env, rx, group_max.max(1), commit_delay))
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx });
         map.insert(path, Arc::downgrade(&inner));
@@ -99,8 +105,14 @@ impl Writer {
     }
 }
 
-fn run(env: &'static Env<WithoutTls>, rx: mpsc::Receiver<Job>, group_max: usize) {
+fn run(
+    env: &'static Env<WithoutTls>,
+    rx: mpsc::Receiver<Job>,
+    group_max: usize,
+    commit_delay: Duration,
+) {
     let mut space = Headroom::new(env);
+    let mut last_batch = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < group_max {
@@ -109,6 +121,21 @@ fn run(env: &'static Env<WithoutTls>, rx: mpsc::Receiver<Job>, group_max: usize)
                 Err(_) => break,
             }
         }
+        // Several callers shared the last commit: they are likely sending
+        // their next mutations right now. Waiting a moment for them puts
+        // them in this commit instead of the next (PostgreSQL's
+        // commit_delay). A lone caller never waits.
+        if last_batch > 1 && !commit_delay.is_zero() {
+            let deadline = Instant::now() + commit_delay;
+            while batch.len() < group_max {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        last_batch = batch.len();
         let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
         let commit = (|| -> FsResult<()> {
             let mut txn = env.write_txn().map_err(lmdb_err)?;

@@ -54,6 +54,11 @@ struct Args {
     /// Remove the benchmark directory afterwards (for single phases).
     #[arg(long, default_value_t = false)]
     delete_file: bool,
+    /// local.* only: make every change durable like a careful application
+    /// (fsync the new file and its directory after create, the directory
+    /// after rename and unlink), the fair baseline for durable metadata.
+    #[arg(long)]
+    sync: bool,
     /// Print one JSON object per phase instead of text.
     #[arg(long)]
     json: bool,
@@ -168,14 +173,28 @@ impl Target {
                     file_of(root, i, dirs, true),
                     dir_of(root, i, dirs),
                 );
+                let sync = args.sync;
+                let sync_dir = move |d: &str| -> Result<(), FsError> {
+                    if sync {
+                        std::fs::File::open(d)
+                            .and_then(|f| f.sync_all())
+                            .map_err(|e| io(e, d))?;
+                    }
+                    Ok(())
+                };
                 tokio::task::spawn_blocking(move || -> Result<u64, FsError> {
                     match phase {
-                        Phase::Create => std::fs::OpenOptions::new()
-                            .write(true)
-                            .create_new(true)
-                            .open(&a)
-                            .map(|_| 1)
-                            .map_err(|e| io(e, &a)),
+                        Phase::Create => {
+                            let f = std::fs::OpenOptions::new()
+                                .write(true)
+                                .create_new(true)
+                                .open(&a)
+                                .map_err(|e| io(e, &a))?;
+                            if sync {
+                                f.sync_all().map_err(|e| io(e, &a))?;
+                            }
+                            sync_dir(&d).map(|_| 1)
+                        }
                         Phase::Stat => std::fs::symlink_metadata(&a)
                             .map(|_| 1)
                             .map_err(|e| io(e, &a)),
@@ -186,8 +205,14 @@ impl Target {
                             })
                             .map(|v| v.len() as u64)
                             .map_err(|e| io(e, &d)),
-                        Phase::Rename => std::fs::rename(&a, &b).map(|_| 1).map_err(|e| io(e, &a)),
-                        Phase::Unlink => std::fs::remove_file(&b).map(|_| 1).map_err(|e| io(e, &b)),
+                        Phase::Rename => {
+                            std::fs::rename(&a, &b).map_err(|e| io(e, &a))?;
+                            sync_dir(&d).map(|_| 1)
+                        }
+                        Phase::Unlink => {
+                            std::fs::remove_file(&b).map_err(|e| io(e, &b))?;
+                            sync_dir(&d).map(|_| 1)
+                        }
                     }
                 })
                 .await
@@ -230,7 +255,11 @@ async fn run_phase(
         task.await.map_err(|e| FsError::Io(e.to_string()))??;
     }
     let seconds = start.elapsed().as_secs_f64().max(1e-9);
-    let prefix = if local { "local.meta" } else { "meta" };
+    let prefix = match (local, args.sync) {
+        (false, _) => "meta",
+        (true, false) => "local.meta",
+        (true, true) => "local.meta.sync",
+    };
     Ok(PhaseResult {
         action: format!("{prefix}.{}", phase.name()),
         threads: args.client_threads,
@@ -255,6 +284,11 @@ async fn run(args: Args) -> Result<(), String> {
             args.action
         )
     })?;
+    if args.sync && !local {
+        return Err(
+            "--sync applies to local.meta.* actions (the cluster always commits durably)".into(),
+        );
+    }
     if args.dir_num == 0 || args.file_num == 0 {
         return Err("--dir-num and --file-num must be at least 1".into());
     }

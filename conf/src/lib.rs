@@ -73,6 +73,9 @@ pub struct MetaConf {
     pub sync_commit: bool,
     /// Most mutations grouped into one write transaction.
     pub group_commit_max: u32,
+    /// How long a commit waits for more mutations when the previous commit
+    /// carried several (concurrent callers); 0 turns the wait off.
+    pub commit_delay: Dur,
     /// Largest size of one shard's LMDB environment (address space reserved,
     /// not disk used).
     pub map_size: ByteSize,
@@ -140,6 +143,7 @@ impl Default for MetaConf {
             layout: "node".into(),
             sync_commit: true,
             group_commit_max: 512,
+            commit_delay: Dur(std::time::Duration::from_micros(200)),
             map_size: ByteSize(32 << 30),
             max_readers: 126,
             op_record_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
@@ -610,6 +614,13 @@ impl Config {
                 "meta.layout",
                 format!("{:?}", self.meta.layout),
                 "expected \"node\" or \"shard\"",
+            ));
+        }
+        if self.meta.commit_delay.0 > std::time::Duration::from_millis(100) {
+            return Err(invalid(
+                "meta.commit_delay",
+                self.meta.commit_delay.to_string(),
+                "expected at most 100ms",
             ));
         }
         if self.meta.group_commit_max == 0 {

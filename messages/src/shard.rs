@@ -224,6 +224,14 @@ pub enum ShardMsg {
         limit: u32,
         reply: Reply<Vec<DirEntry>>,
     },
+    /// Like `ReadDir`, with the attributes of every entry whose inode this
+    /// shard owns (files usually); `None` for the others.
+    ReadDirPlus {
+        ino: Ino,
+        after: Option<String>,
+        limit: u32,
+        reply: Reply<Vec<(DirEntry, Option<Attr>)>>,
+    },
     /// Create a file or symlink `name` in `parent`; its inode lives here too.
     Create {
         parent: Ino,
@@ -323,6 +331,7 @@ impl ShardMsg {
             ShardMsg::LookupAttr { .. } => "lookup_attr",
             ShardMsg::GetAttr { .. } => "getattr",
             ShardMsg::ReadDir { .. } => "readdir",
+            ShardMsg::ReadDirPlus { .. } => "readdirplus",
             ShardMsg::Create { .. } => "create",
             ShardMsg::MkdirLocal { .. } => "mkdir_local",
             ShardMsg::SetAttr { .. } => "setattr",

@@ -190,6 +190,7 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         .map(|store| ShardArgs {
             store,
             group_commit_max: config.meta.group_commit_max as usize,
+            commit_delay: config.meta.commit_delay.0,
             op_record_ttl: config.meta.op_record_ttl.0,
         })
         .collect();

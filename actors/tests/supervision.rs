@@ -1,0 +1,116 @@
+//! A shard actor that dies is restarted by its host with backoff, the
+//! directory points at the new actor, and requests work again; a shard that
+//! keeps dying makes the host give up (escalate) instead of looping forever.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
+use curvine_actors::namespace::Namespace;
+use curvine_actors::shard::ShardArgs;
+use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
+use curvine_actors::supervisor::RestartPolicy;
+use ractor::{Actor, ActorStatus};
+
+fn start_stores(dir: &std::path::Path) -> Vec<ShardArgs> {
+    let options = StoreOptions {
+        map_size: 64 << 20,
+        max_readers: 32,
+        sync_commit: true,
+    };
+    (0..2u16)
+        .map(|shard| {
+            let id = ShardIdentity {
+                cluster_id: "c".into(),
+                shard,
+                shard_count: 2,
+            };
+            ShardArgs {
+                store: Arc::new(ShardStore::open(&dir.join("meta"), &id, &options).unwrap()),
+                group_commit_max: 64,
+                commit_delay: Duration::ZERO,
+                op_record_ttl: Duration::from_secs(3600),
+            }
+        })
+        .collect()
+}
+
+fn policy(max_restarts: u32) -> RestartPolicy {
+    RestartPolicy {
+        backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+        max_restarts,
+        window: Duration::from_secs(60),
+    }
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shard_is_restarted_and_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let directory = ShardDirectory::new(2);
+    let namespace = Namespace::new(directory.clone(), Duration::from_secs(10));
+    let args = HostArgs {
+        shards: start_stores(dir.path()),
+        directory: directory.clone(),
+        policy: policy(5),
+        on_started: Arc::new(|_| {}),
+    };
+    let (host, _) = Actor::spawn(None, ShardHost, args).await.unwrap();
+    namespace.mkdir("/d", false, 0o755, 0, 0).await.unwrap();
+    namespace.touch("/d/f", 0o644, true, 0, 0).await.unwrap();
+
+    let before = directory.get(0).unwrap();
+    before.kill();
+    wait_for("shard 0 to come back", || {
+        directory
+            .get(0)
+            .is_ok_and(|now| now.get_id() != before.get_id())
+    })
+    .await;
+    assert_eq!(directory.restarts(0), 1);
+    // The restarted shard serves what was committed before.
+    assert_eq!(namespace.stat("/d/f", false).await.unwrap().size, 0);
+    namespace.touch("/g", 0o644, true, 0, 0).await.unwrap();
+    assert!(host.get_status() == ActorStatus::Running);
+    host.stop_and_wait(None, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_keeps_dying_escalates() {
+    let dir = tempfile::tempdir().unwrap();
+    let directory = ShardDirectory::new(2);
+    let args = HostArgs {
+        shards: start_stores(dir.path()),
+        directory: directory.clone(),
+        policy: policy(2),
+        on_started: Arc::new(|_| {}),
+    };
+    let (host, handle) = Actor::spawn(None, ShardHost, args).await.unwrap();
+    for round in 0..3 {
+        let Ok(shard) = directory.get(1) else { break };
+        shard.kill();
+        if round < 2 {
+            wait_for("shard 1 to come back", || {
+                directory
+                    .get(1)
+                    .is_ok_and(|now| now.get_id() != shard.get_id())
+            })
+            .await;
+        }
+    }
+    // The third failure within the window exceeds the limit: the host fails,
+    // which its own supervisor sees (here: the host's task ends).
+    tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(host.get_status(), ActorStatus::Stopped));
+}

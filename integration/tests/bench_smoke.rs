@@ -1,0 +1,94 @@
+//! `curvine-bench` stays usable: a tiny run of every metadata phase against a
+//! real node and against a local directory. Checks the output, never timings.
+
+use std::process::Command;
+
+use curvine_integration::{bin, NodeProcess};
+
+fn phases(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per phase"))
+        .collect()
+}
+
+fn check(rows: &[serde_json::Value], prefix: &str, files: u64) {
+    let names: Vec<&str> = rows.iter().map(|r| r["action"].as_str().unwrap()).collect();
+    let expected: Vec<String> = ["create", "stat", "ls", "rename", "unlink"]
+        .iter()
+        .map(|p| format!("{prefix}.{p}"))
+        .collect();
+    assert_eq!(names, expected);
+    for row in rows {
+        assert!(row["ops_per_sec"].as_f64().unwrap() > 0.0, "{row}");
+        // Every phase touches every entry once; ls lists each directory once.
+        assert_eq!(row["entries"].as_u64().unwrap(), files, "{row}");
+    }
+}
+
+#[test]
+fn metadata_actions_run_against_a_node_and_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let args = [
+        "--client-threads",
+        "4",
+        "--file-num",
+        "200",
+        "--dir-num",
+        "7",
+        "--json",
+    ];
+    let out = Command::new(bin("curvine-bench"))
+        .args([
+            "--cluster",
+            &node.addr,
+            "--action",
+            "meta.all",
+            "--dir",
+            "/bench",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check(&phases(&String::from_utf8_lossy(&out.stdout)), "meta", 200);
+    // Everything the run made is gone again: unlink removed the files.
+    assert_eq!(
+        node.cli(&["fs", "ls", "/bench"])
+            .stdout
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count(),
+        7
+    );
+
+    let local = dir.path().join("local");
+    let out = Command::new(bin("curvine-bench"))
+        .args(["--action", "local.meta.all", "--dir"])
+        .arg(&local)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check(
+        &phases(&String::from_utf8_lossy(&out.stdout)),
+        "local.meta",
+        200,
+    );
+
+    let out = Command::new(bin("curvine-bench"))
+        .args(["--action", "meta.fly"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown action 'meta.fly'"));
+}
