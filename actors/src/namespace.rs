@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use ractor::rpc::CallResult;
 use ractor::RpcReplyPort;
 
+use curvine_messages::block::{
+    check_block_size, BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease,
+};
 use curvine_messages::path::{check_name, components, join};
 use curvine_messages::rpc::{FsckReport, ListEntry, Listing, RemoveSummary};
 use curvine_messages::shard::{
-    Intent, IntentOp, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome,
+    Intent, IntentOp, NewFile, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome,
 };
 use curvine_messages::{
     check_xattr, dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
@@ -34,9 +37,44 @@ const MAX_SYMLINK_HOPS: usize = 40;
 /// Entries read per page when a whole directory is walked.
 const PAGE: u32 = 1024;
 
+/// Defaults for files' data.
+#[derive(Debug, Clone)]
+pub struct FileDefaults {
+    pub block_size: u64,
+    pub replicas: u16,
+    /// A writer's lease not renewed for this long may be taken over.
+    pub lease_timeout: Duration,
+}
+
+impl Default for FileDefaults {
+    fn default() -> Self {
+        FileDefaults {
+            block_size: curvine_messages::block::DEFAULT_BLOCK_SIZE,
+            replicas: 1,
+            lease_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A request to open a file for writing.
+#[derive(Debug, Clone)]
+pub struct OpenWrite {
+    pub path: String,
+    pub create: bool,
+    pub exclusive: bool,
+    pub truncate: bool,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub spec: FileSpec,
+    /// Who writes, for `stat` and errors.
+    pub client: String,
+}
+
 pub struct Namespace {
     /// This namespace itself, so intent drivers can run in tasks of their own.
     me: Weak<Namespace>,
+    files: FileDefaults,
     directory: ShardDirectory,
     shard_count: u32,
     timeout: Duration,
@@ -54,9 +92,18 @@ enum Follow {
 
 impl Namespace {
     pub fn new(directory: ShardDirectory, timeout: Duration) -> Arc<Namespace> {
+        Self::with_files(directory, timeout, FileDefaults::default())
+    }
+
+    pub fn with_files(
+        directory: ShardDirectory,
+        timeout: Duration,
+        files: FileDefaults,
+    ) -> Arc<Namespace> {
         let shard_count = directory.shard_count();
         Arc::new_cyclic(|me| Namespace {
             me: me.clone(),
+            files,
             directory,
             shard_count,
             timeout,
@@ -467,9 +514,178 @@ impl Namespace {
             parent,
             name: name.clone(),
             attrs: attrs.clone(),
+            file: None,
             reply,
         })
         .await
+    }
+
+    // ---- file data ---------------------------------------------------------
+
+    /// The layout a new file gets: the writer's wishes over the defaults.
+    pub fn resolve_spec(&self, spec: &FileSpec) -> FsResult<FileSpec> {
+        let block_size = if spec.block_size == 0 {
+            self.files.block_size
+        } else {
+            check_block_size(spec.block_size)?
+        };
+        Ok(FileSpec {
+            block_size,
+            replicas: if spec.replicas == 0 {
+                self.files.replicas
+            } else {
+                spec.replicas
+            },
+            storage: spec.storage,
+        })
+    }
+
+    /// Opens a file for writing (creating it when asked), taking its write
+    /// lease. Returns the attributes, the blocks the file has now (for an
+    /// append) and the writer's handle.
+    pub async fn open_write(&self, open: &OpenWrite) -> FsResult<(Attr, Vec<BlockInfo>, u64)> {
+        let spec = self.resolve_spec(&open.spec)?;
+        let handle: u64 = rand::random::<u64>() | 1;
+        let lease = WriteLease {
+            handle,
+            client: open.client.clone(),
+            renewed_ns: now_ns(),
+        };
+        let (parent, name) = self.resolve_parent(&open.path).await?;
+        check_name(&name)?;
+        for _ in 0..3 {
+            let found = {
+                let name = name.clone();
+                let parent = parent.ino;
+                self.call(shard_of(parent), move |reply| ShardMsg::LookupAttr {
+                    parent,
+                    name: name.clone(),
+                    reply,
+                })
+                .await
+            };
+            let ino = match found {
+                Err(FsError::NotFound(_)) if open.create => {
+                    let attrs = NewInode {
+                        kind: FileKind::File,
+                        mode: open.mode,
+                        uid: open.uid,
+                        gid: open.gid,
+                        symlink: None,
+                        now_ns: now_ns(),
+                    };
+                    let file = NewFile {
+                        spec: spec.clone(),
+                        lease: Some(lease.clone()),
+                    };
+                    let parent = parent.ino;
+                    let name = name.clone();
+                    match self
+                        .call(shard_of(parent), move |reply| ShardMsg::Create {
+                            parent,
+                            name: name.clone(),
+                            attrs: attrs.clone(),
+                            file: Some(file.clone()),
+                            reply,
+                        })
+                        .await
+                    {
+                        Ok(attr) => return Ok((attr, Vec::new(), handle)),
+                        // Created by someone else meanwhile: open that one.
+                        Err(FsError::AlreadyExists(_)) if !open.exclusive => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+                Ok(_) if open.exclusive => return Err(FsError::AlreadyExists(String::new())),
+                Ok((entry, _)) if entry.kind == FileKind::Symlink => {
+                    self.resolve(&open.path).await?.ino
+                }
+                Ok((entry, _)) if entry.kind == FileKind::Dir => {
+                    return Err(FsError::IsADirectory(String::new()))
+                }
+                Ok((entry, _)) => entry.ino,
+            };
+            let lease = lease.clone();
+            let spec = spec.clone();
+            let truncate = open.truncate;
+            let timeout = self.files.lease_timeout.as_nanos() as i64;
+            let (attr, blocks) = self
+                .call(shard_of(ino), move |reply| ShardMsg::OpenWrite {
+                    ino,
+                    lease: lease.clone(),
+                    spec: spec.clone(),
+                    truncate,
+                    lease_timeout_ns: timeout,
+                    reply,
+                })
+                .await?;
+            return Ok((attr, blocks, handle));
+        }
+        Err(FsError::Busy(
+            "the file was created and removed repeatedly while opening it".into(),
+        ))
+    }
+
+    /// Allocates block `index` of a file being written.
+    pub async fn add_block(&self, ino: Ino, handle: u64, index: u32) -> FsResult<BlockId> {
+        self.call(shard_of(ino), move |reply| ShardMsg::AddBlock {
+            ino,
+            handle,
+            index,
+            reply,
+        })
+        .await
+    }
+
+    /// Closes a written file with its new blocks and size.
+    pub async fn complete_file(
+        &self,
+        ino: Ino,
+        handle: u64,
+        size: u64,
+        blocks: Vec<BlockInfo>,
+    ) -> FsResult<Attr> {
+        self.call(shard_of(ino), move |reply| ShardMsg::CompleteFile {
+            ino,
+            handle,
+            size,
+            blocks: blocks.clone(),
+            reply,
+        })
+        .await
+    }
+
+    /// Attributes and blocks of the file at `path` (following symlinks).
+    pub async fn file_blocks(&self, path: &str) -> FsResult<(Attr, Vec<BlockInfo>)> {
+        let attr = self.resolve(path).await?;
+        self.file_blocks_ino(attr.ino).await
+    }
+
+    pub async fn file_blocks_ino(&self, ino: Ino) -> FsResult<(Attr, Vec<BlockInfo>)> {
+        self.call(shard_of(ino), move |reply| ShardMsg::FileBlocks { ino, reply })
+            .await
+    }
+
+    /// What blocks allocated by `shard` are used for.
+    pub async fn check_blocks(&self, shard: ShardId, ids: Vec<BlockId>) -> FsResult<Vec<BlockUse>> {
+        self.call(shard, move |reply| ShardMsg::CheckBlocks {
+            ids: ids.clone(),
+            reply,
+        })
+        .await
+    }
+
+    /// Freed blocks of a shard, to remove from their nodes.
+    pub async fn take_freed(&self, shard: ShardId, limit: u32) -> FsResult<Vec<FreedBlock>> {
+        self.call(shard, move |reply| ShardMsg::TakeFreed { limit, reply })
+            .await
+    }
+
+    pub fn forget_freed(&self, shard: ShardId, ids: Vec<BlockId>) {
+        if let Ok(actor) = self.directory.get(shard) {
+            let _ = actor.cast(ShardMsg::ForgetFreed { ids });
+        }
     }
 
     pub async fn symlink(&self, target: &str, link: &str, uid: u32, gid: u32) -> FsResult<Attr> {

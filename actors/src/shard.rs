@@ -168,8 +168,48 @@ impl Actor for NamespaceShard {
                 parent,
                 name,
                 attrs,
+                file,
                 reply,
-            } => state.write(reply, move |s, t| s.create(t, parent, &name, &attrs)),
+            } => state.write(reply, move |s, t| {
+                s.create(t, parent, &name, &attrs, file.as_ref())
+            }),
+            ShardMsg::OpenWrite {
+                ino,
+                lease,
+                spec,
+                truncate,
+                lease_timeout_ns,
+                reply,
+            } => state.write(reply, move |s, t| {
+                s.open_write(t, ino, &lease, &spec, truncate, lease_timeout_ns)
+            }),
+            ShardMsg::AddBlock {
+                ino,
+                handle,
+                index,
+                reply,
+            } => state.write(reply, move |s, t| s.add_block(t, ino, handle, index)),
+            ShardMsg::CompleteFile {
+                ino,
+                handle,
+                size,
+                blocks,
+                reply,
+            } => state.write(reply, move |s, t| {
+                s.complete_file(t, ino, handle, size, &blocks)
+            }),
+            ShardMsg::FileBlocks { ino, reply } => {
+                state.read(reply, |s, t| s.file_with_blocks(t, ino))
+            }
+            ShardMsg::CheckBlocks { ids, reply } => {
+                state.read(reply, |s, t| s.check_blocks(t, &ids))
+            }
+            ShardMsg::TakeFreed { limit, reply } => {
+                state.read(reply, |s, t| s.take_freed(t, limit))
+            }
+            ShardMsg::ForgetFreed { ids } => {
+                state.write_unanswered(move |s, t| s.forget_freed(t, &ids))
+            }
             ShardMsg::MkdirLocal {
                 parent,
                 name,

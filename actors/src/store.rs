@@ -11,6 +11,10 @@
 //! | `intents`  | op                   | [`Intent`]                    |
 //! | `ops`      | op ++ step_no        | [`StepRecord`]                |
 //! | `locks`    | parent ++ name       | [`NameLock`]                  |
+//! | `blocks`   | ino ++ index (u32)   | [`BlockInfo`] (committed)     |
+//! | `owners`   | block id             | [`BlockOwner`]                |
+//! | `pending`  | ino ++ block id      | empty: allocated, not closed  |
+//! | `freed`    | block id             | [`FreedBlock`]: to remove     |
 //!
 //! Every value starts with a version byte (`curvine_messages::codec`).
 //! Mutations check everything before they write, and run inside a nested
@@ -26,9 +30,12 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
+use curvine_messages::block::{
+    BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock, WriteLease,
+};
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::shard::{
-    DentryValue, Intent, IntentOp, NameLock, RenameOutcome, ShardMeta, ShardScan, Step, StepResult,
+    DentryValue, Intent, IntentOp, NameLock, NewFile, RenameOutcome, ShardMeta, ShardScan, Step, StepResult,
     UnlinkOutcome, XattrValue,
 };
 use curvine_messages::{
@@ -60,6 +67,20 @@ fn key_name(parent: Ino, name: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + name.len());
     k.extend_from_slice(&parent.to_be_bytes());
     k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn key_block(ino: Ino, index: u32) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..8].copy_from_slice(&ino.to_be_bytes());
+    k[8..].copy_from_slice(&index.to_be_bytes());
+    k
+}
+
+fn key_pending(ino: Ino, id: BlockId) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&ino.to_be_bytes());
+    k[8..].copy_from_slice(&id.to_be_bytes());
     k
 }
 
@@ -156,6 +177,10 @@ pub struct ShardStore {
     intents: Db,
     ops: Db,
     locks: Db,
+    blocks: Db,
+    owners: Db,
+    pending: Db,
+    freed: Db,
 }
 
 /// The key of a shard's [`ShardMeta`] record.
@@ -183,8 +208,13 @@ impl ShardStore {
                 let intents = opener.create_database::<Bytes, Bytes>(wtxn, Some("intents"))?;
                 let ops = opener.create_database::<Bytes, Bytes>(wtxn, Some("ops"))?;
                 let locks = opener.create_database::<Bytes, Bytes>(wtxn, Some("locks"))?;
+                let blocks = opener.create_database::<Bytes, Bytes>(wtxn, Some("blocks"))?;
+                let owners = opener.create_database::<Bytes, Bytes>(wtxn, Some("owners"))?;
+                let pending = opener.create_database::<Bytes, Bytes>(wtxn, Some("pending"))?;
+                let freed = opener.create_database::<Bytes, Bytes>(wtxn, Some("freed"))?;
                 Ok(CommitOrAbort::<_, ()>::Commit([
-                    meta, inodes, dentries, xattrs, intents, ops, locks,
+                    meta, inodes, dentries, xattrs, intents, ops, locks, blocks, owners, pending,
+                    freed,
                 ]))
             })
             .map_err(lmdb_err)?;
@@ -207,6 +237,10 @@ impl ShardStore {
             intents: dbs[4],
             ops: dbs[5],
             locks: dbs[6],
+            blocks: dbs[7],
+            owners: dbs[8],
+            pending: dbs[9],
+            freed: dbs[10],
         };
         store.format_or_check(identity)?;
         Ok(store)
@@ -262,6 +296,8 @@ impl ShardStore {
                         block_size: 0,
                         replicas: 0,
                         parent: ROOT_INO,
+                        storage: None,
+                        writing: None,
                     };
                     self.put_inode(&mut wtxn, &root)?;
                 }
@@ -515,6 +551,8 @@ impl ShardStore {
 
     fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
         self.inodes.delete(wtxn, &key_ino(ino)).map_err(lmdb_err)?;
+        self.free_blocks_from(wtxn, ino, 0)?;
+        self.free_pending(wtxn, ino, &[])?;
         delete_id_prefix(self.xattrs, wtxn, ino)
     }
 
@@ -645,6 +683,8 @@ impl ShardStore {
             block_size: 0,
             replicas: 0,
             parent: if is_dir { parent } else { 0 },
+            storage: None,
+            writing: None,
         }
     }
 
@@ -671,6 +711,7 @@ impl ShardStore {
         parent: Ino,
         name: &str,
         attrs: &NewInode,
+        file: Option<&NewFile>,
     ) -> FsResult<Attr> {
         if attrs.kind == FileKind::Dir {
             return Err(FsError::InvalidArgument(
@@ -683,7 +724,13 @@ impl ShardStore {
             return Err(FsError::AlreadyExists(String::new()));
         }
         let ino = self.alloc_ino(wtxn)?;
-        let attr = Self::new_attr(ino, attrs, parent);
+        let mut attr = Self::new_attr(ino, attrs, parent);
+        if let (Some(file), FileKind::File) = (file, attrs.kind) {
+            attr.block_size = file.spec.block_size;
+            attr.replicas = file.spec.replicas;
+            attr.storage = file.spec.storage;
+            attr.writing = file.lease.clone();
+        }
         self.put_inode(wtxn, &attr)?;
         self.put_dentry(wtxn, parent, name, ino, attr.kind)?;
         self.touch_dir(wtxn, parent, 0, attrs.now_ns)?;
@@ -729,6 +776,9 @@ impl ShardStore {
                 }
                 FileKind::File => {}
             }
+            if size < attr.size {
+                self.truncate_blocks(wtxn, &attr, size)?;
+            }
             attr.size = size;
             attr.mtime_ns = now;
         }
@@ -754,6 +804,295 @@ impl ShardStore {
         attr.ctime_ns = now;
         self.put_inode(wtxn, &attr)?;
         Ok(attr)
+    }
+
+    // ---- file data ---------------------------------------------------------
+
+    /// Committed blocks of a file, in index order.
+    pub fn file_blocks(&self, txn: &RoTxn, ino: Ino) -> FsResult<Vec<BlockInfo>> {
+        let mut out = Vec::new();
+        for item in self
+            .blocks
+            .prefix_iter(txn, &key_ino(ino))
+            .map_err(lmdb_err)?
+        {
+            out.push(decode(item.map_err(lmdb_err)?.1)?);
+        }
+        Ok(out)
+    }
+
+    /// A file's attributes and committed blocks.
+    pub fn file_with_blocks(&self, txn: &RoTxn, ino: Ino) -> FsResult<(Attr, Vec<BlockInfo>)> {
+        let attr = self.getattr(txn, ino)?;
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::IsADirectory(String::new())),
+            FileKind::Symlink => {
+                return Err(FsError::InvalidArgument("a symlink has no data".into()))
+            }
+        }
+        let blocks = self.file_blocks(txn, ino)?;
+        Ok((attr, blocks))
+    }
+
+    fn free_block(&self, wtxn: &mut RwTxn, id: BlockId, locs: Vec<String>) -> FsResult<()> {
+        self.owners.delete(wtxn, &key_ino(id)).map_err(lmdb_err)?;
+        self.freed
+            .put(wtxn, &key_ino(id), &encode_versioned(&FreedBlock { id, locs }))
+            .map_err(lmdb_err)
+    }
+
+    /// Frees the committed blocks of `ino` from index `first` on.
+    fn free_blocks_from(&self, wtxn: &mut RwTxn, ino: Ino, first: u32) -> FsResult<()> {
+        let start = key_block(ino, first);
+        let end = key_ino(ino + 1);
+        let range = (Bound::Included(&start[..]), Bound::Excluded(&end[..]));
+        let mut dropped = Vec::new();
+        for item in self.blocks.range(wtxn, &range).map_err(lmdb_err)? {
+            let info: BlockInfo = decode(item.map_err(lmdb_err)?.1)?;
+            dropped.push(info);
+        }
+        for info in dropped {
+            self.blocks
+                .delete(wtxn, &key_block(ino, info.index))
+                .map_err(lmdb_err)?;
+            self.free_block(wtxn, info.id, info.locs)?;
+        }
+        Ok(())
+    }
+
+    /// Frees blocks allocated to writers of `ino` and never committed, except `keep`.
+    fn free_pending(&self, wtxn: &mut RwTxn, ino: Ino, keep: &[BlockId]) -> FsResult<()> {
+        let mut ids = Vec::new();
+        for item in self
+            .pending
+            .prefix_iter(wtxn, &key_ino(ino))
+            .map_err(lmdb_err)?
+        {
+            let (key, _) = item.map_err(lmdb_err)?;
+            let id = ino_from(&key[8..])?;
+            if !keep.contains(&id) {
+                ids.push(id);
+            }
+        }
+        for id in ids {
+            self.pending
+                .delete(wtxn, &key_pending(ino, id))
+                .map_err(lmdb_err)?;
+            // Where a pending block was written is not recorded: every node is asked.
+            self.free_block(wtxn, id, Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Drops the blocks past a new, smaller size and shortens the last one.
+    fn truncate_blocks(&self, wtxn: &mut RwTxn, attr: &Attr, size: u64) -> FsResult<()> {
+        let bs = attr.block_size;
+        if bs == 0 {
+            return Ok(());
+        }
+        let keep = size.div_ceil(bs);
+        self.free_blocks_from(wtxn, attr.ino, keep.min(u32::MAX as u64) as u32)?;
+        if size % bs != 0 {
+            let index = (size / bs) as u32;
+            let key = key_block(attr.ino, index);
+            let current = self.blocks.get(wtxn, &key).map_err(lmdb_err)?;
+            if let Some(bytes) = current {
+                let mut info: BlockInfo = decode(bytes)?;
+                if info.len > size % bs {
+                    info.len = size % bs;
+                    self.blocks
+                        .put(wtxn, &key, &encode_versioned(&info))
+                        .map_err(lmdb_err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The file `ino`, checking that `handle` holds its write lease.
+    fn leased_file(&self, txn: &RoTxn, ino: Ino, handle: u64) -> FsResult<Attr> {
+        let attr = self.getattr(txn, ino)?;
+        match &attr.writing {
+            Some(lease) if lease.handle == handle => Ok(attr),
+            Some(lease) => Err(FsError::InUse(format!(
+                "the file was taken over by writer {} (this writer's lease expired)",
+                lease.client
+            ))),
+            None => Err(FsError::InvalidArgument(
+                "the file is not open for writing by this writer".into(),
+            )),
+        }
+    }
+
+    /// Takes the write lease of an existing file.
+    pub fn open_write(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        lease: &WriteLease,
+        spec: &curvine_messages::block::FileSpec,
+        truncate: bool,
+        lease_timeout_ns: i64,
+    ) -> FsResult<(Attr, Vec<BlockInfo>)> {
+        let (mut attr, _) = self.file_with_blocks(wtxn, ino)?;
+        let now = now_ns();
+        if let Some(held) = &attr.writing {
+            if held.handle != lease.handle && now - held.renewed_ns < lease_timeout_ns {
+                return Err(FsError::InUse(format!(
+                    "the file is being written by {}",
+                    held.client
+                )));
+            }
+            // An expired writer: its uncommitted blocks go.
+            self.free_pending(wtxn, ino, &[])?;
+        }
+        if truncate && attr.size > 0 {
+            self.free_blocks_from(wtxn, ino, 0)?;
+            attr.size = 0;
+            attr.mtime_ns = now;
+        }
+        if attr.block_size == 0 || (attr.size == 0 && truncate) {
+            attr.block_size = spec.block_size;
+            attr.replicas = spec.replicas;
+            if spec.storage.is_some() {
+                attr.storage = spec.storage;
+            }
+        }
+        attr.ctime_ns = now;
+        attr.writing = Some(lease.clone());
+        self.put_inode(wtxn, &attr)?;
+        let blocks = self.file_blocks(wtxn, ino)?;
+        Ok((attr, blocks))
+    }
+
+    /// Allocates block `index` of a file being written, renewing the lease.
+    pub fn add_block(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        handle: u64,
+        index: u32,
+    ) -> FsResult<BlockId> {
+        let mut attr = self.leased_file(wtxn, ino, handle)?;
+        let id = self.alloc_ino(wtxn)?;
+        let owner = BlockOwner {
+            ino,
+            index,
+            pending: true,
+        };
+        self.owners
+            .put(wtxn, &key_ino(id), &encode_versioned(&owner))
+            .map_err(lmdb_err)?;
+        self.pending
+            .put(wtxn, &key_pending(ino, id), &[])
+            .map_err(lmdb_err)?;
+        if let Some(lease) = attr.writing.as_mut() {
+            lease.renewed_ns = now_ns();
+        }
+        self.put_inode(wtxn, &attr)?;
+        Ok(id)
+    }
+
+    /// Closes a written file: switches in its new blocks, sets its size and
+    /// releases the lease. Checks every block was allocated to this file at
+    /// that index, so a confused writer cannot graft another file's data.
+    pub fn complete_file(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        handle: u64,
+        size: u64,
+        blocks: &[BlockInfo],
+    ) -> FsResult<Attr> {
+        let mut attr = self.leased_file(wtxn, ino, handle)?;
+        let bs = attr.block_size.max(1);
+        for b in blocks {
+            let owner: Option<BlockOwner> = match self.owners.get(wtxn, &key_ino(b.id)).map_err(lmdb_err)? {
+                Some(v) => Some(decode(v)?),
+                None => None,
+            };
+            match owner {
+                Some(o) if o.ino == ino && o.index == b.index && o.pending => {}
+                _ => {
+                    return Err(FsError::InvalidArgument(format!(
+                        "block {:#x} was not allocated to this file at index {}",
+                        b.id, b.index
+                    )))
+                }
+            }
+            if b.len > bs || b.stored < b.len || (b.index as u64) * bs >= size.max(1) && b.len > 0 {
+                return Err(FsError::InvalidArgument(format!(
+                    "block {:#x} at index {} claims {} bytes, which does not fit a file of {size} bytes in blocks of {bs}",
+                    b.id, b.index, b.len
+                )));
+            }
+            let key = key_block(ino, b.index);
+            let old = self.blocks.get(wtxn, &key).map_err(lmdb_err)?;
+            if let Some(old) = old {
+                let old: BlockInfo = decode(old)?;
+                if old.id != b.id {
+                    self.free_block(wtxn, old.id, old.locs)?;
+                }
+            }
+            self.blocks
+                .put(wtxn, &key, &encode_versioned(b))
+                .map_err(lmdb_err)?;
+            let owner = BlockOwner {
+                ino,
+                index: b.index,
+                pending: false,
+            };
+            self.owners
+                .put(wtxn, &key_ino(b.id), &encode_versioned(&owner))
+                .map_err(lmdb_err)?;
+            self.pending
+                .delete(wtxn, &key_pending(ino, b.id))
+                .map_err(lmdb_err)?;
+        }
+        self.free_pending(wtxn, ino, &[])?;
+        if size < attr.size {
+            self.truncate_blocks(wtxn, &attr, size)?;
+        }
+        let now = now_ns();
+        attr.size = size;
+        attr.writing = None;
+        attr.mtime_ns = now;
+        attr.ctime_ns = now;
+        self.put_inode(wtxn, &attr)?;
+        Ok(attr)
+    }
+
+    /// What each block id is used for.
+    pub fn check_blocks(&self, txn: &RoTxn, ids: &[BlockId]) -> FsResult<Vec<BlockUse>> {
+        ids.iter()
+            .map(|&id| {
+                Ok(match self.owners.get(txn, &key_ino(id)).map_err(lmdb_err)? {
+                    Some(v) if decode::<BlockOwner>(v)?.pending => BlockUse::Pending,
+                    Some(_) => BlockUse::Live,
+                    None => BlockUse::Unknown,
+                })
+            })
+            .collect()
+    }
+
+    /// Up to `limit` freed blocks still to remove from their nodes.
+    pub fn take_freed(&self, txn: &RoTxn, limit: u32) -> FsResult<Vec<FreedBlock>> {
+        let mut out = Vec::new();
+        for item in self.own(self.freed, txn)? {
+            if out.len() >= limit as usize {
+                break;
+            }
+            out.push(decode(item.map_err(lmdb_err)?.1)?);
+        }
+        Ok(out)
+    }
+
+    pub fn forget_freed(&self, wtxn: &mut RwTxn, ids: &[BlockId]) -> FsResult<()> {
+        for id in ids {
+            self.freed.delete(wtxn, &key_ino(*id)).map_err(lmdb_err)?;
+        }
+        Ok(())
     }
 
     // ---- extended attributes -----------------------------------------------

@@ -28,6 +28,7 @@ pub struct Config {
     pub cluster: ClusterConf,
     pub node: NodeConf,
     pub meta: MetaConf,
+    pub data: DataConf,
     pub client: ClientConf,
     pub supervisor: SupervisorConf,
     pub log: LogConf,
@@ -87,6 +88,37 @@ pub struct MetaConf {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct DataConf {
+    /// Address of the data port (`host:port`). Empty: the client port's host
+    /// with port + 2.
+    pub listen: String,
+    /// Storage tiers as `[TYPE:CAPACITY]path` with TYPE one of MEM, SSD, HDD,
+    /// fastest first. Empty: one MEM tier in `/dev/shm/curvine/<node id>`
+    /// sized to a quarter of the machine's memory (at most half of /dev/shm).
+    pub tiers: Vec<String>,
+    /// Block size of new files (a multiple of 64KiB).
+    pub block_size: ByteSize,
+    /// Replicas of each block of new files.
+    pub replicas: u32,
+    /// A writer whose lease is not renewed for this long (it adds a block or
+    /// closes) loses the file to the next writer.
+    pub write_lease: Dur,
+    /// Tier usage above which the evictor starts demoting blocks.
+    pub high_watermark: f64,
+    /// Tier usage the evictor brings a tier down to.
+    pub low_watermark: f64,
+    /// How often each tier's evictor checks its tier.
+    pub evict_interval: Dur,
+    /// Blocks on disk that no file references are removed after this long.
+    pub orphan_grace: Dur,
+    /// Fsync block files on SSD and HDD tiers before a write is acknowledged.
+    pub sync_blocks: bool,
+    /// How long an access token for a block stays valid.
+    pub token_ttl: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ClientConf {
     /// Nodes the client tries, in order (`host:port` of their client ports).
     pub cluster: Vec<String>,
@@ -94,6 +126,11 @@ pub struct ClientConf {
     pub request_timeout: Dur,
     /// Connections the client library opens to a node (requests are spread over them).
     pub connections: u32,
+    /// Read and write block files directly when the block's node runs on
+    /// this host (after the node grants it).
+    pub short_circuit: bool,
+    /// Blocks a sequential reader fetches ahead of the one it reads.
+    pub read_ahead: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,7 +195,62 @@ impl Default for ClientConf {
             connect_timeout: Dur(std::time::Duration::from_secs(5)),
             request_timeout: Dur(std::time::Duration::from_secs(60)),
             connections: 2,
+            short_circuit: true,
+            read_ahead: 1,
         }
+    }
+}
+
+impl Default for DataConf {
+    fn default() -> Self {
+        DataConf {
+            listen: String::new(),
+            tiers: Vec::new(),
+            block_size: ByteSize(64 << 20),
+            replicas: 1,
+            write_lease: Dur(std::time::Duration::from_secs(60)),
+            high_watermark: 0.9,
+            low_watermark: 0.8,
+            evict_interval: Dur(std::time::Duration::from_secs(1)),
+            orphan_grace: Dur(std::time::Duration::from_secs(600)),
+            sync_blocks: true,
+            token_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+/// A storage tier as configured: `[TYPE:CAPACITY]path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierSpec {
+    /// `MEM`, `SSD` or `HDD`.
+    pub kind: String,
+    pub capacity: u64,
+    pub path: PathBuf,
+}
+
+impl TierSpec {
+    pub fn parse(text: &str) -> Result<TierSpec, String> {
+        let bad = |why: &str| format!("tier {text:?}: {why} (expected [MEM|SSD|HDD:CAPACITY]/path, e.g. [MEM:4GiB]/dev/shm/curvine)");
+        let rest = text.trim().strip_prefix('[').ok_or_else(|| bad("missing '['"))?;
+        let (head, path) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
+        let (kind, capacity) = head.split_once(':').ok_or_else(|| bad("missing ':' between type and capacity"))?;
+        let kind = kind.trim().to_ascii_uppercase();
+        if !matches!(kind.as_str(), "MEM" | "SSD" | "HDD") {
+            return Err(bad("type must be MEM, SSD or HDD"));
+        }
+        let capacity = ByteSize::parse(capacity).map_err(|e| bad(&e))?.0;
+        if capacity < (1 << 20) {
+            return Err(bad("capacity must be at least 1MiB"));
+        }
+        let path = path.trim();
+        if !path.starts_with('/') {
+            return Err(bad("path must be absolute"));
+        }
+        Ok(TierSpec {
+            kind,
+            capacity,
+            path: PathBuf::from(path),
+        })
     }
 }
 
@@ -651,6 +743,66 @@ impl Config {
                 "expected more than 0s",
             ));
         }
+        if !self.data.listen.is_empty() {
+            check_addr("data.listen", &self.data.listen, source("data.listen"))?;
+        }
+        let mut seen_paths = Vec::new();
+        for tier in &self.data.tiers {
+            let spec = TierSpec::parse(tier)
+                .map_err(|e| invalid("data.tiers", format!("{tier:?}"), &e))?;
+            if seen_paths.contains(&spec.path) {
+                return Err(invalid(
+                    "data.tiers",
+                    format!("{tier:?}"),
+                    "each tier needs a directory of its own",
+                ));
+            }
+            seen_paths.push(spec.path);
+        }
+        let bs = self.data.block_size.0;
+        if !(64 << 10..=2 << 30).contains(&bs) || bs % (64 << 10) != 0 {
+            return Err(invalid(
+                "data.block_size",
+                self.data.block_size.to_string(),
+                "expected a multiple of 64KiB from 64KiB to 2GiB",
+            ));
+        }
+        if !(1..=16).contains(&self.data.replicas) {
+            return Err(invalid(
+                "data.replicas",
+                self.data.replicas.to_string(),
+                "expected 1 to 16",
+            ));
+        }
+        let (low, high) = (self.data.low_watermark, self.data.high_watermark);
+        if !(0.0 < low && low < high && high <= 1.0) {
+            return Err(invalid(
+                "data.low_watermark",
+                format!("{low} (high_watermark {high})"),
+                "expected 0 < low_watermark < high_watermark <= 1",
+            ));
+        }
+        if self.data.write_lease.0 < std::time::Duration::from_secs(1) {
+            return Err(invalid(
+                "data.write_lease",
+                self.data.write_lease.to_string(),
+                "expected at least 1s",
+            ));
+        }
+        if self.data.evict_interval.0.is_zero() {
+            return Err(invalid(
+                "data.evict_interval",
+                "0s".into(),
+                "expected more than 0s",
+            ));
+        }
+        if self.data.token_ttl.0 < std::time::Duration::from_secs(60) {
+            return Err(invalid(
+                "data.token_ttl",
+                self.data.token_ttl.to_string(),
+                "expected at least 1m",
+            ));
+        }
         if self.supervisor.max_restarts == 0 {
             return Err(invalid(
                 "supervisor.max_restarts",
@@ -677,13 +829,36 @@ impl Config {
         if !self.node.cluster_listen.is_empty() {
             return self.node.cluster_listen.clone();
         }
+        self.client_port_plus(1)
+    }
+
+    /// The data port address: configured, or the client port + 2.
+    pub fn data_listen(&self) -> String {
+        if !self.data.listen.is_empty() {
+            return self.data.listen.clone();
+        }
+        self.client_port_plus(2)
+    }
+
+    /// The client port's host with its port + `n`; port 0 stays 0 (any port).
+    fn client_port_plus(&self, n: u16) -> String {
         match self.node.listen.rsplit_once(':') {
             Some((host, port)) => {
                 let port: u16 = port.parse().unwrap_or(8995);
-                format!("{host}:{}", port.wrapping_add(1))
+                let port = if port == 0 { 0 } else { port.wrapping_add(n) };
+                format!("{host}:{port}")
             }
-            None => "127.0.0.1:8996".into(),
+            None => format!("127.0.0.1:{}", 8995 + n),
         }
+    }
+
+    /// The configured tiers, parsed (validated by [`Config::validate`]).
+    pub fn tiers(&self) -> Vec<TierSpec> {
+        self.data
+            .tiers
+            .iter()
+            .filter_map(|t| TierSpec::parse(t).ok())
+            .collect()
     }
 }
 

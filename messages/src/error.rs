@@ -53,6 +53,10 @@ pub enum FsError {
     /// A name is held by an operation in progress; the caller retries.
     #[error("device or resource busy{}", detail(.0))]
     Busy(String),
+    /// A file is open for writing by another writer (not retried: the
+    /// caller waits for that writer or removes the file).
+    #[error("device or resource busy{}", detail(.0))]
+    InUse(String),
     /// A shard or node cannot be reached right now; the caller may retry.
     #[error("resource temporarily unavailable{}", detail(.0))]
     Unavailable(String),
@@ -90,6 +94,7 @@ impl FsError {
             FsError::NoData(_) => libc::ENODATA,
             FsError::TooBig(_) => libc::E2BIG,
             FsError::Busy(_) => libc::EBUSY,
+            FsError::InUse(_) => libc::EBUSY,
             FsError::Unavailable(_) => libc::EAGAIN,
             FsError::TimedOut(_) => libc::ETIMEDOUT,
             FsError::Protocol(_) => libc::EPROTO,
@@ -117,6 +122,7 @@ impl FsError {
             FsError::NoData(_) => "no_data",
             FsError::TooBig(_) => "too_big",
             FsError::Busy(_) => "busy",
+            FsError::InUse(_) => "in_use",
             FsError::Unavailable(_) => "unavailable",
             FsError::TimedOut(_) => "timed_out",
             FsError::Protocol(_) => "protocol",
@@ -151,6 +157,7 @@ impl FsError {
             FsError::NoData(_) => FsError::NoData(text),
             FsError::TooBig(_) => FsError::TooBig(text),
             FsError::Busy(_) => FsError::Busy(text),
+            FsError::InUse(_) => FsError::InUse(text),
             FsError::Unavailable(_) => FsError::Unavailable(text),
             FsError::TimedOut(_) => FsError::TimedOut(text),
             FsError::Protocol(_) => FsError::Protocol(text),
@@ -178,6 +185,7 @@ impl FsError {
             | FsError::NoData(s)
             | FsError::TooBig(s)
             | FsError::Busy(s)
+            | FsError::InUse(s)
             | FsError::Unavailable(s)
             | FsError::TimedOut(s)
             | FsError::Protocol(s)

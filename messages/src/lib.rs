@@ -4,6 +4,7 @@
 //! This crate depends on no storage engine, FUSE or HTTP crate; it only knows
 //! how values look and how they are encoded.
 
+pub mod block;
 pub mod codec;
 pub mod error;
 pub mod path;

@@ -11,6 +11,7 @@
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 
+use crate::block::{BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease};
 use crate::codec::Versioned;
 use crate::error::FsResult;
 use crate::types::{
@@ -131,6 +132,13 @@ pub enum RenameOutcome {
     NeedsIntent,
 }
 
+/// Layout and writer of a file being created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewFile {
+    pub spec: FileSpec,
+    pub lease: Option<WriteLease>,
+}
+
 /// A stored directory entry value (the key is parent ++ name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DentryValue {
@@ -144,8 +152,17 @@ impl Versioned for DentryValue {
 }
 
 impl Versioned for Attr {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const WHAT: &'static str = "inode record";
+    fn migrate(version: u8, payload: &[u8]) -> Result<Self, crate::codec::CodecError> {
+        match version {
+            1 => crate::codec::from_bytes::<crate::types::AttrV1>(Self::WHAT, payload).map(Attr::from),
+            other => Err(crate::codec::CodecError::UnknownVersion {
+                what: Self::WHAT,
+                found: other,
+            }),
+        }
+    }
 }
 
 /// A stored extended attribute value.
@@ -233,12 +250,62 @@ pub enum ShardMsg {
         reply: Reply<Vec<(DirEntry, Option<Attr>)>>,
     },
     /// Create a file or symlink `name` in `parent`; its inode lives here too.
+    /// `file` sets a new file's data layout and, for a writer, its lease.
     Create {
         parent: Ino,
         name: String,
         attrs: NewInode,
+        file: Option<NewFile>,
         reply: Reply<Attr>,
     },
+    /// Open an existing file for writing: take its lease (EBUSY while another
+    /// writer's lease is fresh), dropping its blocks when `truncate`. Replies
+    /// with the attributes and the blocks the file has now.
+    OpenWrite {
+        ino: Ino,
+        lease: WriteLease,
+        /// Layout adopted by a file that has no data yet.
+        spec: FileSpec,
+        truncate: bool,
+        /// A lease not renewed for this long may be taken over.
+        lease_timeout_ns: i64,
+        reply: Reply<(Attr, Vec<BlockInfo>)>,
+    },
+    /// Allocate block `index` of a file for the writer holding `handle`.
+    AddBlock {
+        ino: Ino,
+        handle: u64,
+        index: u32,
+        reply: Reply<BlockId>,
+    },
+    /// Close a file after writing: `blocks` replace the blocks at their
+    /// indexes, `size` becomes the file's size (blocks past it are dropped),
+    /// allocated blocks not listed are freed, and the lease is released.
+    CompleteFile {
+        ino: Ino,
+        handle: u64,
+        size: u64,
+        blocks: Vec<BlockInfo>,
+        reply: Reply<Attr>,
+    },
+    /// Attributes and committed blocks of a file owned here.
+    FileBlocks {
+        ino: Ino,
+        reply: Reply<(Attr, Vec<BlockInfo>)>,
+    },
+    /// What each of these block ids (allocated by this shard) is used for.
+    CheckBlocks {
+        ids: Vec<BlockId>,
+        reply: Reply<Vec<BlockUse>>,
+    },
+    /// Blocks no longer referenced, to remove from their nodes.
+    TakeFreed {
+        limit: u32,
+        reply: Reply<Vec<FreedBlock>>,
+    },
+    /// Forget freed blocks once their nodes removed them. May be lost: they
+    /// are taken again and removal is idempotent.
+    ForgetFreed { ids: Vec<BlockId> },
     /// Create directory `name` in `parent` with its inode on this shard.
     MkdirLocal {
         parent: Ino,
@@ -333,6 +400,13 @@ impl ShardMsg {
             ShardMsg::ReadDir { .. } => "readdir",
             ShardMsg::ReadDirPlus { .. } => "readdirplus",
             ShardMsg::Create { .. } => "create",
+            ShardMsg::OpenWrite { .. } => "open_write",
+            ShardMsg::AddBlock { .. } => "add_block",
+            ShardMsg::CompleteFile { .. } => "complete_file",
+            ShardMsg::FileBlocks { .. } => "file_blocks",
+            ShardMsg::CheckBlocks { .. } => "check_blocks",
+            ShardMsg::TakeFreed { .. } => "take_freed",
+            ShardMsg::ForgetFreed { .. } => "forget_freed",
             ShardMsg::MkdirLocal { .. } => "mkdir_local",
             ShardMsg::SetAttr { .. } => "setattr",
             ShardMsg::Unlink { .. } => "unlink",

@@ -95,6 +95,53 @@ pub struct Attr {
     pub replicas: u16,
     /// The parent directory of a directory (its `..`); 0 for other kinds.
     pub parent: Ino,
+    /// Tier a file's new blocks go to; `None`: the fastest with room.
+    pub storage: Option<crate::block::TierKind>,
+    /// Set while a writer has the file open: its size and blocks are those of
+    /// the last close until the writer closes it.
+    pub writing: Option<crate::block::WriteLease>,
+}
+
+/// The inode record as release 1 stored it (before file data).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrV1 {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub nlink: u32,
+    pub symlink: Option<String>,
+    pub block_size: u64,
+    pub replicas: u16,
+    pub parent: Ino,
+}
+
+impl From<AttrV1> for Attr {
+    fn from(a: AttrV1) -> Attr {
+        Attr {
+            ino: a.ino,
+            kind: a.kind,
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            atime_ns: a.atime_ns,
+            mtime_ns: a.mtime_ns,
+            ctime_ns: a.ctime_ns,
+            nlink: a.nlink,
+            symlink: a.symlink,
+            block_size: a.block_size,
+            replicas: a.replicas,
+            parent: a.parent,
+            storage: None,
+            writing: None,
+        }
+    }
 }
 
 /// What a caller asks for when creating an inode.

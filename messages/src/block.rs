@@ -1,0 +1,382 @@
+//! File data: blocks, tiers, access tokens, and the data-port protocol.
+//!
+//! A file's bytes are split into blocks of the file's block size. Block `i`
+//! holds file bytes `[i * block_size, i * block_size + len)`; a missing block
+//! or bytes past a block's `len` but below the file size read as zeros (a
+//! sparse file). Blocks are immutable once committed: an overwrite writes a
+//! new block and the shard switches the file's list at close, so a reader
+//! holding the old block keeps reading consistent bytes.
+//!
+//! Every block carries a crc32c per [`CHECKSUM_UNIT`] bytes. The data port
+//! sends them with the bytes, and a client on the node's host gets them with
+//! the block file's path (short-circuit), so every read is verified by the
+//! reader itself, whichever way the bytes came.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Versioned;
+use crate::error::{FsError, FsResult};
+use crate::types::Ino;
+
+/// A block id: the allocating shard in the top bits, as inode ids.
+pub type BlockId = u64;
+
+/// Bytes covered by one stored crc32c.
+pub const CHECKSUM_UNIT: usize = 64 * 1024;
+/// Largest run of bytes in one data-port frame.
+pub const MAX_CHUNK: usize = 1 << 20;
+/// Default block size of new files.
+pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 20;
+/// Smallest block size a file may have.
+pub const MIN_BLOCK_SIZE: u64 = CHECKSUM_UNIT as u64;
+/// Largest block size a file may have.
+pub const MAX_BLOCK_SIZE: u64 = 2 << 30;
+
+/// Checks a requested block size: a multiple of the checksum unit within limits.
+pub fn check_block_size(size: u64) -> FsResult<u64> {
+    if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&size) || size % CHECKSUM_UNIT as u64 != 0 {
+        return Err(FsError::InvalidArgument(format!(
+            "block size {size} must be a multiple of 64KiB between 64KiB and 2GiB"
+        )));
+    }
+    Ok(size)
+}
+
+/// Number of checksum units covering `len` bytes.
+pub fn units(len: u64) -> usize {
+    len.div_ceil(CHECKSUM_UNIT as u64) as usize
+}
+
+/// The crc32c of every checksum unit of `data` (the last may be short).
+pub fn unit_crcs(data: &[u8]) -> Vec<u32> {
+    data.chunks(CHECKSUM_UNIT).map(crc32c::crc32c).collect()
+}
+
+/// The crc32c of a whole block from its per-unit crcs and length.
+pub fn combine_crcs(crcs: &[u32], len: u64) -> u32 {
+    let mut whole = 0u32;
+    let mut left = len;
+    for (i, &crc) in crcs.iter().enumerate() {
+        let n = left.min(CHECKSUM_UNIT as u64);
+        whole = if i == 0 {
+            crc
+        } else {
+            crc32c::crc32c_combine(whole, crc, n as usize)
+        };
+        left -= n;
+    }
+    whole
+}
+
+/// Storage tiers, fastest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TierKind {
+    Mem,
+    Ssd,
+    Hdd,
+}
+
+impl TierKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Mem => "MEM",
+            TierKind::Ssd => "SSD",
+            TierKind::Hdd => "HDD",
+        }
+    }
+
+    pub fn parse(text: &str) -> FsResult<TierKind> {
+        match text.to_ascii_uppercase().as_str() {
+            "MEM" => Ok(TierKind::Mem),
+            "SSD" => Ok(TierKind::Ssd),
+            "HDD" | "DISK" => Ok(TierKind::Hdd),
+            _ => Err(FsError::InvalidArgument(format!(
+                "unknown storage tier {text:?} (expected MEM, SSD or HDD)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for TierKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One block of a file, as its shard records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockInfo {
+    pub id: BlockId,
+    /// Index of the block in the file (file offset / block size).
+    pub index: u32,
+    /// File bytes this block holds (may be less than `stored` after a truncate).
+    pub len: u64,
+    /// Bytes in the block's file.
+    pub stored: u64,
+    /// crc32c of the `stored` bytes.
+    pub crc: u32,
+    /// Nodes holding a replica, by node id.
+    pub locs: Vec<String>,
+}
+
+impl Versioned for BlockInfo {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "block record";
+}
+
+/// How a writer asks for a file's data to be laid out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSpec {
+    /// 0: the cluster default.
+    pub block_size: u64,
+    /// 0: the cluster default.
+    pub replicas: u16,
+    /// Tier new blocks go to; `None`: the fastest tier with room.
+    pub storage: Option<TierKind>,
+}
+
+/// The claim of one writer on a file: set at open for write, cleared at close.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteLease {
+    pub handle: u64,
+    /// Who writes (host and process), for `stat` and errors.
+    pub client: String,
+    /// Renewed by every block the writer adds.
+    pub renewed_ns: i64,
+}
+
+/// What a shard tells about a block id a node holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockUse {
+    /// Part of a file.
+    Live,
+    /// Allocated to a writer that has not closed the file yet.
+    Pending,
+    /// Unknown: the block belongs to nothing and may be removed.
+    Unknown,
+}
+
+/// A block the shard no longer references, to be removed from its nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreedBlock {
+    pub id: BlockId,
+    pub locs: Vec<String>,
+}
+
+impl Versioned for FreedBlock {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "freed block";
+}
+
+/// Owner of an allocated block, for `CheckBlocks` and garbage collection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockOwner {
+    pub ino: Ino,
+    pub index: u32,
+    /// Allocated but not yet part of the file's committed list.
+    pub pending: bool,
+}
+
+impl Versioned for BlockOwner {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "block owner";
+}
+
+// ---- access tokens ----------------------------------------------------------
+
+/// What a token allows on one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// Proof that a shard allowed `access` to `block` until `expires_s` (Unix
+/// seconds): an HMAC keyed by the cluster secret, checked by the data port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    pub block: BlockId,
+    pub access: Access,
+    pub expires_s: u64,
+    pub mac: [u8; 16],
+}
+
+impl Token {
+    /// The bytes the MAC covers.
+    pub fn signed_bytes(block: BlockId, access: Access, expires_s: u64) -> [u8; 17] {
+        let mut b = [0u8; 17];
+        b[..8].copy_from_slice(&block.to_be_bytes());
+        b[8] = match access {
+            Access::Read => b'r',
+            Access::Write => b'w',
+        };
+        b[9..].copy_from_slice(&expires_s.to_be_bytes());
+        b
+    }
+}
+
+/// Where a block's data server is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataNode {
+    pub node_id: String,
+    /// `host:port` of the data port.
+    pub data_addr: String,
+    /// Identifies the node's host (boot id and host name): a client with the
+    /// same key may read and write block files directly.
+    pub host_key: String,
+}
+
+/// A block to read: where it is and the token to read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadBlock {
+    pub info: BlockInfo,
+    pub token: Token,
+}
+
+// ---- the data port ----------------------------------------------------------
+
+/// The first bytes of a data-port connection (a client connecting to the
+/// wrong port gets a clear refusal instead of garbage).
+pub const DATA_MAGIC: [u8; 4] = *b"CRVB";
+/// Version of the data-port protocol.
+pub const DATA_VERSION: u16 = 1;
+
+/// A request on the data port, framed as `u32` length + postcard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataRequest {
+    /// Stream bytes `[offset, offset + len)` of a block. The node answers
+    /// [`DataReply::Reading`] with the unit-aligned range it will send, then
+    /// that range as chunks.
+    Read { token: Token, offset: u64, len: u64 },
+    /// Store a new block. The node answers [`DataReply::Ready`]; the client
+    /// sends chunks (each a whole number of checksum units but the last),
+    /// then an empty chunk; the node answers [`DataReply::Committed`].
+    Write {
+        token: Token,
+        tier: Option<TierKind>,
+        /// Bytes the client expects to send (space is reserved for them).
+        size_hint: u64,
+    },
+    /// Short-circuit read: the block file's path and checksums.
+    OpenLocal { token: Token },
+    /// Short-circuit write: a file to write the new block into.
+    CreateLocal {
+        token: Token,
+        tier: Option<TierKind>,
+        size_hint: u64,
+    },
+    /// Commit a block written through [`DataRequest::CreateLocal`].
+    CommitLocal {
+        token: Token,
+        len: u64,
+        crcs: Vec<u32>,
+    },
+    /// Drop a block being written (the writer gives up).
+    Abort { token: Token },
+}
+
+/// A reply on the data port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataReply {
+    /// Sent first on every connection.
+    Hello {
+        accepted: bool,
+        message: String,
+        node_id: String,
+        host_key: String,
+    },
+    Reading {
+        offset: u64,
+        len: u64,
+    },
+    Ready,
+    Committed {
+        len: u64,
+        crc: u32,
+    },
+    Local {
+        path: String,
+        len: u64,
+        crcs: Vec<u32>,
+    },
+    Done,
+    Error(FsError),
+}
+
+impl DataReply {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            DataReply::Hello { .. } => "Hello",
+            DataReply::Reading { .. } => "Reading",
+            DataReply::Ready => "Ready",
+            DataReply::Committed { .. } => "Committed",
+            DataReply::Local { .. } => "Local",
+            DataReply::Done => "Done",
+            DataReply::Error(_) => "Error",
+        }
+    }
+}
+
+/// The header of a chunk of block bytes: `u32` length, then one `u32` crc32c
+/// per checksum unit of the chunk, then the bytes. A zero length ends a write.
+pub fn chunk_header(len: usize, crcs: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    for crc in crcs {
+        out.extend_from_slice(&crc.to_be_bytes());
+    }
+}
+
+/// Verifies `data` (starting at a unit boundary) against its unit crcs.
+/// Names the first unit that does not match.
+pub fn verify_units(data: &[u8], crcs: &[u32], first_unit: usize, what: &str) -> FsResult<()> {
+    for (i, unit) in data.chunks(CHECKSUM_UNIT).enumerate() {
+        let want = crcs.get(i).copied();
+        let got = crc32c::crc32c(unit);
+        if want != Some(got) {
+            return Err(FsError::Corrupt(format!(
+                "{what}: checksum mismatch in unit {} (expected {:08x}, read {got:08x})",
+                first_unit + i,
+                want.unwrap_or(0)
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combined_crc_equals_crc_of_whole() {
+        let data: Vec<u8> = (0..(3 * CHECKSUM_UNIT + 1234))
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let crcs = unit_crcs(&data);
+        assert_eq!(crcs.len(), 4);
+        assert_eq!(
+            combine_crcs(&crcs, data.len() as u64),
+            crc32c::crc32c(&data)
+        );
+        assert_eq!(combine_crcs(&[], 0), 0);
+    }
+
+    #[test]
+    fn block_sizes_are_checked() {
+        assert!(check_block_size(64 << 20).is_ok());
+        assert!(check_block_size(100).is_err());
+        assert!(check_block_size(65 * 1024).is_err());
+        assert!(check_block_size(4 << 30).is_err());
+    }
+
+    #[test]
+    fn verification_names_the_bad_unit() {
+        let mut data = vec![5u8; 2 * CHECKSUM_UNIT];
+        let crcs = unit_crcs(&data);
+        verify_units(&data, &crcs, 0, "block 1").unwrap();
+        data[CHECKSUM_UNIT + 3] ^= 1;
+        let err = verify_units(&data, &crcs, 0, "block 1").unwrap_err();
+        assert!(err.to_string().contains("unit 1"), "{err}");
+    }
+}
