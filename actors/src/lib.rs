@@ -4,11 +4,16 @@
 //!   ([`store`]), with a dedicated writer thread and group commit ([`writer`]).
 //! - [`host::ShardHost`]: supervises the node's shards, keeps the [`host::ShardDirectory`].
 //! - [`namespace::Namespace`]: path operations across shards and the intent driver.
+//! - [`blocks::BlockManager`]: the node's block files in tiers, their index,
+//!   and a [`blocks::TierEvictor`] per tier.
+//! - [`token`]: access tokens for blocks.
 //! - [`supervisor`]: the restart policy every supervisor applies.
 
+pub mod blocks;
 pub mod host;
 pub mod namespace;
 pub mod shard;
 pub mod store;
 pub mod supervisor;
+pub mod token;
 pub mod writer;

@@ -663,8 +663,11 @@ impl Namespace {
     }
 
     pub async fn file_blocks_ino(&self, ino: Ino) -> FsResult<(Attr, Vec<BlockInfo>)> {
-        self.call(shard_of(ino), move |reply| ShardMsg::FileBlocks { ino, reply })
-            .await
+        self.call(shard_of(ino), move |reply| ShardMsg::FileBlocks {
+            ino,
+            reply,
+        })
+        .await
     }
 
     /// What blocks allocated by `shard` are used for.

@@ -30,13 +30,11 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
-use curvine_messages::block::{
-    BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock, WriteLease,
-};
+use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock, WriteLease};
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::shard::{
-    DentryValue, Intent, IntentOp, NameLock, NewFile, RenameOutcome, ShardMeta, ShardScan, Step, StepResult,
-    UnlinkOutcome, XattrValue,
+    DentryValue, Intent, IntentOp, NameLock, NewFile, RenameOutcome, ShardMeta, ShardScan, Step,
+    StepResult, UnlinkOutcome, XattrValue,
 };
 use curvine_messages::{
     check_xattr, make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
@@ -134,7 +132,7 @@ fn opened() -> &'static Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>> {
     OPENED.get_or_init(Default::default)
 }
 
-fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<WithoutTls>> {
+pub(crate) fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<WithoutTls>> {
     let mut map = opened()
         .lock()
         .map_err(|_| FsError::Io("environment registry poisoned".into()))?;
@@ -838,7 +836,11 @@ impl ShardStore {
     fn free_block(&self, wtxn: &mut RwTxn, id: BlockId, locs: Vec<String>) -> FsResult<()> {
         self.owners.delete(wtxn, &key_ino(id)).map_err(lmdb_err)?;
         self.freed
-            .put(wtxn, &key_ino(id), &encode_versioned(&FreedBlock { id, locs }))
+            .put(
+                wtxn,
+                &key_ino(id),
+                &encode_versioned(&FreedBlock { id, locs }),
+            )
             .map_err(lmdb_err)
     }
 
@@ -1008,10 +1010,11 @@ impl ShardStore {
         let mut attr = self.leased_file(wtxn, ino, handle)?;
         let bs = attr.block_size.max(1);
         for b in blocks {
-            let owner: Option<BlockOwner> = match self.owners.get(wtxn, &key_ino(b.id)).map_err(lmdb_err)? {
-                Some(v) => Some(decode(v)?),
-                None => None,
-            };
+            let owner: Option<BlockOwner> =
+                match self.owners.get(wtxn, &key_ino(b.id)).map_err(lmdb_err)? {
+                    Some(v) => Some(decode(v)?),
+                    None => None,
+                };
             match owner {
                 Some(o) if o.ino == ino && o.index == b.index && o.pending => {}
                 _ => {
@@ -1067,11 +1070,13 @@ impl ShardStore {
     pub fn check_blocks(&self, txn: &RoTxn, ids: &[BlockId]) -> FsResult<Vec<BlockUse>> {
         ids.iter()
             .map(|&id| {
-                Ok(match self.owners.get(txn, &key_ino(id)).map_err(lmdb_err)? {
-                    Some(v) if decode::<BlockOwner>(v)?.pending => BlockUse::Pending,
-                    Some(_) => BlockUse::Live,
-                    None => BlockUse::Unknown,
-                })
+                Ok(
+                    match self.owners.get(txn, &key_ino(id)).map_err(lmdb_err)? {
+                        Some(v) if decode::<BlockOwner>(v)?.pending => BlockUse::Pending,
+                        Some(_) => BlockUse::Live,
+                        None => BlockUse::Unknown,
+                    },
+                )
             })
             .collect()
     }

@@ -1,5 +1,7 @@
 //! `curvine-cli`: the command line of a curvine cluster.
 
+mod data;
+
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
@@ -127,6 +129,8 @@ enum FsCommand {
     /// Extended attributes.
     #[command(subcommand)]
     Xattr(XattrCommand),
+    #[command(flatten)]
+    Data(data::DataCommand),
 }
 
 #[derive(Subcommand)]
@@ -188,13 +192,13 @@ fn config(global: &Global) -> Result<(Loader, Config), String> {
 }
 
 /// A failed command: what was being done and why.
-struct Failure {
+pub(crate) struct Failure {
     what: String,
     error: String,
     code: i32,
 }
 
-fn fail(op: &str, path: &str, e: FsError) -> Failure {
+pub(crate) fn fail(op: &str, path: &str, e: FsError) -> Failure {
     Failure {
         what: format!("{op} {path}"),
         error: e.to_string(),
@@ -241,7 +245,9 @@ fn attr_json(attr: &Attr) -> serde_json::Value {
         "ino": attr.ino, "type": attr.kind.name(), "mode": format!("{:04o}", attr.mode),
         "uid": attr.uid, "gid": attr.gid, "size": attr.size, "nlink": attr.nlink,
         "atime_ns": attr.atime_ns, "mtime_ns": attr.mtime_ns, "ctime_ns": attr.ctime_ns,
-        "symlink": attr.symlink,
+        "symlink": attr.symlink, "block_size": attr.block_size, "replicas": attr.replicas,
+        "storage": attr.storage.map(|t| t.name()),
+        "writing": attr.writing.as_ref().map(|l| l.client.clone()),
     })
 }
 
@@ -425,6 +431,22 @@ async fn run_fs(
                             .unwrap_or_default()
                     );
                     println!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
+                    if attr.kind == FileKind::File && attr.block_size > 0 {
+                        println!(
+                            "Block size: {}  Replicas: {}{}",
+                            curvine_messages::human_bytes(attr.block_size),
+                            attr.replicas,
+                            attr.storage
+                                .map(|t| format!("  Storage: {t}"))
+                                .unwrap_or_default()
+                        );
+                    }
+                    if let Some(lease) = &attr.writing {
+                        println!(
+                            " State: being written by {} (the size is that of the last close)",
+                            lease.client
+                        );
+                    }
                     println!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
                     println!(
                         "Access: ({:04o}/{})  Uid: {}  Gid: {}",
@@ -541,6 +563,7 @@ async fn run_fs(
                 .map_err(|e| fail("ln", &link, e))?;
         }
         FsCommand::Xattr(command) => run_xattr(client, command, json_out, abs).await?,
+        FsCommand::Data(command) => data::run(client, command, json_out, abs).await?,
         FsCommand::Readlink { path } => {
             let p = abs(&path)?;
             let target = client
@@ -663,7 +686,19 @@ fn main() {
         }
     };
     if let Err(f) = runtime.block_on(run(cli)) {
+        if f.code == 0 {
+            return;
+        }
         eprintln!("curvine-cli: {}: {}", f.what, f.error);
         std::process::exit(f.code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -230,10 +230,17 @@ pub struct TierSpec {
 
 impl TierSpec {
     pub fn parse(text: &str) -> Result<TierSpec, String> {
-        let bad = |why: &str| format!("tier {text:?}: {why} (expected [MEM|SSD|HDD:CAPACITY]/path, e.g. [MEM:4GiB]/dev/shm/curvine)");
-        let rest = text.trim().strip_prefix('[').ok_or_else(|| bad("missing '['"))?;
+        let bad = |why: &str| {
+            format!("tier {text:?}: {why} (expected [MEM|SSD|HDD:CAPACITY]/path, e.g. [MEM:4GiB]/dev/shm/curvine)")
+        };
+        let rest = text
+            .trim()
+            .strip_prefix('[')
+            .ok_or_else(|| bad("missing '['"))?;
         let (head, path) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
-        let (kind, capacity) = head.split_once(':').ok_or_else(|| bad("missing ':' between type and capacity"))?;
+        let (kind, capacity) = head
+            .split_once(':')
+            .ok_or_else(|| bad("missing ':' between type and capacity"))?;
         let kind = kind.trim().to_ascii_uppercase();
         if !matches!(kind.as_str(), "MEM" | "SSD" | "HDD") {
             return Err(bad("type must be MEM, SSD or HDD"));

@@ -344,6 +344,147 @@ pub fn verify_units(data: &[u8], crcs: &[u32], first_unit: usize, what: &str) ->
     Ok(())
 }
 
+// ---- the BlockManager actor -------------------------------------------------
+
+type Reply<T> = ractor::RpcReplyPort<FsResult<T>>;
+
+/// Usage of one storage tier of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierStats {
+    pub kind: TierKind,
+    pub path: String,
+    pub capacity: u64,
+    /// Bytes of committed blocks.
+    pub used: u64,
+    /// Bytes reserved for blocks being written.
+    pub reserved: u64,
+    pub blocks: u64,
+}
+
+/// Space reserved for a block being written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub tier: TierKind,
+    /// The temporary file to write the block into.
+    pub path: String,
+}
+
+/// A block as the node's index records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    /// Position of the tier in the node's tier list.
+    pub tier: u8,
+    pub kind: TierKind,
+    pub len: u64,
+    /// crc32c of each checksum unit.
+    pub crcs: Vec<u32>,
+    pub created_ns: i64,
+    pub last_access_ns: i64,
+}
+
+impl Versioned for BlockRecord {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "block index record";
+}
+
+/// Where a block moves and what to copy, for the tier evictor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovePlan {
+    pub from: String,
+    pub to_tmp: String,
+    pub record: BlockRecord,
+    pub to_tier: u8,
+}
+
+/// What `free` did on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeSummary {
+    /// Blocks dropped from the cache.
+    pub freed: u64,
+    pub freed_bytes: u64,
+    /// Blocks kept because they are the only copy of their data.
+    pub kept_only_copy: u64,
+    /// Blocks not cached on this node.
+    pub not_here: u64,
+}
+
+/// Requests to a node's `BlockManager`. Block bytes never travel in these
+/// messages: only ids, sizes, paths and checksums.
+#[derive(Debug)]
+pub enum BlockMsg {
+    /// Reserve space for a new block in `tier` (or the fastest with room).
+    Reserve {
+        block: BlockId,
+        tier: Option<TierKind>,
+        size: u64,
+        reply: Reply<Reservation>,
+    },
+    /// Make a written block permanent: the index records it, then its file
+    /// takes its final name. Replies with the block's whole crc32c.
+    Commit {
+        block: BlockId,
+        len: u64,
+        crcs: Vec<u32>,
+        reply: Reply<u32>,
+    },
+    /// Drop a block being written and its reservation.
+    Abort { block: BlockId },
+    /// Remove committed blocks (freed by their files). Idempotent.
+    Remove {
+        ids: Vec<BlockId>,
+        reply: Option<Reply<u64>>,
+    },
+    /// Least recently used blocks of a tier, oldest first, covering `bytes`.
+    Coldest {
+        tier: u8,
+        bytes: u64,
+        reply: Reply<Vec<(BlockId, u64)>>,
+    },
+    /// Plan moving a block to a lower tier with room.
+    PrepareMove {
+        block: BlockId,
+        reply: Reply<MovePlan>,
+    },
+    /// Finish (or, with `ok` false, abandon) a planned move.
+    FinishMove {
+        block: BlockId,
+        to_tier: u8,
+        ok: bool,
+        reply: Reply<()>,
+    },
+    /// Drop cached blocks that have another copy (replica or UFS).
+    Free {
+        ids: Vec<BlockId>,
+        reply: Reply<FreeSummary>,
+    },
+    /// Usage of every tier.
+    Stats { reply: Reply<Vec<TierStats>> },
+    /// Periodic work: access times, freed blocks, orphans, stale reservations.
+    Tick,
+    /// Start a tier's evictor again after it failed.
+    RestartEvictor { tier: u8 },
+}
+
+impl ractor::Message for BlockMsg {}
+
+impl BlockMsg {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            BlockMsg::Reserve { .. } => "reserve",
+            BlockMsg::Commit { .. } => "commit",
+            BlockMsg::Abort { .. } => "abort",
+            BlockMsg::Remove { .. } => "remove",
+            BlockMsg::Coldest { .. } => "coldest",
+            BlockMsg::PrepareMove { .. } => "prepare_move",
+            BlockMsg::FinishMove { .. } => "finish_move",
+            BlockMsg::Free { .. } => "free",
+            BlockMsg::Stats { .. } => "stats",
+            BlockMsg::Tick => "tick",
+            BlockMsg::RestartEvictor { .. } => "restart_evictor",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

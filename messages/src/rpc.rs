@@ -10,6 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::block::{
+    BlockId, BlockInfo, DataNode, FileSpec, FreeSummary, ReadBlock, TierKind, TierStats, Token,
+};
 use crate::error::{FsError, FsResult};
 use crate::types::{Attr, SetAttr, ShardStats, XattrMode};
 
@@ -145,6 +148,104 @@ pub struct RemoveXattr {
     pub name: String,
 }
 
+/// Open a file for writing, taking its write lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenFile {
+    pub path: String,
+    /// Create the file when it does not exist.
+    pub create: bool,
+    /// Fail with EEXIST when it exists (O_EXCL).
+    pub exclusive: bool,
+    /// Drop its content (O_TRUNC).
+    pub truncate: bool,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub spec: FileSpec,
+    /// Who writes (host and process), shown by `stat` while the file is open.
+    pub client: String,
+}
+
+/// A file open for writing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteOpen {
+    pub attr: Attr,
+    pub handle: u64,
+    /// The blocks the file has (an appending writer continues after them).
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// Allocate the next block of a file being written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddBlock {
+    pub ino: u64,
+    pub handle: u64,
+    pub index: u32,
+}
+
+/// A new block: where to write it, with the token that allows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockGrant {
+    pub id: BlockId,
+    pub index: u32,
+    pub token: Token,
+    pub node: DataNode,
+}
+
+/// Close a written file: its new blocks and final size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompleteFile {
+    pub ino: u64,
+    pub handle: u64,
+    pub size: u64,
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// Open a file for reading: its blocks with tokens and the nodes holding them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenRead {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadOpen {
+    pub attr: Attr,
+    pub blocks: Vec<ReadBlock>,
+    pub nodes: Vec<DataNode>,
+}
+
+/// Drop cached blocks of a file or tree that have another copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FreePath {
+    pub path: String,
+}
+
+/// Blocks of a file with where each replica is and in which tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Blocks {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockReplica {
+    pub node_id: String,
+    /// `None` when the node does not have the block (lost or being written).
+    pub tier: Option<TierKind>,
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockDetail {
+    pub info: BlockInfo,
+    pub replicas: Vec<BlockReplica>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileBlocks {
+    pub attr: Attr,
+    pub blocks: Vec<BlockDetail>,
+}
+
 /// Nodes, shards and counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report;
@@ -180,7 +281,9 @@ pub struct NodeReport {
     pub cluster_addr: String,
     pub started_ns: i64,
     pub data_dir: String,
+    pub data_addr: String,
     pub shards: Vec<ShardStats>,
+    pub tiers: Vec<TierStats>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,6 +360,12 @@ calls! {
     RemoveXattr => (), Done;
     Report => ClusterReport, Report;
     Fsck => FsckReport, Fsck;
+    OpenFile => WriteOpen, WriteOpen;
+    AddBlock => BlockGrant, Grant;
+    CompleteFile => Attr, Attr;
+    OpenRead => ReadOpen, ReadOpen;
+    FreePath => FreeSummary, Freed;
+    Blocks => FileBlocks, FileBlocks;
 }
 
 /// Every reply.
@@ -271,6 +380,11 @@ pub enum Response {
     Names(Vec<String>),
     Report(ClusterReport),
     Fsck(FsckReport),
+    WriteOpen(WriteOpen),
+    Grant(BlockGrant),
+    ReadOpen(ReadOpen),
+    Freed(FreeSummary),
+    FileBlocks(FileBlocks),
 }
 
 impl Response {
@@ -285,6 +399,11 @@ impl Response {
             Response::Names(_) => "Names",
             Response::Report(_) => "Report",
             Response::Fsck(_) => "Fsck",
+            Response::WriteOpen(_) => "WriteOpen",
+            Response::Grant(_) => "Grant",
+            Response::ReadOpen(_) => "ReadOpen",
+            Response::Freed(_) => "Freed",
+            Response::FileBlocks(_) => "FileBlocks",
         }
     }
 }

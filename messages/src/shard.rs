@@ -156,7 +156,8 @@ impl Versioned for Attr {
     const WHAT: &'static str = "inode record";
     fn migrate(version: u8, payload: &[u8]) -> Result<Self, crate::codec::CodecError> {
         match version {
-            1 => crate::codec::from_bytes::<crate::types::AttrV1>(Self::WHAT, payload).map(Attr::from),
+            1 => crate::codec::from_bytes::<crate::types::AttrV1>(Self::WHAT, payload)
+                .map(Attr::from),
             other => Err(crate::codec::CodecError::UnknownVersion {
                 what: Self::WHAT,
                 found: other,

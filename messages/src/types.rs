@@ -237,6 +237,22 @@ pub fn check_xattr(name: &str, value: Option<&[u8]>) -> Result<(), crate::FsErro
     Ok(())
 }
 
+/// Bytes as people read them (`1.5GiB`, powers of 1024).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
 /// Current time in nanoseconds since the Unix epoch.
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()

@@ -29,16 +29,23 @@ struct Conn {
     closed: Arc<AtomicBool>,
 }
 
-/// A connection to a cluster.
-pub struct Client {
+struct Rpc {
     conns: Vec<Conn>,
     next_conn: AtomicUsize,
     next_id: AtomicU64,
+}
+
+/// A connection to a cluster. Cheap to clone: clones share connections.
+#[derive(Clone)]
+pub struct Client {
+    rpc: Arc<Rpc>,
     timeout: Duration,
     /// The node this client is connected to.
     pub node_addr: String,
     pub cluster_id: String,
     pub node_id: String,
+    pub(crate) data: crate::io::DataPool,
+    pub(crate) io: crate::io::IoConf,
 }
 
 async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
@@ -152,9 +159,13 @@ impl Client {
         let hello =
             hello.ok_or_else(|| FsError::InvalidArgument("client.connections is 0".into()))?;
         Ok(Client {
-            conns,
-            next_conn: AtomicUsize::new(0),
-            next_id: AtomicU64::new(1),
+            rpc: Arc::new(Rpc {
+                conns,
+                next_conn: AtomicUsize::new(0),
+                next_id: AtomicU64::new(1),
+            }),
+            data: crate::io::DataPool::new(conf.connect_timeout.0, conf.request_timeout.0),
+            io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
             node_addr: addr.to_string(),
             cluster_id: hello.cluster_id,
@@ -164,8 +175,9 @@ impl Client {
 
     /// Sends a request and waits for its typed reply.
     pub async fn call<R: Call>(&self, request: R) -> FsResult<R::Reply> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let conn = &self.conns[self.next_conn.fetch_add(1, Ordering::Relaxed) % self.conns.len()];
+        let rpc = &self.rpc;
+        let id = rpc.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = &rpc.conns[rpc.next_conn.fetch_add(1, Ordering::Relaxed) % rpc.conns.len()];
         if conn.closed.load(Ordering::SeqCst) {
             return Err(FsError::Unavailable(format!(
                 "connection to node {} is closed",
@@ -350,6 +362,16 @@ impl Client {
                 return Ok(out);
             }
         }
+    }
+
+    /// Drops cached blocks under `path` that have another copy.
+    pub async fn free(&self, path: &str) -> FsResult<curvine_messages::block::FreeSummary> {
+        self.call(FreePath { path: path.into() }).await
+    }
+
+    /// A file's blocks with their replicas.
+    pub async fn blocks(&self, path: &str) -> FsResult<FileBlocks> {
+        self.call(Blocks { path: path.into() }).await
     }
 
     pub async fn report(&self) -> FsResult<ClusterReport> {

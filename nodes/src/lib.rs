@@ -2,7 +2,9 @@
 //! port) and the client library that talks to nodes.
 
 pub mod client;
+pub mod data;
 pub mod identity;
+pub mod io;
 pub mod node;
 pub mod server;
 pub mod service;

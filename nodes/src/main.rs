@@ -110,7 +110,18 @@ fn main() {
         if !config.node.seeds.is_empty() {
             eprintln!("curvine-node: seeds {:?} noted; joining other nodes is not supported by this release yet", config.node.seeds);
         }
-        eprintln!("curvine-node: node {} serving clients on {} (cluster port {})", id.node_id, node.rpc_addr, node.cluster_addr);
+        eprintln!(
+            "curvine-node: node {} serving clients on {} (cluster port {}, data port {})",
+            id.node_id, node.rpc_addr, node.cluster_addr, node.data_addr
+        );
+        for tier in node.service.blocks.stats() {
+            eprintln!(
+                "curvine-node: tier {} at {} with {} capacity",
+                tier.kind,
+                tier.path,
+                curvine_actors::blocks::human(tier.capacity)
+            );
+        }
         let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(s) => s,
             Err(e) => {

@@ -6,14 +6,20 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::net::TcpListener;
 
+use curvine_actors::blocks::{
+    BlockArgs, BlockConf, BlockManager, BlockManagerRef, BlockStore, TierInfo,
+};
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
-use curvine_actors::namespace::Namespace;
+use curvine_actors::namespace::{FileDefaults, Namespace};
 use curvine_actors::shard::ShardArgs;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::{RestartPolicy, RestartTracker};
+use curvine_actors::token::TokenKey;
 use curvine_conf::Config;
+use curvine_messages::block::{DataNode, TierKind};
 use curvine_messages::{now_ns, ShardId};
 
+use crate::data::{DataContext, DataServer, DataServerArgs};
 use crate::identity::DataDir;
 use crate::service::{NodeInfo, Service};
 
@@ -21,36 +27,85 @@ use crate::service::{NodeInfo, Service};
 /// when a child fails too often it fails itself, which stops the node.
 pub struct NodeSupervisor;
 
+/// The children of the node supervisor, in start order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Child {
+    ShardHost,
+    BlockManager,
+    DataServer,
+}
+
+impl Child {
+    const ALL: [Child; 3] = [Child::ShardHost, Child::BlockManager, Child::DataServer];
+
+    fn name(self) -> &'static str {
+        match self {
+            Child::ShardHost => "shard-host",
+            Child::BlockManager => "block-manager",
+            Child::DataServer => "data-server",
+        }
+    }
+}
+
 pub struct NodeArgs {
     pub make_host_args: Arc<dyn Fn() -> HostArgs + Send + Sync>,
+    pub block_args: BlockArgs,
+    pub block_ref: BlockManagerRef,
+    pub data_args: Arc<dyn Fn() -> DataServerArgs + Send + Sync>,
     pub policy: RestartPolicy,
 }
 
 pub enum NodeMsg {
-    RestartShardHost,
+    Restart(Child),
 }
 
 impl ractor::Message for NodeMsg {}
 
 pub struct NodeState {
     args: NodeArgs,
-    host: Option<ActorRef<curvine_actors::host::HostMsg>>,
-    tracker: RestartTracker,
+    children: Vec<(Child, ractor::ActorCell)>,
+    trackers: Vec<(Child, RestartTracker)>,
 }
 
 impl NodeSupervisor {
-    async fn start_host(
+    async fn start_child(
         myself: &ActorRef<NodeMsg>,
         state: &mut NodeState,
+        child: Child,
     ) -> Result<(), ActorProcessingErr> {
-        let (host, _) = Actor::spawn_linked(
-            Some("shard-host".into()),
-            ShardHost,
-            (state.args.make_host_args)(),
-            myself.get_cell(),
-        )
-        .await?;
-        state.host = Some(host);
+        let cell = match child {
+            Child::ShardHost => Actor::spawn_linked(
+                Some(child.name().into()),
+                ShardHost,
+                (state.args.make_host_args)(),
+                myself.get_cell(),
+            )
+            .await?
+            .0
+            .get_cell(),
+            Child::BlockManager => {
+                let (actor, _) = Actor::spawn_linked(
+                    None,
+                    BlockManager,
+                    state.args.block_args.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                state.args.block_ref.set(Some(actor.clone()));
+                actor.get_cell()
+            }
+            Child::DataServer => Actor::spawn_linked(
+                None,
+                DataServer,
+                (state.args.data_args)(),
+                myself.get_cell(),
+            )
+            .await?
+            .0
+            .get_cell(),
+        };
+        state.children.retain(|(c, _)| *c != child);
+        state.children.push((child, cell));
         Ok(())
     }
 }
@@ -67,18 +122,24 @@ impl Actor for NodeSupervisor {
     ) -> Result<NodeState, ActorProcessingErr> {
         let mut state = NodeState {
             args,
-            host: None,
-            tracker: RestartTracker::default(),
+            children: Vec::new(),
+            trackers: Child::ALL
+                .iter()
+                .map(|c| (*c, RestartTracker::default()))
+                .collect(),
         };
-        Self::start_host(&myself, &mut state).await?;
+        for child in Child::ALL {
+            Self::start_child(&myself, &mut state, child).await?;
+        }
         Ok(state)
     }
 
     async fn post_stop(
         &self,
         myself: ActorRef<NodeMsg>,
-        _state: &mut NodeState,
+        state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
+        state.args.block_ref.set(None);
         myself
             .stop_children_and_wait(Some("node stopping".into()), Some(Duration::from_secs(60)))
             .await;
@@ -92,7 +153,7 @@ impl Actor for NodeSupervisor {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            NodeMsg::RestartShardHost => Self::start_host(&myself, state).await?,
+            NodeMsg::Restart(child) => Self::start_child(&myself, state, child).await?,
         }
         Ok(())
     }
@@ -103,22 +164,37 @@ impl Actor for NodeSupervisor {
         event: SupervisionEvent,
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
-        if let SupervisionEvent::ActorFailed(cell, error) = event {
-            if state
-                .host
-                .as_ref()
-                .is_some_and(|h| h.get_id() == cell.get_id())
-            {
-                state.host = None;
-                tracing::error!(error = %error, "shard host failed");
-                match state.tracker.on_failure(&state.args.policy, Instant::now()) {
-                    Some(delay) => {
-                        myself.send_after(delay, || NodeMsg::RestartShardHost);
-                    }
-                    None => {
-                        return Err(format!("shard host keeps failing; last error: {error}").into())
-                    }
-                }
+        let (cell, error) = match &event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, error.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let Some(pos) = state
+            .children
+            .iter()
+            .position(|(_, c)| c.get_id() == cell.get_id())
+        else {
+            return Ok(());
+        };
+        let (child, _) = state.children.remove(pos);
+        if child == Child::BlockManager {
+            state.args.block_ref.set(None);
+        }
+        tracing::error!(child = child.name(), error = %error, "node actor failed");
+        let policy = state.args.policy.clone();
+        let tracker = state
+            .trackers
+            .iter_mut()
+            .find(|(c, _)| *c == child)
+            .map(|(_, t)| t);
+        match tracker.and_then(|t| t.on_failure(&policy, Instant::now())) {
+            Some(delay) => {
+                myself.send_after(delay, move || NodeMsg::Restart(child));
+            }
+            None => {
+                return Err(format!("{} keeps failing; last error: {error}", child.name()).into())
             }
         }
         Ok(())
@@ -133,6 +209,7 @@ pub struct RunningNode {
     pub service: Arc<Service>,
     pub rpc_addr: String,
     pub cluster_addr: String,
+    pub data_addr: String,
     server: tokio::task::JoinHandle<()>,
     cluster_server: Option<ActorRef<ractor_cluster::NodeServerMessage>>,
 }
@@ -157,7 +234,15 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
     let data_dir = DataDir::open(&config.data_dir(), config)?;
     let identity = data_dir.identity.clone();
     let directory = ShardDirectory::new(identity.shard_count);
-    let namespace = Namespace::new(directory.clone(), config.client.request_timeout.0);
+    let namespace = Namespace::with_files(
+        directory.clone(),
+        config.client.request_timeout.0,
+        FileDefaults {
+            block_size: config.data.block_size.0,
+            replicas: config.data.replicas as u16,
+            lease_timeout: config.data.write_lease.0,
+        },
+    );
 
     let options = StoreOptions {
         map_size: config.meta.map_size.0,
@@ -194,6 +279,67 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
             op_record_ttl: config.meta.op_record_ttl.0,
         })
         .collect();
+    let tiers = node_tiers(config, &data_dir.path, &identity.node_id);
+    for t in &tiers {
+        tracing::info!(tier = %t.kind, path = %t.root.display(), capacity = %curvine_actors::blocks::human(t.capacity), "storage tier");
+    }
+    let index_dir = data_dir.path.join("blocks");
+    let sync_blocks = config.data.sync_blocks;
+    let (block_store, reconciled) =
+        tokio::task::spawn_blocking(move || BlockStore::open(&index_dir, tiers, sync_blocks))
+            .await
+            .map_err(|e| StartError::Actors(e.to_string()))?
+            .map_err(|e| StartError::Store(e.to_string()))?;
+    tracing::info!(
+        blocks = reconciled.blocks,
+        missing = reconciled.missing,
+        finished = reconciled.finished,
+        temporary = reconciled.temporary,
+        unindexed = reconciled.unindexed,
+        "block store opened"
+    );
+    let block_store = Arc::new(block_store);
+    let block_ref = BlockManagerRef::default();
+    let block_args = BlockArgs {
+        store: block_store.clone(),
+        namespace: namespace.clone(),
+        conf: BlockConf {
+            high_watermark: config.data.high_watermark,
+            low_watermark: config.data.low_watermark,
+            evict_interval: config.data.evict_interval.0,
+            orphan_grace: config.data.orphan_grace.0,
+            tick: Duration::from_secs(1),
+        },
+    };
+    let data_listen = config.data_listen();
+    let data_listener =
+        std::net::TcpListener::bind(&data_listen).map_err(|e| StartError::Listen {
+            addr: data_listen.clone(),
+            reason: e.to_string(),
+        })?;
+    let data_addr = data_listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or(data_listen);
+    let data_listener = Arc::new(data_listener);
+    let tokens = TokenKey::new(&identity.cookie, config.data.token_ttl.0);
+    let data_node = DataNode {
+        node_id: identity.node_id.clone(),
+        data_addr: data_addr.clone(),
+        host_key: crate::data::host_key(),
+    };
+    let data_ctx = DataContext {
+        store: block_store.clone(),
+        manager: block_ref.clone(),
+        tokens: tokens.clone(),
+        node_id: identity.node_id.clone(),
+        host_key: data_node.host_key.clone(),
+    };
+    let data_args = Arc::new(move || DataServerArgs {
+        listener: data_listener.clone(),
+        ctx: data_ctx.clone(),
+    });
+
     let policy = RestartPolicy::from(&config.supervisor);
     let recovery_ns = namespace.clone();
     let host_policy = policy.clone();
@@ -222,6 +368,9 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         NodeSupervisor,
         NodeArgs {
             make_host_args,
+            block_args,
+            block_ref: block_ref.clone(),
+            data_args,
             policy,
         },
     )
@@ -271,6 +420,10 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
             data_dir: data_dir.path.display().to_string(),
             started_ns: now_ns(),
         },
+        blocks: block_store,
+        manager: block_ref,
+        tokens,
+        data: data_node,
     });
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
     Ok(RunningNode {
@@ -280,6 +433,7 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         service,
         rpc_addr,
         cluster_addr,
+        data_addr,
         server,
         cluster_server,
     })
@@ -298,4 +452,58 @@ impl RunningNode {
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
             .await;
     }
+}
+
+/// The configured tiers, or the default: a MEM tier in /dev/shm sized to a
+/// quarter of memory (at most half of /dev/shm); an HDD tier in the data
+/// directory where there is no /dev/shm.
+pub fn node_tiers(config: &Config, data_dir: &std::path::Path, node_id: &str) -> Vec<TierInfo> {
+    let configured = config.tiers();
+    if !configured.is_empty() {
+        return configured
+            .into_iter()
+            .map(|t| TierInfo {
+                kind: TierKind::parse(&t.kind).unwrap_or(TierKind::Hdd),
+                root: t.path,
+                capacity: t.capacity,
+            })
+            .collect();
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    match fs_size(shm) {
+        Some((total, _)) => {
+            // SAFETY: sysconf has no preconditions.
+            let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+            let memory = pages * page;
+            let capacity = (memory / 4).min(total / 2).max(64 << 20);
+            vec![TierInfo {
+                kind: TierKind::Mem,
+                root: shm.join("curvine").join(node_id),
+                capacity,
+            }]
+        }
+        None => {
+            let root = data_dir.join("tier-hdd");
+            let free = fs_size(data_dir).map(|(_, free)| free).unwrap_or(1 << 30);
+            vec![TierInfo {
+                kind: TierKind::Hdd,
+                root,
+                capacity: (free / 2).max(64 << 20),
+            }]
+        }
+    }
+}
+
+/// Total and free bytes of the file system holding `path`.
+pub fn fs_size(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid out pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }

@@ -2,9 +2,15 @@
 
 use std::sync::Arc;
 
-use curvine_actors::namespace::Namespace;
-use curvine_messages::rpc::{ClusterReport, NodeReport, Request, Response};
-use curvine_messages::FsResult;
+use curvine_actors::blocks::{BlockManagerRef, BlockStore};
+use curvine_actors::namespace::{Namespace, OpenWrite};
+use curvine_actors::token::TokenKey;
+use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary, ReadBlock};
+use curvine_messages::rpc::{
+    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, ReadOpen,
+    Request, Response, WriteOpen,
+};
+use curvine_messages::{FileKind, FsResult};
 
 /// What the node tells about itself in reports.
 #[derive(Debug, Clone)]
@@ -20,6 +26,11 @@ pub struct NodeInfo {
 pub struct Service {
     pub namespace: Arc<Namespace>,
     pub info: NodeInfo,
+    pub blocks: Arc<BlockStore>,
+    pub manager: BlockManagerRef,
+    pub tokens: TokenKey,
+    /// This node's data port, as clients reach it.
+    pub data: DataNode,
 }
 
 impl Service {
@@ -29,6 +40,68 @@ impl Service {
 
     pub fn node_id(&self) -> &str {
         &self.info.node_id
+    }
+
+    /// The nodes a block list names (one node for now: this one).
+    fn nodes_of(&self) -> Vec<DataNode> {
+        vec![self.data.clone()]
+    }
+
+    async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
+        let mut ids: Vec<BlockId> = Vec::new();
+        let mut stack = vec![path.to_string()];
+        while let Some(p) = stack.pop() {
+            let attr = self.namespace.stat(&p, false).await?;
+            match attr.kind {
+                FileKind::File => {
+                    let (_, blocks) = self.namespace.file_blocks_ino(attr.ino).await?;
+                    ids.extend(blocks.iter().map(|b| b.id));
+                }
+                FileKind::Dir => {
+                    let mut after = None;
+                    loop {
+                        let page = self.namespace.list(&p, after.clone(), 1024).await?;
+                        for e in &page.entries {
+                            stack.push(format!("{}/{}", p.trim_end_matches('/'), e.name));
+                        }
+                        if !page.more {
+                            break;
+                        }
+                        after = page.entries.last().map(|e| e.name.clone());
+                    }
+                }
+                FileKind::Symlink => {}
+            }
+        }
+        self.manager
+            .call(move |reply| BlockMsg::Free {
+                ids: ids.clone(),
+                reply,
+            })
+            .await
+    }
+
+    async fn file_blocks(&self, path: &str) -> FsResult<FileBlocks> {
+        let (attr, blocks) = self.namespace.file_blocks(path).await?;
+        let mut out = Vec::with_capacity(blocks.len());
+        for info in blocks {
+            let replicas = info
+                .locs
+                .iter()
+                .map(|node| {
+                    let here = (node == &self.info.node_id)
+                        .then(|| self.blocks.locate(info.id).ok())
+                        .flatten();
+                    BlockReplica {
+                        node_id: node.clone(),
+                        tier: here.as_ref().map(|(r, _)| r.kind),
+                        path: here.map(|(_, p)| p.display().to_string()),
+                    }
+                })
+                .collect();
+            out.push(BlockDetail { info, replicas });
+        }
+        Ok(FileBlocks { attr, blocks: out })
     }
 
     pub async fn handle(&self, request: Request) -> FsResult<Response> {
@@ -64,10 +137,61 @@ impl Service {
                     cluster_addr: self.info.cluster_addr.clone(),
                     started_ns: self.info.started_ns,
                     data_dir: self.info.data_dir.clone(),
+                    data_addr: self.data.data_addr.clone(),
                     shards: ns.shard_stats().await?,
+                    tiers: self.blocks.stats(),
                 }],
             }),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
+            Request::OpenFile(r) => {
+                let (attr, blocks, handle) = ns
+                    .open_write(&OpenWrite {
+                        path: r.path,
+                        create: r.create,
+                        exclusive: r.exclusive,
+                        truncate: r.truncate,
+                        mode: r.mode,
+                        uid: r.uid,
+                        gid: r.gid,
+                        spec: r.spec,
+                        client: r.client,
+                    })
+                    .await?;
+                Response::WriteOpen(WriteOpen {
+                    attr,
+                    handle,
+                    blocks,
+                })
+            }
+            Request::AddBlock(r) => {
+                let id = ns.add_block(r.ino, r.handle, r.index).await?;
+                Response::Grant(BlockGrant {
+                    id,
+                    index: r.index,
+                    token: self.tokens.issue(id, Access::Write),
+                    node: self.data.clone(),
+                })
+            }
+            Request::CompleteFile(r) => {
+                Response::Attr(ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?)
+            }
+            Request::OpenRead(r) => {
+                let (attr, blocks) = ns.file_blocks(&r.path).await?;
+                let blocks = blocks
+                    .into_iter()
+                    .map(|info| ReadBlock {
+                        token: self.tokens.issue(info.id, Access::Read),
+                        info,
+                    })
+                    .collect();
+                Response::ReadOpen(ReadOpen {
+                    attr,
+                    blocks,
+                    nodes: self.nodes_of(),
+                })
+            }
+            Request::FreePath(r) => Response::Freed(self.free_path(&r.path).await?),
+            Request::Blocks(r) => Response::FileBlocks(self.file_blocks(&r.path).await?),
         })
     }
 }

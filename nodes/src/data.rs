@@ -1,0 +1,500 @@
+//! The data port: block bytes between clients and this node's block files.
+//!
+//! A connection opens with [`DATA_MAGIC`] and the protocol version; the node
+//! answers [`DataReply::Hello`]. Then the client sends [`DataRequest`] frames.
+//! Every request carries a token the namespace issued; the port checks it
+//! before touching a block. Reads go from the block file to the socket with
+//! `sendfile`; bytes never pass through an actor mailbox. A connection that
+//! sends garbage, a bad token or stops half way is closed and logged; it
+//! affects nothing else.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::net::{TcpListener, TcpStream};
+
+use curvine_actors::blocks::{BlockManagerRef, BlockStore};
+use curvine_actors::token::TokenKey;
+use curvine_messages::block::{
+    units, verify_units, Access, BlockMsg, DataReply, DataRequest, CHECKSUM_UNIT, DATA_MAGIC,
+    DATA_VERSION, MAX_BLOCK_SIZE, MAX_CHUNK,
+};
+use curvine_messages::codec::{from_bytes, to_bytes};
+use curvine_messages::{FsError, FsResult};
+
+use crate::server::{read_frame, write_frame};
+
+/// What every connection of the data port needs.
+#[derive(Clone)]
+pub struct DataContext {
+    pub store: Arc<BlockStore>,
+    pub manager: BlockManagerRef,
+    pub tokens: TokenKey,
+    pub node_id: String,
+    pub host_key: String,
+}
+
+/// The host's identity for short-circuit decisions: host name and boot id.
+pub fn host_key() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    format!("{host}/{boot}")
+}
+
+/// An error that ends the connection (the stream is out of step).
+struct Fatal(String);
+
+type Stream = BufReader<TcpStream>;
+
+async fn reply(stream: &mut Stream, reply: &DataReply) -> std::io::Result<()> {
+    let bytes = to_bytes("data reply", reply)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let s = stream.get_mut();
+    write_frame(s, &bytes).await?;
+    s.flush().await
+}
+
+/// Sends `n` bytes of `file` from `offset` with sendfile(2).
+async fn send_file(stream: &TcpStream, file: &File, offset: u64, n: usize) -> std::io::Result<()> {
+    let mut off = offset as libc::off_t;
+    let mut left = n;
+    while left > 0 {
+        stream.writable().await?;
+        let sent = stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: both descriptors are open for the duration of the call.
+            let r = unsafe { libc::sendfile(stream.as_raw_fd(), file.as_raw_fd(), &mut off, left) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        });
+        match sent {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "block file is shorter than its index says",
+                ))
+            }
+            Ok(k) => left -= k,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+pub async fn serve(listener: TcpListener, ctx: DataContext) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    match connection(stream, &ctx).await {
+                        Ok(()) => {}
+                        Err(e) => tracing::warn!(%peer, error = %e, "data connection closed"),
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "data port accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, ctx: &DataContext) -> Result<(), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut stream = BufReader::with_capacity(256 * 1024, stream);
+    let mut hello = [0u8; 6];
+    stream
+        .read_exact(&mut hello)
+        .await
+        .map_err(|e| format!("no hello: {e}"))?;
+    let version = u16::from_be_bytes([hello[4], hello[5]]);
+    let refusal = if hello[..4] != DATA_MAGIC {
+        Some("this is a curvine data port; the peer did not speak its protocol".to_string())
+    } else if version != DATA_VERSION {
+        Some(format!(
+            "client speaks data protocol version {version}, this node {DATA_VERSION}"
+        ))
+    } else {
+        None
+    };
+    let accepted = refusal.is_none();
+    reply(
+        &mut stream,
+        &DataReply::Hello {
+            accepted,
+            message: refusal.clone().unwrap_or_default(),
+            node_id: ctx.node_id.clone(),
+            host_key: ctx.host_key.clone(),
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if let Some(why) = refusal {
+        return Err(why);
+    }
+    loop {
+        let frame = match read_frame(&mut stream).await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("bad frame: {e}")),
+        };
+        let request: DataRequest = match from_bytes("data request", &frame) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = reply(&mut stream, &DataReply::Error(FsError::from(e.clone()))).await;
+                return Err(format!("garbage request: {e}"));
+            }
+        };
+        match handle(&mut stream, ctx, request).await {
+            Ok(Ok(Some(r))) => reply(&mut stream, &r).await.map_err(|e| e.to_string())?,
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "data request failed");
+                reply(&mut stream, &DataReply::Error(e))
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+            Err(Fatal(why)) => return Err(why),
+        }
+    }
+}
+
+async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) -> Handled {
+    match request {
+        DataRequest::Read { token, offset, len } => {
+            if let Err(e) = ctx.tokens.check(&token, Access::Read) {
+                return Ok(Err(e));
+            }
+            read(stream, ctx, token.block, offset, len).await
+        }
+        DataRequest::Write {
+            token,
+            tier,
+            size_hint,
+        } => {
+            if let Err(e) = ctx.tokens.check(&token, Access::Write) {
+                return Ok(Err(e));
+            }
+            write(stream, ctx, token.block, tier, size_hint)
+                .await
+                .map(|r| r.map(Some))
+        }
+        DataRequest::OpenLocal { token } => Ok(async {
+            ctx.tokens.check(&token, Access::Read)?;
+            let (record, path) = ctx.store.locate(token.block)?;
+            ctx.store.touch(token.block);
+            Ok(DataReply::Local {
+                path: path.display().to_string(),
+                len: record.len,
+                crcs: record.crcs,
+            })
+        }
+        .await
+        .map(Some)),
+        DataRequest::CreateLocal {
+            token,
+            tier,
+            size_hint,
+        } => Ok(async {
+            ctx.tokens.check(&token, Access::Write)?;
+            let block = token.block;
+            let size = size_hint.min(MAX_BLOCK_SIZE);
+            let r = ctx
+                .manager
+                .call(move |reply| BlockMsg::Reserve {
+                    block,
+                    tier,
+                    size,
+                    reply,
+                })
+                .await?;
+            Ok(DataReply::Local {
+                path: r.path,
+                len: 0,
+                crcs: Vec::new(),
+            })
+        }
+        .await
+        .map(Some)),
+        DataRequest::CommitLocal { token, len, crcs } => Ok(async {
+            ctx.tokens.check(&token, Access::Write)?;
+            let block = token.block;
+            let crc = ctx
+                .manager
+                .call(move |reply| BlockMsg::Commit {
+                    block,
+                    len,
+                    crcs: crcs.clone(),
+                    reply,
+                })
+                .await?;
+            Ok(DataReply::Committed { len, crc })
+        }
+        .await
+        .map(Some)),
+        DataRequest::Abort { token } => Ok(async {
+            ctx.tokens.check(&token, Access::Write)?;
+            ctx.manager.cast(BlockMsg::Abort { block: token.block });
+            Ok(DataReply::Done)
+        }
+        .await
+        .map(Some)),
+    }
+}
+
+/// `Ok(Ok(None))`: the reply was sent with the bytes.
+type Handled = Result<FsResult<Option<DataReply>>, Fatal>;
+
+async fn read(
+    stream: &mut Stream,
+    ctx: &DataContext,
+    block: u64,
+    offset: u64,
+    len: u64,
+) -> Handled {
+    let (record, path) = match ctx.store.locate(block) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
+    if offset >= record.len && !(offset == 0 && record.len == 0) {
+        return Ok(Err(FsError::InvalidArgument(format!(
+            "read at {offset} past the end of block {block:#x} ({} bytes)",
+            record.len
+        ))));
+    }
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            return Ok(Err(FsError::Io(format!(
+                "block {block:#x} file {}: {e}",
+                path.display()
+            ))))
+        }
+    };
+    let unit = CHECKSUM_UNIT as u64;
+    let start = offset / unit * unit;
+    let end = offset.saturating_add(len).min(record.len);
+    let end = end.div_ceil(unit).saturating_mul(unit).min(record.len);
+    let fatal = |e: std::io::Error| Fatal(format!("sending block {block:#x}: {e}"));
+    reply(
+        stream,
+        &DataReply::Reading {
+            offset: start,
+            len: end - start,
+        },
+    )
+    .await
+    .map_err(fatal)?;
+    let mut pos = start;
+    let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
+    while pos < end {
+        let n = (end - pos).min(MAX_CHUNK as u64) as usize;
+        let first = (pos / unit) as usize;
+        let last = first + units(n as u64);
+        let crcs = record
+            .crcs
+            .get(first..last)
+            .ok_or_else(|| Fatal(format!("block {block:#x} index has too few checksums")))?;
+        curvine_messages::block::chunk_header(n, crcs, &mut header);
+        let s = stream.get_mut();
+        s.write_all(&header).await.map_err(fatal)?;
+        send_file(s, &file, pos, n).await.map_err(fatal)?;
+        pos += n as u64;
+    }
+    ctx.store.touch(block);
+    // The bytes were the reply; nothing follows them.
+    Ok(Ok(None))
+}
+
+async fn write(
+    stream: &mut Stream,
+    ctx: &DataContext,
+    block: u64,
+    tier: Option<curvine_messages::block::TierKind>,
+    size_hint: u64,
+) -> Result<FsResult<DataReply>, Fatal> {
+    let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
+    let reservation = match ctx
+        .manager
+        .call(move |reply| BlockMsg::Reserve {
+            block,
+            tier,
+            size,
+            reply,
+        })
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
+    let abort = |ctx: &DataContext| ctx.manager.cast(BlockMsg::Abort { block });
+    let mut file = match OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&reservation.path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            abort(ctx);
+            return Ok(Err(FsError::Io(format!(
+                "tier {} file {}: {e}",
+                reservation.tier, reservation.path
+            ))));
+        }
+    };
+    if let Err(e) = reply(stream, &DataReply::Ready).await {
+        abort(ctx);
+        return Err(Fatal(e.to_string()));
+    }
+    let mut crcs: Vec<u32> = Vec::new();
+    let mut total: u64 = 0;
+    let mut data = Vec::with_capacity(MAX_CHUNK);
+    let mut last_short = false;
+    let outcome: Result<(), Result<FsError, Fatal>> = async {
+        loop {
+            let n = stream
+                .read_u32()
+                .await
+                .map_err(|e| Err(Fatal(format!("block {block:#x}: writer went away: {e}"))))?
+                as usize;
+            if n == 0 {
+                return Ok(());
+            }
+            if n > MAX_CHUNK || last_short {
+                return Err(Err(Fatal(format!(
+                    "block {block:#x}: bad chunk of {n} bytes (chunks are at most {MAX_CHUNK} bytes and only the last may be short of a checksum unit)"
+                ))));
+            }
+            if total + n as u64 > size {
+                return Err(Err(Fatal(format!(
+                    "block {block:#x}: more bytes than the {size} announced"
+                ))));
+            }
+            last_short = n % CHECKSUM_UNIT != 0;
+            let mut chunk_crcs = vec![0u32; units(n as u64)];
+            for c in chunk_crcs.iter_mut() {
+                *c = stream
+                    .read_u32()
+                    .await
+                    .map_err(|e| Err(Fatal(format!("block {block:#x}: {e}"))))?;
+            }
+            data.resize(n, 0);
+            stream
+                .read_exact(&mut data)
+                .await
+                .map_err(|e| Err(Fatal(format!("block {block:#x}: writer went away: {e}"))))?;
+            verify_units(&data, &chunk_crcs, crcs.len(), &format!("block {block:#x} as received"))
+                .map_err(|e| Err(Fatal(e.to_string())))?;
+            file.write_all(&data).map_err(|e| {
+                Ok(if e.raw_os_error() == Some(libc::ENOSPC) {
+                    FsError::NoSpace(format!("tier {} ({}) is full", reservation.tier, reservation.path))
+                } else {
+                    FsError::Io(format!("writing {}: {e}", reservation.path))
+                })
+            })?;
+            crcs.extend_from_slice(&chunk_crcs);
+            total += n as u64;
+        }
+    }
+    .await;
+    match outcome {
+        Ok(()) => {}
+        Err(Ok(e)) => {
+            abort(ctx);
+            // The client is still sending; the stream is out of step after this.
+            let _ = reply(stream, &DataReply::Error(e.clone())).await;
+            return Err(Fatal(e.to_string()));
+        }
+        Err(Err(fatal)) => {
+            abort(ctx);
+            let _ = reply(
+                stream,
+                &DataReply::Error(FsError::Protocol(fatal.0.clone())),
+            )
+            .await;
+            return Err(fatal);
+        }
+    }
+    if ctx.store.syncs_kind(reservation.tier) {
+        if let Err(e) = file.sync_data() {
+            abort(ctx);
+            return Ok(Err(FsError::Io(format!("sync {}: {e}", reservation.path))));
+        }
+    }
+    drop(file);
+    let len = total;
+    Ok(ctx
+        .manager
+        .call(move |reply| BlockMsg::Commit {
+            block,
+            len,
+            crcs: crcs.clone(),
+            reply,
+        })
+        .await
+        .map(|crc| DataReply::Committed { len, crc }))
+}
+
+// ---- the DataServer actor -----------------------------------------------------
+
+/// Owns the data port: accepts connections while it runs.
+pub struct DataServer;
+
+pub struct DataServerArgs {
+    pub listener: Arc<std::net::TcpListener>,
+    pub ctx: DataContext,
+}
+
+pub struct DataServerState {
+    task: tokio::task::JoinHandle<()>,
+}
+
+pub enum DataServerMsg {}
+
+impl ractor::Message for DataServerMsg {}
+
+impl Actor for DataServer {
+    type Msg = DataServerMsg;
+    type State = DataServerState;
+    type Arguments = DataServerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<DataServerMsg>,
+        args: DataServerArgs,
+    ) -> Result<DataServerState, ActorProcessingErr> {
+        let std_listener = args.listener.try_clone()?;
+        std_listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(std_listener)?;
+        let task = tokio::spawn(serve(listener, args.ctx));
+        Ok(DataServerState { task })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<DataServerMsg>,
+        state: &mut DataServerState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.task.abort();
+        Ok(())
+    }
+}
