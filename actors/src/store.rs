@@ -895,7 +895,7 @@ impl ShardStore {
         }
         let keep = size.div_ceil(bs);
         self.free_blocks_from(wtxn, attr.ino, keep.min(u32::MAX as u64) as u32)?;
-        if size % bs != 0 {
+        if !size.is_multiple_of(bs) {
             let index = (size / bs) as u32;
             let key = key_block(attr.ino, index);
             let current = self.blocks.get(wtxn, &key).map_err(lmdb_err)?;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::writer::Writer;
-use curvine_messages::shard::{IntentOp, RenameOutcome, Step, StepResult, UnlinkOutcome};
+use curvine_messages::block::{BlockInfo, BlockUse, FileSpec, WriteLease};
+use curvine_messages::shard::{IntentOp, NewFile, RenameOutcome, Step, StepResult, UnlinkOutcome};
 use curvine_messages::{
     make_id, now_ns, shard_of, Attr, FileKind, FsError, FsResult, NewInode, XattrMode, ROOT_INO,
 };
@@ -113,6 +114,7 @@ conformance!(
     steps_are_idempotent_and_locks_hold_names,
     xattr_rules,
     stats_and_scan_see_only_their_shard,
+    file_blocks_lease_commit_and_free,
 );
 
 fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
@@ -126,7 +128,7 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
         Err(FsError::NotFound(_))
     ));
     let a = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     assert_eq!(shard_of(a.ino), 0);
     // Reopening the same path (as a restarted shard does) sees the same data
@@ -137,7 +139,7 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
     assert_eq!(again.lookup(&txn, ROOT_INO, "a").unwrap().ino, a.ino);
     drop(txn);
     let mut w = again.env().write_txn().unwrap();
-    let b = again.create(&mut w, ROOT_INO, "b", &file()).unwrap();
+    let b = again.create(&mut w, ROOT_INO, "b", &file(), None).unwrap();
     w.commit().unwrap();
     assert!(b.ino > a.ino);
     // Another cluster's identity is refused, naming both.
@@ -157,26 +159,26 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
 
 fn create_rules(f: Fixture) {
     let a = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     assert_eq!(
         (a.kind, a.nlink, a.mode, a.uid, a.gid),
         (FileKind::File, 1, 0o644, 1, 2)
     );
     assert!(matches!(
-        f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file())),
+        f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None)),
         Err(FsError::AlreadyExists(_))
     ));
     assert!(matches!(
-        f.write(0, |s, t| s.create(t, a.ino, "x", &file())),
+        f.write(0, |s, t| s.create(t, a.ino, "x", &file(), None)),
         Err(FsError::NotADirectory(_))
     ));
     assert!(matches!(
-        f.write(0, |s, t| s.create(t, make_id(0, 999), "x", &file())),
+        f.write(0, |s, t| s.create(t, make_id(0, 999), "x", &file(), None)),
         Err(FsError::NotFound(_))
     ));
     assert!(matches!(
-        f.write(0, |s, t| s.create(t, ROOT_INO, "d", &dir())),
+        f.write(0, |s, t| s.create(t, ROOT_INO, "d", &dir(), None)),
         Err(FsError::InvalidArgument(_))
     ));
     let link = NewInode {
@@ -185,7 +187,7 @@ fn create_rules(f: Fixture) {
         ..file()
     };
     let l = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "l", &link))
+        .write(0, |s, t| s.create(t, ROOT_INO, "l", &link, None))
         .unwrap();
     assert_eq!((l.size, l.symlink.as_deref()), (2, Some("/t")));
     let root = f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap();
@@ -212,7 +214,8 @@ fn mkdir_and_rmdir_keep_link_counts(f: Fixture) {
         .unwrap();
     assert_eq!((d.nlink, d.parent), (2, ROOT_INO));
     assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 3);
-    f.write(0, |s, t| s.create(t, d.ino, "f", &file())).unwrap();
+    f.write(0, |s, t| s.create(t, d.ino, "f", &file(), None))
+        .unwrap();
     assert!(matches!(
         f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "d")),
         Err(FsError::NotEmpty(_))
@@ -228,7 +231,7 @@ fn mkdir_and_rmdir_keep_link_counts(f: Fixture) {
         f.read(0, |s, t| s.getattr(t, d.ino)),
         Err(FsError::NotFound(_))
     ));
-    f.write(0, |s, t| s.create(t, ROOT_INO, "file", &file()))
+    f.write(0, |s, t| s.create(t, ROOT_INO, "file", &file(), None))
         .unwrap();
     assert!(matches!(
         f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "file")),
@@ -238,7 +241,7 @@ fn mkdir_and_rmdir_keep_link_counts(f: Fixture) {
 
 fn unlink_rules_and_remote_inodes(f: Fixture) {
     let a = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     assert!(matches!(
         f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")),
@@ -296,7 +299,7 @@ fn unlink_rules_and_remote_inodes(f: Fixture) {
     .unwrap();
     f.write(0, |s, t| s.end_intent(t, sub.op)).unwrap();
     let remote = f
-        .write(1, |s, t| s.create(t, sub_dir.ino, "r", &file()))
+        .write(1, |s, t| s.create(t, sub_dir.ino, "r", &file(), None))
         .unwrap();
     let mv = f
         .write(1, |s, t| {
@@ -371,10 +374,10 @@ fn unlink_rules_and_remote_inodes(f: Fixture) {
 
 fn rename_local_rules(f: Fixture) {
     let a = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     let b = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file(), None))
         .unwrap();
     let d = f
         .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
@@ -395,7 +398,7 @@ fn rename_local_rules(f: Fixture) {
         a.ino
     );
     // A directory replaces an empty directory, not a full one.
-    f.write(0, |s, t| s.create(t, e.ino, "inside", &file()))
+    f.write(0, |s, t| s.create(t, e.ino, "inside", &file(), None))
         .unwrap();
     assert!(matches!(rename("d", "e"), Err(FsError::NotEmpty(_))));
     f.write(0, |s, t| s.unlink(t, e.ino, "inside")).unwrap();
@@ -434,7 +437,7 @@ fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
         .unwrap();
     // The name is reserved: other operations on it wait.
     assert!(matches!(
-        f.write(0, |s, t| s.create(t, ROOT_INO, "x", &file())),
+        f.write(0, |s, t| s.create(t, ROOT_INO, "x", &file(), None)),
         Err(FsError::Busy(_))
     ));
     assert!(matches!(
@@ -534,7 +537,7 @@ fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
 
 fn xattr_rules(f: Fixture) {
     let a = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     f.write(0, |s, t| {
         s.set_xattr(t, a.ino, "user.k", b"v1", XattrMode::Any)
@@ -601,7 +604,7 @@ fn xattr_rules(f: Fixture) {
     // Attributes go with their inode.
     f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")).unwrap();
     let b = f
-        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file()))
+        .write(0, |s, t| s.create(t, ROOT_INO, "b", &file(), None))
         .unwrap();
     assert!(f.read(0, |s, t| s.list_xattr(t, b.ino)).unwrap().is_empty());
     assert!(matches!(
@@ -611,7 +614,7 @@ fn xattr_rules(f: Fixture) {
 }
 
 fn stats_and_scan_see_only_their_shard(f: Fixture) {
-    f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file()))
+    f.write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
         .unwrap();
     let d = f
         .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
@@ -640,13 +643,13 @@ fn group_commit_isolates_failing_and_panicking_mutations() {
                     3 => return Err(FsError::InvalidArgument("refused".into())),
                     // Panics after writing: must leave nothing.
                     7 => {
-                        store.create(txn, ROOT_INO, &format!("p{i}"), &file())?;
+                        store.create(txn, ROOT_INO, &format!("p{i}"), &file(), None)?;
                         panic!("mutation {i} panics");
                     }
                     _ => {}
                 }
                 store
-                    .create(txn, ROOT_INO, &format!("f{i}"), &file())
+                    .create(txn, ROOT_INO, &format!("f{i}"), &file(), None)
                     .map(|_| ())
             },
             move |r| tx.send((i, r)).unwrap(),
@@ -671,4 +674,179 @@ fn group_commit_isolates_failing_and_panicking_mutations() {
         .collect();
     assert_eq!(names.len(), 32);
     assert!(names.iter().all(|n| n.starts_with('f')), "{names:?}");
+}
+
+fn lease(handle: u64) -> WriteLease {
+    WriteLease {
+        handle,
+        client: format!("test:{handle}"),
+        renewed_ns: now_ns(),
+    }
+}
+
+fn info(id: u64, index: u32, len: u64) -> BlockInfo {
+    BlockInfo {
+        id,
+        index,
+        len,
+        stored: len,
+        crc: 7,
+        locs: vec!["n1".into()],
+    }
+}
+
+fn file_blocks_lease_commit_and_free(f: Fixture) {
+    let spec = FileSpec {
+        block_size: 1 << 20,
+        replicas: 1,
+        storage: None,
+    };
+    let new = NewFile {
+        spec: spec.clone(),
+        lease: Some(lease(1)),
+    };
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), Some(&new)))
+        .unwrap();
+    assert_eq!(a.block_size, 1 << 20);
+    assert!(a.writing.is_some());
+    // Only the lease holder adds blocks; another writer is refused.
+    assert!(matches!(
+        f.write(0, |s, t| s.add_block(t, a.ino, 2, 0)),
+        Err(FsError::InUse(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.open_write(
+            t,
+            a.ino,
+            &lease(2),
+            &spec,
+            false,
+            i64::MAX
+        )),
+        Err(FsError::InUse(_))
+    ));
+    let b0 = f.write(0, |s, t| s.add_block(t, a.ino, 1, 0)).unwrap();
+    let b1 = f.write(0, |s, t| s.add_block(t, a.ino, 1, 1)).unwrap();
+    let unused = f.write(0, |s, t| s.add_block(t, a.ino, 1, 2)).unwrap();
+    assert_eq!(shard_of(b0), 0);
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[b0, unused, 12345]))
+            .unwrap(),
+        vec![BlockUse::Pending, BlockUse::Pending, BlockUse::Unknown]
+    );
+    // Before the close nothing is visible.
+    assert!(f
+        .read(0, |s, t| s.file_blocks(t, a.ino))
+        .unwrap()
+        .is_empty());
+    // A block claimed at the wrong index, or of another file, is refused.
+    assert!(f
+        .write(0, |s, t| s.complete_file(
+            t,
+            a.ino,
+            1,
+            10,
+            &[info(b0, 1, 10)]
+        ))
+        .is_err());
+    let size = (1 << 20) + 100;
+    let done = f
+        .write(0, |s, t| {
+            s.complete_file(t, a.ino, 1, size, &[info(b0, 0, 1 << 20), info(b1, 1, 100)])
+        })
+        .unwrap();
+    assert_eq!(done.size, size);
+    assert!(done.writing.is_none());
+    let (_, blocks) = f.read(0, |s, t| s.file_with_blocks(t, a.ino)).unwrap();
+    assert_eq!(
+        blocks.iter().map(|b| b.id).collect::<Vec<_>>(),
+        vec![b0, b1]
+    );
+    // The unused allocation is freed; the committed blocks are live.
+    let freed = f.read(0, |s, t| s.take_freed(t, 100)).unwrap();
+    assert_eq!(freed.iter().map(|b| b.id).collect::<Vec<_>>(), vec![unused]);
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[b0, b1, unused]))
+            .unwrap(),
+        vec![BlockUse::Live, BlockUse::Live, BlockUse::Unknown]
+    );
+    f.write(0, |s, t| s.forget_freed(t, &[unused])).unwrap();
+    // Truncating drops the blocks past the size and shortens the last one.
+    let set = curvine_messages::SetAttr {
+        size: Some(50),
+        ..Default::default()
+    };
+    f.write(0, |s, t| s.setattr(t, a.ino, &set)).unwrap();
+    let (_, blocks) = f.read(0, |s, t| s.file_with_blocks(t, a.ino)).unwrap();
+    assert_eq!(blocks.len(), 1);
+    assert_eq!((blocks[0].len, blocks[0].stored), (50, 1 << 20));
+    assert_eq!(f.read(0, |s, t| s.take_freed(t, 100)).unwrap()[0].id, b1);
+    // The other shard sees none of it, even in a shared environment.
+    assert!(f.read(1, |s, t| s.take_freed(t, 100)).unwrap().is_empty());
+    // Removing the file frees its blocks.
+    f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")).unwrap();
+    let mut ids: Vec<u64> = f
+        .read(0, |s, t| s.take_freed(t, 100))
+        .unwrap()
+        .iter()
+        .map(|b| b.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, vec![b0, b1]);
+    // A lease is held while it is fresh; an expired one is taken over and
+    // its uncommitted blocks go.
+    let c = f
+        .write(0, |s, t| {
+            s.create(
+                t,
+                ROOT_INO,
+                "c",
+                &file(),
+                Some(&NewFile {
+                    spec: spec.clone(),
+                    lease: Some(lease(5)),
+                }),
+            )
+        })
+        .unwrap();
+    let stale = f.write(0, |s, t| s.add_block(t, c.ino, 5, 0)).unwrap();
+    let taken = f.write(0, |s, t| {
+        s.open_write(t, c.ino, &lease(6), &spec, true, 1_000_000_000)
+    });
+    assert!(matches!(taken, Err(FsError::InUse(_))), "{taken:?}");
+    let taken = f
+        .write(0, |s, t| s.open_write(t, c.ino, &lease(6), &spec, true, 0))
+        .unwrap();
+    assert_eq!(taken.0.writing.unwrap().handle, 6);
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[stale])).unwrap(),
+        vec![BlockUse::Unknown]
+    );
+}
+
+#[test]
+fn inode_records_of_release_1_are_migrated() {
+    use curvine_messages::codec::{decode_versioned, to_bytes};
+    let v1 = curvine_messages::AttrV1 {
+        ino: 5,
+        kind: FileKind::File,
+        mode: 0o600,
+        uid: 1,
+        gid: 2,
+        size: 42,
+        atime_ns: 1,
+        mtime_ns: 2,
+        ctime_ns: 3,
+        nlink: 1,
+        symlink: None,
+        block_size: 0,
+        replicas: 0,
+        parent: 0,
+    };
+    let mut bytes = vec![1u8];
+    bytes.extend(to_bytes("v1", &v1).unwrap());
+    let attr: Attr = decode_versioned(&bytes).unwrap();
+    assert_eq!((attr.ino, attr.size, attr.mode), (5, 42, 0o600));
+    assert!(attr.writing.is_none() && attr.storage.is_none());
 }

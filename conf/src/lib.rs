@@ -767,7 +767,7 @@ impl Config {
             seen_paths.push(spec.path);
         }
         let bs = self.data.block_size.0;
-        if !(64 << 10..=2 << 30).contains(&bs) || bs % (64 << 10) != 0 {
+        if !(64 << 10..=2 << 30).contains(&bs) || !bs.is_multiple_of(64 << 10) {
             return Err(invalid(
                 "data.block_size",
                 self.data.block_size.to_string(),

@@ -55,6 +55,11 @@ impl NodeProcess {
 
     fn spawn(&mut self, extra: &[&str]) {
         let log_file = std::fs::File::create(&self.log).expect("node log");
+        // Blocks stay inside the test's directory unless the test names tiers.
+        let tiers = format!(
+            "data.tiers=[MEM:512MiB]{}",
+            self.data_dir.with_extension("mem").display()
+        );
         let child = Command::new(bin("curvine-node"))
             .args(["start", "--data-dir"])
             .arg(&self.data_dir)
@@ -63,6 +68,10 @@ impl NodeProcess {
                 "127.0.0.1:0",
                 "-c",
                 "node.cluster_listen=127.0.0.1:0",
+                "-c",
+                "data.listen=127.0.0.1:0",
+                "-c",
+                &tiers,
             ])
             .args(extra)
             .env_remove("CURVINE_CONF")

@@ -34,7 +34,9 @@ pub const MAX_BLOCK_SIZE: u64 = 2 << 30;
 
 /// Checks a requested block size: a multiple of the checksum unit within limits.
 pub fn check_block_size(size: u64) -> FsResult<u64> {
-    if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&size) || size % CHECKSUM_UNIT as u64 != 0 {
+    if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&size)
+        || !size.is_multiple_of(CHECKSUM_UNIT as u64)
+    {
         return Err(FsError::InvalidArgument(format!(
             "block size {size} must be a multiple of 64KiB between 64KiB and 2GiB"
         )));

@@ -389,7 +389,7 @@ async fn write(
                     "block {block:#x}: more bytes than the {size} announced"
                 ))));
             }
-            last_short = n % CHECKSUM_UNIT != 0;
+            last_short = !n.is_multiple_of(CHECKSUM_UNIT);
             let mut chunk_crcs = vec![0u32; units(n as u64)];
             for c in chunk_crcs.iter_mut() {
                 *c = stream

@@ -196,6 +196,15 @@ impl DataPool {
     }
 }
 
+/// Runs a short blocking file operation without stalling other tasks of a
+/// multi-threaded runtime (on a current-thread runtime it just runs).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> FsError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
         FsError::NoSpace(format!("{what}: {e}"))
@@ -234,7 +243,7 @@ impl LocalBlock {
             )));
         }
         let first = (offset / unit) as usize;
-        if offset % unit == 0 && (end % unit == 0 || end == self.stored) {
+        if offset.is_multiple_of(unit) && (end.is_multiple_of(unit) || end == self.stored) {
             self.file
                 .read_exact_at(buf, offset)
                 .map_err(|e| io_err(&self.what, e))?;
@@ -347,7 +356,7 @@ async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> F
                     crcs,
                     what: format!("block {:#x} ({path})", src.token.block),
                 };
-                return tokio::task::block_in_place(|| block.read_at(off, buf));
+                return blocking(|| block.read_at(off, buf));
             }
         }
     }
@@ -535,7 +544,7 @@ impl FileReader {
         n = n.min((src.len - off) as usize);
         if let Some(local) = self.open_local(index, &src).await {
             let out = &mut buf[..n];
-            tokio::task::block_in_place(|| local.read_at(off, out))?;
+            blocking(|| local.read_at(off, out))?;
             return Ok(n);
         }
         if !sequential {
@@ -557,7 +566,7 @@ impl FileReader {
         off: u64,
         buf: &mut [u8],
     ) -> FsResult<usize> {
-        if !self.stream.as_ref().is_some_and(|s| s.index == index) {
+        if self.stream.as_ref().is_none_or(|s| s.index != index) {
             // Take a read-ahead stream of this block if there is one.
             while let Some(s) = self.ahead.pop_front() {
                 if s.index == index {
@@ -565,7 +574,7 @@ impl FileReader {
                     break;
                 }
             }
-            if !self.stream.as_ref().is_some_and(|s| s.index == index) {
+            if self.stream.as_ref().is_none_or(|s| s.index != index) {
                 self.stream = Some(start_stream(&self.client.data, src, index, off));
             }
             // Blocks after this one start streaming now.
@@ -881,7 +890,7 @@ impl FileWriter {
                 unit_fill,
                 ..
             } => {
-                tokio::task::block_in_place(|| file.write_all(data))
+                blocking(|| file.write_all(data))
                     .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
                 let mut rest = data;
                 while !rest.is_empty() {
@@ -1047,7 +1056,7 @@ impl FileWriter {
                 let n = (data.len() as u64).min(room) as usize;
                 self.write_in_block(&data[..n]).await?;
                 data = &data[n..];
-                if self.pos % self.bs == 0 {
+                if self.pos.is_multiple_of(self.bs) {
                     self.finish_sink().await?;
                 }
             }

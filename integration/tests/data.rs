@@ -1,0 +1,628 @@
+//! File data on a real node: round trips through the data port and
+//! short-circuit, positional reads, copy-on-write overwrites and appends,
+//! concurrent writers and readers, corruption detection, tier demotion,
+//! ENOSPC, bad peers on the data port, and a node killed while writing.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use curvine_conf::ClientConf;
+use curvine_integration::NodeProcess;
+use curvine_messages::block::{FileSpec, CHECKSUM_UNIT, MAX_CHUNK};
+use curvine_messages::FsError;
+use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+use curvine_node::Client;
+use rand::{Rng, RngCore, SeedableRng};
+
+const BS: u64 = 1 << 20;
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn spec(block_size: u64) -> WriteOptions {
+    WriteOptions {
+        spec: FileSpec {
+            block_size,
+            ..Default::default()
+        },
+        ..WriteOptions::create()
+    }
+}
+
+async fn client(node: &NodeProcess, short_circuit: bool) -> Client {
+    Client::connect(&ClientConf {
+        short_circuit,
+        ..node.client_conf()
+    })
+    .await
+    .expect("connect")
+}
+
+/// Writes `bytes` in pieces of `piece` bytes.
+async fn put(client: &Client, path: &str, bytes: &[u8], options: &WriteOptions, piece: usize) {
+    let mut w = FileWriter::open(client, path, options).await.unwrap();
+    for part in bytes.chunks(piece.max(1)) {
+        w.write(part).await.unwrap();
+    }
+    let attr = w.close().await.unwrap();
+    assert_eq!(attr.size, bytes.len() as u64, "{path}");
+}
+
+async fn get(client: &Client, path: &str) -> Vec<u8> {
+    let mut r = FileReader::open(client, path).await.unwrap();
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn round_trips_of_edge_sizes_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    runtime().block_on(async {
+        let unit = CHECKSUM_UNIT;
+        let sizes = [
+            0,
+            1,
+            unit - 1,
+            unit + 1,
+            MAX_CHUNK - 1,
+            MAX_CHUNK + 1,
+            BS as usize - 1,
+            BS as usize,
+            BS as usize + 1,
+            3 * BS as usize + 12345,
+        ];
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            for (i, &size) in sizes.iter().enumerate() {
+                let path = format!("/rt-{short_circuit}-{i}");
+                let bytes = data(size, i as u64);
+                // Odd write sizes cross unit and block boundaries.
+                put(&c, &path, &bytes, &spec(BS), 100_003).await;
+                let back = get(&c, &path).await;
+                assert!(
+                    back == bytes,
+                    "{path}: {size} bytes differ after a round trip"
+                );
+                // The other path reads what this one wrote.
+                let other = client(&node, !short_circuit).await;
+                assert!(
+                    get(&other, &path).await == bytes,
+                    "{path} via the other path"
+                );
+                let attr = c.stat(&path).await.unwrap();
+                assert_eq!(attr.size, size as u64);
+                assert!(attr.writing.is_none());
+            }
+        }
+    });
+}
+
+#[test]
+fn positional_reads_match_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    runtime().block_on(async {
+        let bytes = data(5 * BS as usize + 777, 7);
+        let c = client(&node, true).await;
+        put(&c, "/pos", &bytes, &spec(BS), 1 << 20).await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            let mut r = FileReader::open(&c, "/pos").await.unwrap();
+            for _ in 0..60 {
+                let off = rng.gen_range(0..bytes.len() as u64 + 10);
+                let len = rng.gen_range(0..3 * CHECKSUM_UNIT);
+                let mut buf = vec![0u8; len];
+                let n = r.read_full_at(off, &mut buf).await.unwrap();
+                let want =
+                    &bytes[(off as usize).min(bytes.len())..(off as usize + len).min(bytes.len())];
+                assert_eq!(
+                    &buf[..n],
+                    want,
+                    "read at {off} of {len} (short-circuit {short_circuit})"
+                );
+            }
+            // Sequential reads after seeks, backwards too.
+            for off in [4 * BS + 5, 10, BS - 1, 0] {
+                r.seek(off);
+                let mut buf = vec![0u8; 200_000];
+                let n = r.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                assert_eq!(&buf[..n], &bytes[off as usize..off as usize + n]);
+            }
+        }
+    });
+}
+
+#[test]
+fn overwrite_append_truncate_are_copy_on_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    runtime().block_on(async {
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            let path = format!("/cow-{short_circuit}");
+            let mut model = data(2 * BS as usize + 5000, 11);
+            put(&c, &path, &model, &spec(BS), 65536).await;
+
+            // A reader opened before the overwrite keeps the old content.
+            let mut before = FileReader::open(&c, &path).await.unwrap();
+
+            // Overwrite a range crossing a block boundary.
+            let patch = data(300_000, 12);
+            let at = BS as usize - 100_000;
+            let mut w = FileWriter::open(&c, &path, &WriteOptions::default())
+                .await
+                .unwrap();
+            w.seek(at as u64).await.unwrap();
+            w.write(&patch).await.unwrap();
+            // And a few bytes inside the first block, after the other write.
+            w.seek(10).await.unwrap();
+            w.write(b"hello").await.unwrap();
+            w.close().await.unwrap();
+            let old = model.clone();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            model[10..15].copy_from_slice(b"hello");
+            assert!(get(&c, &path).await == model, "overwrite ({short_circuit})");
+            let mut seen = Vec::new();
+            before.read_to_end(&mut seen).await.unwrap();
+            assert!(seen == old, "a reader opened before sees the old version");
+
+            // Append.
+            let tail = data(BS as usize + 3, 13);
+            let mut w = FileWriter::open(
+                &c,
+                &path,
+                &WriteOptions {
+                    append: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+            w.write(&tail).await.unwrap();
+            w.close().await.unwrap();
+            model.extend_from_slice(&tail);
+            assert!(get(&c, &path).await == model, "append ({short_circuit})");
+
+            // Truncate down inside a block, then up (a hole reads as zeros).
+            let set = |size| curvine_messages::SetAttr {
+                size: Some(size),
+                ..Default::default()
+            };
+            c.setattr(&path, set(BS + 10)).await.unwrap();
+            model.truncate(BS as usize + 10);
+            assert!(get(&c, &path).await == model, "truncate down");
+            c.setattr(&path, set(3 * BS)).await.unwrap();
+            model.resize(3 * BS as usize, 0);
+            assert!(get(&c, &path).await == model, "truncate up");
+            // Writing past a hole.
+            let mut w = FileWriter::open(&c, &path, &WriteOptions::default())
+                .await
+                .unwrap();
+            w.seek(4 * BS + 7).await.unwrap();
+            w.write(b"end").await.unwrap();
+            w.close().await.unwrap();
+            model.resize(4 * BS as usize + 7, 0);
+            model.extend_from_slice(b"end");
+            assert!(get(&c, &path).await == model, "write past a hole");
+        }
+        // Replaced blocks are freed: only the live ones remain on the node.
+        let blocks: u64 = node_blocks(&c_any(&node).await).await;
+        let mut live = 0;
+        for short_circuit in [true, false] {
+            let fb = c_any(&node)
+                .await
+                .blocks(&format!("/cow-{short_circuit}"))
+                .await
+                .unwrap();
+            live += fb.blocks.len() as u64;
+        }
+        wait_for(|| async { node_blocks(&c_any(&node).await).await == live }).await;
+        assert!(blocks >= live);
+    });
+}
+
+async fn c_any(node: &NodeProcess) -> Client {
+    node.client().await
+}
+
+async fn node_blocks(c: &Client) -> u64 {
+    let report = c.report().await.unwrap();
+    report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.tiers)
+        .map(|t| t.blocks)
+        .sum()
+}
+
+async fn wait_for<F, Fut>(mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(Instant::now() < deadline, "condition not reached in 30s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn concurrent_writers_and_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    runtime().block_on(async {
+        let c = node.client().await;
+        let mut tasks = Vec::new();
+        for i in 0..6u64 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let bytes = data((i as usize + 1) * 700_000, 100 + i);
+                let path = format!("/cc-{i}");
+                put(&c, &path, &bytes, &spec(BS), 131072).await;
+                for _ in 0..3 {
+                    assert!(get(&c, &path).await == bytes, "{path}");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Many readers of one file at once, through both paths.
+        let bytes = data(3 * BS as usize, 200);
+        put(&c, "/shared", &bytes, &spec(BS), 1 << 20).await;
+        let mut readers = Vec::new();
+        for i in 0..8 {
+            let c = client(&node, i % 2 == 0).await;
+            let want = bytes.clone();
+            readers.push(tokio::spawn(async move {
+                assert!(get(&c, "/shared").await == want);
+            }));
+        }
+        for r in readers {
+            r.await.unwrap();
+        }
+        // A second writer is refused while the first holds the file.
+        let mut w = FileWriter::open(&c, "/shared", &WriteOptions::default())
+            .await
+            .unwrap();
+        w.write(b"x").await.unwrap();
+        let second = FileWriter::open(&c, "/shared", &WriteOptions::default()).await;
+        assert!(
+            matches!(second, Err(FsError::InUse(_))),
+            "{:?}",
+            second.err()
+        );
+        assert!(c.stat("/shared").await.unwrap().writing.is_some());
+        w.close().await.unwrap();
+    });
+}
+
+#[test]
+fn a_flipped_byte_is_detected_on_both_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    runtime().block_on(async {
+        let c = node.client().await;
+        let bytes = data(2 * BS as usize, 5);
+        put(&c, "/bad", &bytes, &spec(BS), 1 << 20).await;
+        let fb = c.blocks("/bad").await.unwrap();
+        let file = fb.blocks[1].replicas[0].path.clone().expect("block path");
+        let mut raw = std::fs::read(&file).unwrap();
+        raw[12345] ^= 0x40;
+        std::fs::write(&file, &raw).unwrap();
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            let mut r = FileReader::open(&c, "/bad").await.unwrap();
+            let mut out = Vec::new();
+            let err = r.read_to_end(&mut out).await.unwrap_err();
+            assert_eq!(err.errno(), libc::EIO, "{err}");
+            assert!(err.to_string().contains("checksum"), "{err}");
+            // The intact block still reads.
+            let mut first = vec![0u8; 1000];
+            r.read_full_at(0, &mut first).await.unwrap();
+            assert_eq!(&first[..], &bytes[..1000]);
+        }
+        // The CLI reports it as an error with a non-zero exit.
+        let out = node.cli(&["fs", "cat", "/bad"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("checksum"));
+    });
+}
+
+#[test]
+fn a_tiny_mem_tier_demotes_to_disk_while_data_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = dir.path().join("mem");
+    let hdd = dir.path().join("hdd");
+    let tiers = format!(
+        "data.tiers=[MEM:4MiB]{},[HDD:256MiB]{}",
+        mem.display(),
+        hdd.display()
+    );
+    let node = NodeProcess::start(
+        &dir.path().join("n"),
+        &["-c", &tiers, "-c", "data.evict_interval=100ms"],
+    );
+    runtime().block_on(async {
+        let c = node.client().await;
+        let mut files = Vec::new();
+        for i in 0..12u64 {
+            let bytes = data(BS as usize * 2 - 1000, 300 + i);
+            put(&c, &format!("/t{i}"), &bytes, &spec(BS), 1 << 20).await;
+            files.push(bytes);
+        }
+        // Read everything repeatedly while the evictor works.
+        for round in 0..3 {
+            for (i, bytes) in files.iter().enumerate() {
+                let sc = (i + round) % 2 == 0;
+                let cc = client(&node, sc).await;
+                assert!(
+                    get(&cc, &format!("/t{i}")).await == *bytes,
+                    "/t{i} round {round}"
+                );
+            }
+        }
+        wait_for(|| async {
+            let report = c.report().await.unwrap();
+            let t = &report.nodes[0].tiers;
+            t[0].used as f64 <= 0.9 * t[0].capacity as f64 && t[1].blocks > 0
+        })
+        .await;
+        let report = c.report().await.unwrap();
+        let total: u64 = report.nodes[0].tiers.iter().map(|t| t.blocks).sum();
+        assert_eq!(
+            total, 24,
+            "every unique block is kept: {:?}",
+            report.nodes[0].tiers
+        );
+        for (i, bytes) in files.iter().enumerate() {
+            assert!(get(&c, &format!("/t{i}")).await == *bytes);
+        }
+        let fb = c.blocks("/t0").await.unwrap();
+        assert!(fb.blocks.iter().all(|b| b.replicas[0].tier.is_some()));
+        // free keeps blocks that are the only copy.
+        let out = node.cli(&["fs", "free", "/"]);
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("kept 24 blocks"));
+    });
+}
+
+#[test]
+fn enospc_when_every_tier_is_full_and_nothing_written_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!("data.tiers=[MEM:5MiB]{}", dir.path().join("mem").display());
+    let node = NodeProcess::start(&dir.path().join("n"), &["-c", &tiers]);
+    runtime().block_on(async {
+        let c = node.client().await;
+        let first = data(3 * BS as usize, 1);
+        put(&c, "/first", &first, &spec(BS), 1 << 20).await;
+        let mut w = FileWriter::open(&c, "/second", &spec(BS)).await.unwrap();
+        let mut err = None;
+        for part in data(4 * BS as usize, 2).chunks(1 << 20) {
+            if let Err(e) = w.write(part).await {
+                err = Some(e);
+                break;
+            }
+        }
+        let err = match err {
+            Some(e) => e,
+            None => w.close().await.unwrap_err(),
+        };
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        assert!(err.to_string().contains("tier MEM"), "{err}");
+        assert!(get(&c, "/first").await == first);
+        // The CLI says the same.
+        let src = dir.path().join("big");
+        std::fs::write(&src, data(4 * BS as usize, 3)).unwrap();
+        let out = node.cli(&[
+            "fs",
+            "put",
+            "--block-size",
+            "1MiB",
+            src.to_str().unwrap(),
+            "/third",
+        ]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("no space left on device") && stderr.contains("MEM"),
+            "{stderr}"
+        );
+    });
+}
+
+#[test]
+fn the_data_port_refuses_bad_peers_and_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    let rt = runtime();
+    let (data_addr, bytes) = rt.block_on(async {
+        let c = node.client().await;
+        let bytes = data(BS as usize, 9);
+        put(&c, "/ok", &bytes, &spec(BS), 1 << 20).await;
+        let report = c.report().await.unwrap();
+        (report.nodes[0].data_addr.clone(), bytes)
+    });
+    // Garbage instead of a hello.
+    let mut s = std::net::TcpStream::connect(&data_addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(String::from_utf8_lossy(&buf).contains("data port"));
+    // A good hello, then a read with a forged token.
+    let mut s = std::net::TcpStream::connect(&data_addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut hello = curvine_messages::block::DATA_MAGIC.to_vec();
+    hello.extend_from_slice(&curvine_messages::block::DATA_VERSION.to_be_bytes());
+    s.write_all(&hello).unwrap();
+    let forged = curvine_messages::block::DataRequest::Read {
+        token: curvine_messages::block::Token {
+            block: 1,
+            access: curvine_messages::block::Access::Read,
+            expires_s: u64::MAX,
+            mac: [0; 16],
+        },
+        offset: 0,
+        len: 100,
+    };
+    let frame = curvine_messages::codec::to_bytes("req", &forged).unwrap();
+    s.write_all(&(frame.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(&frame).unwrap();
+    let mut read_reply = || {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut payload).unwrap();
+        curvine_messages::codec::from_bytes::<curvine_messages::block::DataReply>("reply", &payload)
+            .unwrap()
+    };
+    assert!(matches!(
+        read_reply(),
+        curvine_messages::block::DataReply::Hello { accepted: true, .. }
+    ));
+    match read_reply() {
+        curvine_messages::block::DataReply::Error(e) => {
+            assert!(e.to_string().contains("invalid access token"), "{e}")
+        }
+        other => panic!("a forged token was answered with {other:?}"),
+    }
+    // A frame that claims to be huge closes the connection.
+    s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    // The node still serves everyone else.
+    rt.block_on(async {
+        let c = client(&node, false).await;
+        assert!(get(&c, "/ok").await == bytes);
+    });
+    assert!(node.log_text().contains("data connection closed"));
+}
+
+#[test]
+fn a_node_killed_during_writes_keeps_acknowledged_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["-c", "data.orphan_grace=2s", "-c", "data.write_lease=2s"];
+    let mut node = NodeProcess::start(&dir.path().join("n"), &extra);
+    let rt = runtime();
+    let mut done: Vec<(String, Vec<u8>)> = Vec::new();
+    for round in 0..4u64 {
+        let c = rt.block_on(node.client());
+        let (finished, unfinished) = rt.block_on(async {
+            let mut finished = Vec::new();
+            for i in 0..3 {
+                let path = format!("/k{round}-{i}");
+                let bytes = data(BS as usize + 4321 * i, round * 10 + i as u64);
+                put(&c, &path, &bytes, &spec(BS), 1 << 20).await;
+                finished.push((path, bytes));
+            }
+            // A writer in the middle of a file when the node dies.
+            let path = format!("/k{round}-open");
+            let mut w = FileWriter::open(&c, &path, &spec(BS)).await.unwrap();
+            w.write(&data(2 * BS as usize + 5, 99)).await.unwrap();
+            std::mem::forget(w);
+            (finished, path)
+        });
+        done.extend(finished);
+        node.restart(&extra);
+        let c = rt.block_on(node.client());
+        rt.block_on(async {
+            for (path, bytes) in &done {
+                assert!(
+                    get(&c, path).await == *bytes,
+                    "{path} after restart {round}"
+                );
+            }
+            let attr = c.stat(&unfinished).await.unwrap();
+            assert!(
+                attr.writing.is_some(),
+                "the unfinished file is reported as being written"
+            );
+            assert_eq!(attr.size, 0, "no half-file is visible as complete");
+            // The abandoned file's lease expires; its blocks go with it.
+            c.remove(&unfinished, false).await.unwrap();
+        });
+    }
+    // A block no file knows (written straight to the data port with a valid
+    // token) is removed once the grace period is over.
+    let identity = std::fs::read_to_string(dir.path().join("n").join("identity.toml")).unwrap();
+    let cookie = identity
+        .lines()
+        .find_map(|l| l.strip_prefix("cookie = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let key = curvine_actors::token::TokenKey::new(&cookie, Duration::from_secs(600));
+    let orphan = curvine_messages::make_id(3, 1 << 40);
+    let data_addr = rt.block_on(async {
+        node.client().await.report().await.unwrap().nodes[0]
+            .data_addr
+            .clone()
+    });
+    raw_write(
+        &data_addr,
+        key.issue(orphan, curvine_messages::block::Access::Write),
+        b"stray",
+    );
+    // No leaked blocks: only the blocks of the acknowledged files remain.
+    rt.block_on(async {
+        let c = node.client().await;
+        let mut live = 0;
+        for (path, _) in &done {
+            live += c.blocks(path).await.unwrap().blocks.len() as u64;
+        }
+        wait_for(|| async { node_blocks(&c).await == live }).await;
+    });
+}
+
+/// Writes one block over a raw data-port connection.
+fn raw_write(addr: &str, token: curvine_messages::block::Token, bytes: &[u8]) {
+    use curvine_messages::block::{DataReply, DataRequest, DATA_MAGIC, DATA_VERSION};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut hello = DATA_MAGIC.to_vec();
+    hello.extend_from_slice(&DATA_VERSION.to_be_bytes());
+    s.write_all(&hello).unwrap();
+    let reply = |s: &mut std::net::TcpStream| {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut payload).unwrap();
+        curvine_messages::codec::from_bytes::<DataReply>("reply", &payload).unwrap()
+    };
+    reply(&mut s);
+    let req = curvine_messages::codec::to_bytes(
+        "req",
+        &DataRequest::Write {
+            token,
+            tier: None,
+            size_hint: bytes.len() as u64,
+        },
+    )
+    .unwrap();
+    let mut out = (req.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&req);
+    let mut chunk = Vec::new();
+    curvine_messages::block::chunk_header(bytes.len(), &[crc32c::crc32c(bytes)], &mut chunk);
+    out.extend_from_slice(&chunk);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&out).unwrap();
+    assert!(matches!(reply(&mut s), DataReply::Ready));
+    assert!(matches!(reply(&mut s), DataReply::Committed { len: 5, .. }));
+}
