@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use curvine_messages::block::{
-    combine_crcs, units, verify_units, BlockId, BlockMsg, BlockRecord, BlockUse, FreeSummary,
+    block_crc, units, verify_units, BlockId, BlockMsg, BlockRecord, BlockUse, FreeSummary,
     MovePlan, Reservation, TierKind, TierStats, CHECKSUM_UNIT,
 };
 use curvine_messages::codec::{decode_versioned, encode_versioned};
@@ -578,7 +578,7 @@ impl BlockState {
                 "block {block:#x}: the writer reports {len} bytes but its file holds {on_disk}"
             )));
         }
-        let crc = combine_crcs(&crcs, len);
+        let crc = block_crc(&crcs);
         let now = now_ns();
         let record = BlockRecord {
             tier: tier as u8,

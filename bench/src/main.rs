@@ -7,6 +7,11 @@
 //! over `--dir-num` directories by `--client-threads` concurrent tasks.
 //! `meta.all` / `local.meta.all` run the phases in that order on one tree.
 //! Each phase prints `<action> ops, cost, speed` like the seed's tool.
+//!
+//! Data actions (`fs.write`, `fs.read`, `local.write`, `local.read`) measure
+//! large-file throughput; see [`data`].
+
+mod data;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,7 +31,8 @@ use curvine_node::Client;
     about = "Benchmarks of a curvine cluster and their local baselines"
 )]
 struct Args {
-    /// meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all, or the
+    /// fs.write|fs.read|local.write|local.read (large files), or
+    /// meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all and the
     /// same with the prefix local. to run against a local directory.
     #[arg(long)]
     action: String,
@@ -45,9 +51,19 @@ struct Args {
     /// Concurrent client tasks.
     #[arg(long, default_value_t = 8)]
     client_threads: usize,
-    /// Entries created (and then stated, renamed, unlinked).
-    #[arg(long, default_value_t = 100_000)]
-    file_num: u64,
+    /// Files written or read (data actions, default 10), or entries created
+    /// and then stated, renamed, unlinked (metadata actions, default 100000).
+    #[arg(long)]
+    file_num: Option<u64>,
+    /// Size of each file (data actions).
+    #[arg(long, default_value = "100MB")]
+    file_size: String,
+    /// Bytes per read or write call (data actions).
+    #[arg(long, default_value = "128KB")]
+    buf_size: String,
+    /// Checksum every buffer written and verify every buffer read (data actions).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    checksum: bool,
     /// Directories the entries are spread over.
     #[arg(long, default_value_t = 100)]
     dir_num: u64,
@@ -62,6 +78,9 @@ struct Args {
     /// Print one JSON object per phase instead of text.
     #[arg(long)]
     json: bool,
+    /// A label copied into the JSON output (to tell runs apart in reports).
+    #[arg(long, default_value = "")]
+    label: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +250,7 @@ async fn run_phase(
     let count = if phase == Phase::Ls {
         args.dir_num
     } else {
-        args.file_num
+        args.file_num.unwrap_or(100_000)
     };
     let next = Arc::new(AtomicU64::new(0));
     let entries = Arc::new(AtomicU64::new(0));
@@ -270,7 +289,43 @@ async fn run_phase(
     })
 }
 
+async fn connect(args: &Args) -> Result<Client, String> {
+    let mut loader =
+        Loader::standard(args.conf.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
+    if let Some(c) = &args.cluster {
+        loader
+            .flag("client.cluster", c, "--cluster")
+            .map_err(|e| e.to_string())?;
+    }
+    let config = loader.build().map_err(|e| e.to_string())?;
+    Client::connect(&config.client)
+        .await
+        .map_err(|e| format!("connect: {e}"))
+}
+
 async fn run(args: Args) -> Result<(), String> {
+    if let Some(action) = data::Action::parse(&args.action) {
+        let size = |flag: &str, text: &str| {
+            curvine_conf::ByteSize::parse(text).map_err(|e| format!("--{flag}: {e}"))
+        };
+        let client = match action {
+            data::Action::FsWrite | data::Action::FsRead => Some(connect(&args).await?),
+            _ => None,
+        };
+        let params = data::Params {
+            action,
+            dir: args.dir.clone(),
+            threads: args.client_threads,
+            files: args.file_num.unwrap_or(10),
+            file_size: size("file-size", &args.file_size)?.0,
+            buf_size: size("buf-size", &args.buf_size)?.0 as usize,
+            checksum: args.checksum,
+            delete: args.delete_file,
+            json: args.json,
+            label: args.label.clone(),
+        };
+        return data::run(params, client).await;
+    }
     let (local, phases) = match args.action.strip_prefix("local.meta.") {
         Some(rest) => (true, Phase::parse(rest)),
         None => (
@@ -280,7 +335,7 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let phases = phases.ok_or_else(|| {
         format!(
-            "unknown action '{}' (use meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all, or local.meta.*)",
+            "unknown action '{}' (use fs.write|fs.read|local.write|local.read, meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all, or local.meta.*)",
             args.action
         )
     })?;
@@ -289,26 +344,19 @@ async fn run(args: Args) -> Result<(), String> {
             "--sync applies to local.meta.* actions (the cluster always commits durably)".into(),
         );
     }
-    if args.dir_num == 0 || args.file_num == 0 {
+    if args.dir_num == 0 || args.file_num == Some(0) {
         return Err("--dir-num and --file-num must be at least 1".into());
     }
     let target = if local {
         Target::Local
     } else {
-        let mut loader =
-            Loader::standard(args.conf.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
-        if let Some(c) = &args.cluster {
-            loader
-                .flag("client.cluster", c, "--cluster")
-                .map_err(|e| e.to_string())?;
-        }
-        let config = loader.build().map_err(|e| e.to_string())?;
-        let client = Client::connect(&config.client)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        Target::Cluster(Arc::new(client))
+        Target::Cluster(Arc::new(connect(&args).await?))
     };
     let target = Arc::new(target);
+    let args = Args {
+        file_num: Some(args.file_num.unwrap_or(100_000)),
+        ..args
+    };
     if phases.contains(&Phase::Create) {
         for d in 0..args.dir_num {
             target

@@ -618,7 +618,11 @@ fn raw_write(addr: &str, token: curvine_messages::block::Token, bytes: &[u8]) {
     let mut out = (req.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(&req);
     let mut chunk = Vec::new();
-    curvine_messages::block::chunk_header(bytes.len(), &[crc32c::crc32c(bytes)], &mut chunk);
+    curvine_messages::block::chunk_header(
+        bytes.len(),
+        &[curvine_messages::block::crc32c(bytes)],
+        &mut chunk,
+    );
     out.extend_from_slice(&chunk);
     out.extend_from_slice(bytes);
     out.extend_from_slice(&0u32.to_be_bytes());

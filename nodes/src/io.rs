@@ -26,8 +26,9 @@ use tokio::task::JoinHandle;
 
 use curvine_conf::ClientConf;
 use curvine_messages::block::{
-    chunk_header, unit_crcs, units, verify_units, BlockInfo, DataNode, DataReply, DataRequest,
-    FileSpec, ReadBlock, TierKind, Token, CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, MAX_CHUNK,
+    chunk_header, unit_crcs, units, verify_units, BlockInfo, Crc32c, DataNode, DataReply,
+    DataRequest, FileSpec, ReadBlock, TierKind, Token, CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION,
+    MAX_CHUNK,
 };
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile, OpenRead, ReadOpen};
@@ -196,15 +197,6 @@ impl DataPool {
     }
 }
 
-/// Runs a short blocking file operation without stalling other tasks of a
-/// multi-threaded runtime (on a current-thread runtime it just runs).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> FsError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
         FsError::NoSpace(format!("{what}: {e}"))
@@ -356,7 +348,7 @@ async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> F
                     crcs,
                     what: format!("block {:#x} ({path})", src.token.block),
                 };
-                return blocking(|| block.read_at(off, buf));
+                return block.read_at(off, buf);
             }
         }
     }
@@ -544,7 +536,7 @@ impl FileReader {
         n = n.min((src.len - off) as usize);
         if let Some(local) = self.open_local(index, &src).await {
             let out = &mut buf[..n];
-            blocking(|| local.read_at(off, out))?;
+            local.read_at(off, out)?;
             return Ok(n);
         }
         if !sequential {
@@ -667,7 +659,7 @@ enum SinkKind {
         file: File,
         conn: DataConn,
         crcs: Vec<u32>,
-        unit_crc: u32,
+        unit_crc: Crc32c,
         unit_fill: usize,
     },
     Remote {
@@ -831,7 +823,7 @@ impl FileWriter {
                             file,
                             conn,
                             crcs: Vec::new(),
-                            unit_crc: 0,
+                            unit_crc: Crc32c::default(),
                             unit_fill: 0,
                         })
                     }
@@ -890,17 +882,17 @@ impl FileWriter {
                 unit_fill,
                 ..
             } => {
-                blocking(|| file.write_all(data))
+                file.write_all(data)
                     .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
                 let mut rest = data;
                 while !rest.is_empty() {
                     let n = (CHECKSUM_UNIT - *unit_fill).min(rest.len());
-                    *unit_crc = crc32c::crc32c_append(*unit_crc, &rest[..n]);
+                    unit_crc.update(&rest[..n]);
                     *unit_fill += n;
                     rest = &rest[n..];
                     if *unit_fill == CHECKSUM_UNIT {
-                        crcs.push(*unit_crc);
-                        *unit_crc = 0;
+                        crcs.push(unit_crc.value());
+                        *unit_crc = Crc32c::default();
                         *unit_fill = 0;
                     }
                 }
@@ -969,7 +961,7 @@ impl FileWriter {
                 unit_fill,
             } => {
                 if unit_fill > 0 {
-                    crcs.push(unit_crc);
+                    crcs.push(unit_crc.value());
                 }
                 drop(file);
                 let g = grant.clone();

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Writes bench/RESULTS.md (to stdout) from the raw figures the benchmark
+scripts keep in bench/results: data.jsonl (B1, bench/run-data.sh) and
+meta.jsonl (B4, bench/run-meta.sh), each with an .info.json about its run."""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+
+def sh(cmd):
+    try:
+        return subprocess.check_output(cmd, shell=True, text=True).strip()
+    except Exception:
+        return "?"
+
+
+def load(name):
+    path = os.path.join(RESULTS, name + ".jsonl")
+    info = os.path.join(RESULTS, name + ".info.json")
+    if not os.path.exists(path):
+        return None, None
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    meta = json.load(open(info)) if os.path.exists(info) else {}
+    return rows, meta
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if b else "-"
+
+
+def header():
+    mem = sh("free -g | awk '/Mem:/ {print $2}'")
+    cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
+    print("# Benchmark results\n")
+    print(f"- machine: {os.cpu_count()} cores ({cpu}), {mem} GiB, kernel {platform.release()}")
+    print("- every figure is next to a baseline measured in the same run; the")
+    print("  machine is noisy, so ratios are the figures to compare, and repeated")
+    print("  runs are summarised by their median\n")
+
+
+def data_section(rows, meta):
+    print("## B1. Large files (`curvine-bench --action fs.write|fs.read`)\n")
+    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+          f"`bench/run-data.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
+          "`bench/results/data.jsonl`")
+    print(f"- {meta.get('files', '?')} files of {meta.get('file_size', '?')} per run, "
+          "128KiB buffers, `--checksum true` (crc32c of every buffer written, every "
+          "buffer read verified), one node on the same host as the client, "
+          f"{meta.get('reps', '?')} repetitions per figure (median shown, "
+          "min-max in brackets)")
+    print("- baselines: the same tool doing plain file I/O (`local.write|local.read`) "
+          "on a tmpfs directory, or on the disk for the disk rows; `iperf3` over "
+          "loopback for the data-port rows\n")
+
+    def med(label, action, threads):
+        xs = [r["gib_per_sec"] for r in rows
+              if r.get("label") == label and r["action"] == action and r["threads"] == threads]
+        if not xs:
+            return None
+        return statistics.median(xs), min(xs), max(xs)
+
+    def cell(m):
+        return f"{m[0]:.2f} [{m[1]:.2f}-{m[2]:.2f}]" if m else "-"
+
+    print("| figure | tasks | curvine GiB/s | baseline GiB/s | ratio | target |")
+    print("|---|---|---|---|---|---|")
+    threads = sorted({r["threads"] for r in rows})
+    targets = []
+    specs = [
+        ("write, MEM tier, short-circuit", "mem", "fs.write", "tmpfs", "local.write", 0.8),
+        ("read, MEM tier, short-circuit", "mem", "fs.read", "tmpfs", "local.read", 0.9),
+        ("read, MEM tier, data port (no short-circuit)", "mem-remote", "fs.read", "iperf3", "iperf3", 0.7),
+        ("write, MEM tier, data port (no short-circuit)", "mem-remote", "fs.write", "tmpfs", "local.write", None),
+        ("write, disk tier", "disk", "fs.write", "disk", "local.write", None),
+        ("read, disk tier, page cache dropped", "disk", "fs.read", "disk", "local.read", None),
+    ]
+    for title, label, action, base_label, base_action, target in specs:
+        for t in threads:
+            c = med(label, action, t)
+            b = med(base_label, base_action, t)
+            if not c or not b:
+                continue
+            r = c[0] / b[0]
+            tgt = f">= {target:.2f}" if target else ""
+            if target:
+                targets.append((f"{title}, {t} tasks", target, r))
+            print(f"| {title} | {t} | {cell(c)} | {cell(b)} | {r:.2f} | {tgt} |")
+    if targets:
+        print("\n### Against the targets\n")
+        print("| figure | target ratio | measured | status |")
+        print("|---|---|---|---|")
+        for name, target, r in targets:
+            print(f"| {name} | {target:.2f} | {r:.2f} | {'met' if r >= target else 'not met'} |")
+    notes = os.path.join(HERE, "notes-data.md")
+    if os.path.exists(notes):
+        print()
+        print(open(notes).read().rstrip())
+    print()
+
+
+def meta_section(rows, meta):
+    by = {(r["action"], r["threads"]): r for r in rows}
+    print("## B4. Metadata through the client library\n")
+    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+          f"`bench/run-meta.sh` ({meta.get('entries', '?')} entries in 100 directories); "
+          f"node data on {meta.get('fstype', '?')}; raw figures in `bench/results/meta.jsonl`\n")
+    print("One node, default config (16 shards in one LMDB environment, fsync on every")
+    print("commit), client and node on the same 2 cores. Baseline: the same program")
+    print("doing the same operations with plain system calls on tmpfs, same run.")
+    print("`ls` counts directory listings (each returns 1,000 entries with attributes).\n")
+    print("| operation | tasks | curvine ops/s | tmpfs ops/s | ratio |")
+    print("|---|---|---|---|---|")
+    for op in ["create", "stat", "ls", "rename", "unlink"]:
+        for t in sorted({r["threads"] for r in rows}):
+            c = by.get((f"meta.{op}", t))
+            l = by.get((f"local.meta.{op}", t))
+            if c and l:
+                print(f"| {op} | {t} | {c['ops_per_sec']:,.0f} | {l['ops_per_sec']:,.0f} | "
+                      f"{ratio(c['ops_per_sec'], l['ops_per_sec'])} |")
+    print("\nDurable baseline: the same program on the node's disk, each change made")
+    print("durable with fsync of the file and its directory (8 tasks), same run:\n")
+    print("| operation | curvine ops/s | ext4 + fsync ops/s | ratio |")
+    print("|---|---|---|---|")
+    for op in ["create", "rename", "unlink"]:
+        c = by.get((f"meta.{op}", 8))
+        l = by.get((f"local.meta.sync.{op}", 8))
+        if c and l:
+            print(f"| {op} | {c['ops_per_sec']:,.0f} | {l['ops_per_sec']:,.0f} | "
+                  f"{ratio(c['ops_per_sec'], l['ops_per_sec'])} |")
+    c8 = by.get(("meta.create", 8))
+    s8 = by.get(("meta.stat", 8))
+    print("\n### Against the targets\n")
+    print("| figure | target | measured | status |")
+    print("|---|---|---|---|")
+    if c8:
+        ok = "met" if c8["ops_per_sec"] >= 15000 else "not met"
+        print(f"| creates/s, 8 tasks | 15,000 | {c8['ops_per_sec']:,.0f} | {ok} |")
+    if s8:
+        ok = "met" if s8["ops_per_sec"] >= 25000 else "not met"
+        print(f"| uncached stats/s, 8 tasks | 25,000 | {s8['ops_per_sec']:,.0f} | {ok} |")
+    notes = os.path.join(HERE, "notes-meta.md")
+    if os.path.exists(notes):
+        print()
+        print(open(notes).read().rstrip())
+    print()
+
+
+def main():
+    header()
+    rows, meta = load("data")
+    if rows:
+        data_section(rows, meta)
+    rows, meta = load("meta")
+    if rows:
+        meta_section(rows, meta)
+
+
+if __name__ == "__main__":
+    main()
