@@ -143,11 +143,14 @@ async fn target(client: &Client, dst: &str, name: &str) -> String {
     }
 }
 
+/// Create the file, or with `force` replace an existing one at close (its
+/// old content stays readable until then, and stays if the copy fails).
 fn options(force: bool, spec: FileSpec) -> WriteOptions {
     WriteOptions {
         create: true,
         exclusive: !force,
-        truncate: true,
+        truncate: false,
+        replace: true,
         append: false,
         mode: 0o644,
         spec,
@@ -205,19 +208,26 @@ pub async fn run(
                 .map_err(|e| fail("put", &path, e))?;
             let bar = progress(len, name_of(&dst));
             let mut buf = vec![0u8; BUF];
-            loop {
-                let n = tokio::task::block_in_place(|| input.read(&mut buf))
-                    .map_err(|e| local_err("put", &local, e))?;
-                if n == 0 {
-                    break;
+            let copied: Result<(), Failure> = async {
+                loop {
+                    let n = tokio::task::block_in_place(|| input.read(&mut buf))
+                        .map_err(|e| local_err("put", &local, e))?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    writer
+                        .write(&buf[..n])
+                        .await
+                        .map_err(|e| fail("put", &path, e))?;
+                    if let Some(b) = &bar {
+                        b.inc(n as u64);
+                    }
                 }
-                writer
-                    .write(&buf[..n])
-                    .await
-                    .map_err(|e| fail("put", &path, e))?;
-                if let Some(b) = &bar {
-                    b.inc(n as u64);
-                }
+            }
+            .await;
+            if let Err(f) = copied {
+                give_up(client, writer, &dst, force).await;
+                return Err(f);
             }
             let attr = writer.close().await.map_err(|e| fail("put", &path, e))?;
             if let Some(b) = bar {
@@ -301,21 +311,28 @@ pub async fn run(
                 .map_err(|e| fail("cp", &dst, e))?;
             let bar = progress(reader.size(), name_of(&d));
             let mut buf = vec![0u8; BUF];
-            loop {
-                let n = reader
-                    .read(&mut buf)
-                    .await
-                    .map_err(|e| fail("cp", &src, e))?;
-                if n == 0 {
-                    break;
+            let copied: Result<(), Failure> = async {
+                loop {
+                    let n = reader
+                        .read(&mut buf)
+                        .await
+                        .map_err(|e| fail("cp", &src, e))?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    writer
+                        .write(&buf[..n])
+                        .await
+                        .map_err(|e| fail("cp", &dst, e))?;
+                    if let Some(b) = &bar {
+                        b.inc(n as u64);
+                    }
                 }
-                writer
-                    .write(&buf[..n])
-                    .await
-                    .map_err(|e| fail("cp", &dst, e))?;
-                if let Some(b) = &bar {
-                    b.inc(n as u64);
-                }
+            }
+            .await;
+            if let Err(f) = copied {
+                give_up(client, writer, &d, force).await;
+                return Err(f);
             }
             writer.close().await.map_err(|e| fail("cp", &dst, e))?;
             if let Some(b) = bar {
@@ -444,6 +461,15 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// After a failed copy in: release the file, and remove it when this
+/// command created it (without -f the target did not exist).
+async fn give_up(client: &Client, writer: FileWriter, path: &str, force: bool) {
+    let _ = writer.abort().await;
+    if !force {
+        let _ = client.remove(path, false).await;
+    }
 }
 
 /// A failure while copying out: on our side or on the local side.

@@ -92,3 +92,64 @@ fn metadata_actions_run_against_a_node_and_locally() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown action 'meta.fly'"));
 }
+
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin("curvine-bench"))
+        .args(args)
+        .args([
+            "--file-num",
+            "3",
+            "--file-size",
+            "300KB",
+            "--buf-size",
+            "64KB",
+            "--client-threads",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object")
+}
+
+#[test]
+fn data_actions_write_read_and_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let local = dir.path().join("local");
+    let local = local.to_str().unwrap();
+    for (action, target) in [
+        (
+            "fs.write",
+            vec!["--cluster", node.addr.as_str(), "--dir", "/big"],
+        ),
+        (
+            "fs.read",
+            vec!["--cluster", node.addr.as_str(), "--dir", "/big"],
+        ),
+        ("local.write", vec!["--dir", local]),
+        ("local.read", vec!["--dir", local]),
+    ] {
+        let mut args = vec!["--action", action];
+        args.extend(target);
+        let row = bench(&args);
+        assert_eq!(row["action"], action);
+        assert_eq!(row["bytes"].as_u64().unwrap(), 3 * 300 * 1024, "{row}");
+        assert!(row["gib_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    // A read that finds other content than the tool wrote fails.
+    std::fs::write(format!("{local}/file-00001"), vec![1u8; 300 * 1024]).unwrap();
+    let out = Command::new(bin("curvine-bench"))
+        .args(["--action", "local.read", "--dir", local, "--file-num", "3"])
+        .args(["--file-size", "300KB", "--buf-size", "64KB"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not hold what was written"));
+}

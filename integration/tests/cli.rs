@@ -283,3 +283,105 @@ fn other_protocol_versions_are_refused_clearly() {
     drop(junk);
     assert!(node.cli(&["fs", "ls", "/"]).status.success());
 }
+
+#[test]
+fn data_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let src = dir.path().join("src.bin");
+    let bytes: Vec<u8> = (0..3_500_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let src_s = src.to_str().unwrap();
+
+    ok(&node, &["fs", "mkdir", "/d"]);
+    // Into a directory: keeps the name.
+    ok(&node, &["fs", "put", "--block-size", "1MiB", src_s, "/d"]);
+    let blocks = ok(&node, &["fs", "blocks", "/d/src.bin"]);
+    assert!(
+        blocks.contains("3500000 bytes in 4 blocks of 1.0MiB"),
+        "{blocks}"
+    );
+    assert_eq!(blocks.matches(":MEM").count(), 4, "{blocks}");
+    // An existing file is kept unless -f.
+    let out = node.cli(&["fs", "put", src_s, "/d/src.bin"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("put /d/src.bin: file exists"),
+        "{}",
+        stderr(&out)
+    );
+    // get to a file and to stdout; cat, head, tail.
+    let back = dir.path().join("back.bin");
+    ok(&node, &["fs", "get", "/d/src.bin", back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == bytes);
+    let out = node.cli(&["fs", "get", "/d/src.bin", "-"]);
+    assert!(out.status.success() && out.stdout == bytes);
+    let out = node.cli(&["fs", "cat", "/d/src.bin"]);
+    assert!(out.stdout == bytes);
+    let out = node.cli(&["fs", "head", "-b", "10", "/d/src.bin"]);
+    assert_eq!(out.stdout, &bytes[..10]);
+    let out = node.cli(&["fs", "tail", "-b", "10", "/d/src.bin"]);
+    assert_eq!(out.stdout, &bytes[bytes.len() - 10..]);
+    // put from stdin.
+    let mut child = std::process::Command::new(bin("curvine-cli"))
+        .args(["--cluster", &node.addr, "fs", "put", "-", "/d/stdin.txt"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\n")
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(ok(&node, &["fs", "cat", "/d/stdin.txt"]), "from stdin\n");
+    // cp within the cluster, du, df.
+    ok(&node, &["fs", "cp", "/d/src.bin", "/d/copy.bin"]);
+    assert!(node.cli(&["fs", "cat", "/d/copy.bin"]).stdout == bytes);
+    let du = ok(&node, &["fs", "du", "/d"]);
+    assert!(du.starts_with(&format!("{} ", 2 * 3_500_000 + 11)), "{du}");
+    let df = ok(&node, &["fs", "df", "-H"]);
+    assert!(df.contains("MEM") && df.contains("capacity"), "{df}");
+    let df: serde_json::Value = serde_json::from_str(&ok(&node, &["--json", "fs", "df"])).unwrap();
+    assert!(df[0]["used"].as_u64().unwrap() >= 2 * 3_500_000);
+    // stat shows the layout.
+    let stat = ok(&node, &["fs", "stat", "/d/src.bin"]);
+    assert!(stat.contains("Block size: 1.0MiB"), "{stat}");
+    // Clear errors.
+    let out = node.cli(&["fs", "put", "/no/such/file", "/x"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("put /no/such/file"),
+        "{}",
+        stderr(&out)
+    );
+    let out = node.cli(&["fs", "cat", "/d"]);
+    assert!(
+        stderr(&out).contains("cat /d: is a directory"),
+        "{}",
+        stderr(&out)
+    );
+    let out = node.cli(&["fs", "put", "--block-size", "100KB", src_s, "/y"]);
+    assert!(
+        stderr(&out).contains("multiple of 64KiB"),
+        "{}",
+        stderr(&out)
+    );
+    let out = node.cli(&["fs", "put", "--storage", "TAPE", src_s, "/y"]);
+    assert!(
+        stderr(&out).contains("unknown storage tier"),
+        "{}",
+        stderr(&out)
+    );
+    let out = node.cli(&["fs", "put", "--storage", "SSD", src_s, "/y"]);
+    assert!(stderr(&out).contains("no SSD tier"), "{}", stderr(&out));
+    // A failed replacement keeps the old content; a good one replaces it.
+    let out = node.cli(&["fs", "put", "-f", "--storage", "SSD", src_s, "/d/stdin.txt"]);
+    assert!(!out.status.success());
+    assert_eq!(ok(&node, &["fs", "cat", "/d/stdin.txt"]), "from stdin\n");
+    ok(&node, &["fs", "put", "-f", src_s, "/d/stdin.txt"]);
+    assert!(node.cli(&["fs", "cat", "/d/stdin.txt"]).stdout == bytes);
+    // A failed put leaves no file behind.
+    assert!(!stderr(&node.cli(&["fs", "stat", "/y"])).is_empty());
+}

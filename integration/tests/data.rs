@@ -198,13 +198,29 @@ fn overwrite_append_truncate_are_copy_on_write() {
             model.extend_from_slice(&tail);
             assert!(get(&c, &path).await == model, "append ({short_circuit})");
 
+            // Replace: the old content stays until the close, and after an abort.
+            let replace = WriteOptions {
+                replace: true,
+                ..Default::default()
+            };
+            let mut w = FileWriter::open(&c, &path, &replace).await.unwrap();
+            w.write(b"short").await.unwrap();
+            assert!(get(&c, &path).await == model, "old content until the close");
+            w.abort().await.unwrap();
+            assert!(get(&c, &path).await == model, "old content after an abort");
+            let mut w = FileWriter::open(&c, &path, &replace).await.unwrap();
+            w.write(&model[..BS as usize + 3]).await.unwrap();
+            w.close().await.unwrap();
+            model.truncate(BS as usize + 3);
+            assert!(get(&c, &path).await == model, "replaced");
+
             // Truncate down inside a block, then up (a hole reads as zeros).
             let set = |size| curvine_messages::SetAttr {
                 size: Some(size),
                 ..Default::default()
             };
-            c.setattr(&path, set(BS + 10)).await.unwrap();
-            model.truncate(BS as usize + 10);
+            c.setattr(&path, set(BS - 10)).await.unwrap();
+            model.truncate(BS as usize - 10);
             assert!(get(&c, &path).await == model, "truncate down");
             c.setattr(&path, set(3 * BS)).await.unwrap();
             model.resize(3 * BS as usize, 0);

@@ -638,6 +638,11 @@ pub struct WriteOptions {
     pub truncate: bool,
     /// Start at the end of the file.
     pub append: bool,
+    /// Replace the whole content at close: the file keeps its old content
+    /// (for readers, and if the writer aborts or dies) until the close, then
+    /// has exactly what was written. Unlike `truncate`, nothing is lost
+    /// before the new content is complete.
+    pub replace: bool,
     pub mode: u32,
     pub spec: FileSpec,
 }
@@ -712,13 +717,13 @@ impl FileWriter {
                 client: client_name(),
             })
             .await?;
-        let old = if open.attr.size > 0 && !open.blocks.is_empty() {
+        let old = if open.attr.size > 0 && !open.blocks.is_empty() && !options.replace {
             // The lease is held: this is the content until we close.
             Some(FileReader::open(client, path).await?)
         } else {
             None
         };
-        let size = open.attr.size;
+        let size = if options.replace { 0 } else { open.attr.size };
         Ok(FileWriter {
             client: client.clone(),
             bs: open.attr.block_size.max(CHECKSUM_UNIT as u64),
@@ -1059,6 +1064,26 @@ impl FileWriter {
             self.failed = true;
         }
         result
+    }
+
+    /// Gives up: the file keeps the content it had when opened (after the
+    /// truncation, if one was asked for), the blocks written are freed and
+    /// the write lease is released.
+    pub async fn abort(mut self) -> FsResult<Attr> {
+        self.sink = None;
+        self.next = None;
+        for (_, task) in std::mem::take(&mut self.finishing) {
+            task.abort();
+        }
+        let size = self.attr.size;
+        self.client
+            .call(CompleteFile {
+                ino: self.attr.ino,
+                handle: self.handle,
+                size,
+                blocks: Vec::new(),
+            })
+            .await
     }
 
     /// Commits every block and makes the new content visible. Returns the
