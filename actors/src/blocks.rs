@@ -91,6 +91,9 @@ pub struct BlockStore {
     sync_blocks: bool,
     /// Last reads not yet written to the index.
     accessed: Mutex<HashMap<BlockId, i64>>,
+    /// Checksum mismatches found by this node (bytes received from writers,
+    /// blocks read for a move).
+    pub checksum_errors: AtomicU64,
 }
 
 /// What [`BlockStore::open`] found on disk.
@@ -161,6 +164,7 @@ impl BlockStore {
                 .collect(),
             sync_blocks,
             accessed: Mutex::new(HashMap::new()),
+            checksum_errors: AtomicU64::new(0),
         };
         let report = store.reconcile()?;
         Ok((store, report))
@@ -1106,6 +1110,9 @@ impl TierEvictor {
                 .await
                 .unwrap_or_else(|e| Err(FsError::Io(format!("copy task failed: {e}"))));
             if let Err(e) = &copied {
+                if matches!(e, FsError::Corrupt(_)) {
+                    a.store.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::error!(block, error = %e, "demoting a block failed; it stays where it is");
             }
             let ok = copied.is_ok();

@@ -330,14 +330,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .map(|s| (s.env.as_str(), s.env_bytes))
                         .collect();
                     println!(
-                        "node {}  client {}  cluster {}  data {}",
-                        node.node_id, node.rpc_addr, node.cluster_addr, node.data_dir
+                        "node {}  client {}  cluster {}  data port {}  dir {}",
+                        node.node_id,
+                        node.rpc_addr,
+                        node.cluster_addr,
+                        node.data_addr,
+                        node.data_dir
                     );
                     println!(
                         "  inodes {inodes}, metadata on disk {} bytes in {} environment(s)",
                         envs.values().sum::<u64>(),
                         envs.len()
                     );
+                    for t in &node.tiers {
+                        println!(
+                            "  tier {} {}: {} of {} used, {} blocks",
+                            t.kind,
+                            t.path,
+                            curvine_messages::human_bytes(t.used + t.reserved),
+                            curvine_messages::human_bytes(t.capacity),
+                            t.blocks
+                        );
+                    }
+                    if node.checksum_errors > 0 {
+                        println!("  checksum errors detected: {}", node.checksum_errors);
+                    }
                     println!(
                         "  {:>5} {:>10} {:>10} {:>8}",
                         "shard", "inodes", "entries", "pending"

@@ -349,6 +349,10 @@ fn a_flipped_byte_is_detected_on_both_paths() {
             let err = r.read_to_end(&mut out).await.unwrap_err();
             assert_eq!(err.errno(), libc::EIO, "{err}");
             assert!(err.to_string().contains("checksum"), "{err}");
+            assert!(
+                curvine_node::io::checksum_errors() > 0,
+                "the mismatch is counted"
+            );
             // The intact block still reads.
             let mut first = vec![0u8; 1000];
             r.read_full_at(0, &mut first).await.unwrap();

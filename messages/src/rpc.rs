@@ -284,6 +284,8 @@ pub struct NodeReport {
     pub data_addr: String,
     pub shards: Vec<ShardStats>,
     pub tiers: Vec<TierStats>,
+    /// Checksum mismatches this node found in block bytes.
+    pub checksum_errors: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

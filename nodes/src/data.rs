@@ -403,7 +403,12 @@ async fn write(
                 .await
                 .map_err(|e| Err(Fatal(format!("block {block:#x}: writer went away: {e}"))))?;
             verify_units(&data, &chunk_crcs, crcs.len(), &format!("block {block:#x} as received"))
-                .map_err(|e| Err(Fatal(e.to_string())))?;
+                .map_err(|e| {
+                    ctx.store
+                        .checksum_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Err(Fatal(e.to_string()))
+                })?;
             file.write_all(&data).map_err(|e| {
                 Ok(if e.raw_os_error() == Some(libc::ENOSPC) {
                     FsError::NoSpace(format!("tier {} ({}) is full", reservation.tier, reservation.path))

@@ -53,6 +53,25 @@ impl From<&ClientConf> for IoConf {
     }
 }
 
+// ---- counters -----------------------------------------------------------------
+
+static CHECKSUM_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Checksum mismatches this process detected in bytes it read (each also
+/// failed its read with EIO).
+pub fn checksum_errors() -> u64 {
+    CHECKSUM_ERRORS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Verifies bytes, counting a mismatch.
+fn verified(data: &[u8], crcs: &[u32], first_unit: usize, what: &str) -> FsResult<()> {
+    let r = verify_units(data, crcs, first_unit, what);
+    if r.is_err() {
+        CHECKSUM_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    r
+}
+
 // ---- data connections -------------------------------------------------------
 
 /// A connection to a node's data port.
@@ -153,7 +172,7 @@ impl DataConn {
             .read_exact(&mut data)
             .await
             .map_err(|e| lost(&addr, e))?;
-        verify_units(&data, &crcs, first_unit, what)?;
+        verified(&data, &crcs, first_unit, what)?;
         Ok(data)
     }
 }
@@ -239,7 +258,7 @@ impl LocalBlock {
             self.file
                 .read_exact_at(buf, offset)
                 .map_err(|e| io_err(&self.what, e))?;
-            return verify_units(buf, &self.crcs[first..], first, &self.what);
+            return verified(buf, &self.crcs[first..], first, &self.what);
         }
         let start = offset / unit * unit;
         let stop = end.div_ceil(unit).saturating_mul(unit).min(self.stored);
@@ -247,7 +266,7 @@ impl LocalBlock {
         self.file
             .read_exact_at(&mut scratch, start)
             .map_err(|e| io_err(&self.what, e))?;
-        verify_units(&scratch, &self.crcs[first..], first, &self.what)?;
+        verified(&scratch, &self.crcs[first..], first, &self.what)?;
         let skip = (offset - start) as usize;
         buf.copy_from_slice(&scratch[skip..skip + buf.len()]);
         Ok(())
@@ -664,7 +683,7 @@ enum SinkKind {
         file: File,
         conn: DataConn,
         crcs: Vec<u32>,
-        unit_crc: Crc32c,
+        unit_crc: Box<Crc32c>,
         unit_fill: usize,
     },
     Remote {
@@ -828,7 +847,7 @@ impl FileWriter {
                             file,
                             conn,
                             crcs: Vec::new(),
-                            unit_crc: Crc32c::default(),
+                            unit_crc: Box::default(),
                             unit_fill: 0,
                         })
                     }
@@ -897,7 +916,7 @@ impl FileWriter {
                     rest = &rest[n..];
                     if *unit_fill == CHECKSUM_UNIT {
                         crcs.push(unit_crc.value());
-                        *unit_crc = Crc32c::default();
+                        **unit_crc = Crc32c::default();
                         *unit_fill = 0;
                     }
                 }

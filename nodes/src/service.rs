@@ -140,6 +140,10 @@ impl Service {
                     data_addr: self.data.data_addr.clone(),
                     shards: ns.shard_stats().await?,
                     tiers: self.blocks.stats(),
+                    checksum_errors: self
+                        .blocks
+                        .checksum_errors
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 }],
             }),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
