@@ -67,6 +67,36 @@ async fn reply(stream: &mut Stream, reply: &DataReply) -> std::io::Result<()> {
     s.flush().await
 }
 
+/// Writes a chunk header with MSG_MORE, so the kernel sends it in the same
+/// segment as the bytes that follow instead of a packet of its own.
+async fn send_more(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        let sent = stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: the pointer and length describe a live slice.
+            let r = unsafe {
+                libc::send(
+                    stream.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        });
+        match sent {
+            Ok(k) => bytes = &bytes[k..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Sends `n` bytes of `file` from `offset` with sendfile(2).
 async fn send_file(stream: &TcpStream, file: &File, offset: u64, n: usize) -> std::io::Result<()> {
     let mut off = offset as libc::off_t;
@@ -315,7 +345,7 @@ async fn read(
             .ok_or_else(|| Fatal(format!("block {block:#x} index has too few checksums")))?;
         curvine_messages::block::chunk_header(n, crcs, &mut header);
         let s = stream.get_mut();
-        s.write_all(&header).await.map_err(fatal)?;
+        send_more(s, &header).await.map_err(fatal)?;
         send_file(s, &file, pos, n).await.map_err(fatal)?;
         pos += n as u64;
     }

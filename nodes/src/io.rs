@@ -155,7 +155,13 @@ impl DataConn {
 
     /// Reads one chunk of a block stream: header with unit crcs, then bytes,
     /// verified before they are returned.
-    async fn read_chunk(&mut self, first_unit: usize, what: &str) -> FsResult<Vec<u8>> {
+    /// `data` is a buffer to reuse (its old bytes are overwritten).
+    async fn read_chunk(
+        &mut self,
+        mut data: Vec<u8>,
+        first_unit: usize,
+        what: &str,
+    ) -> FsResult<Vec<u8>> {
         let addr = self.addr.clone();
         let n = self.stream.read_u32().await.map_err(|e| lost(&addr, e))? as usize;
         if n == 0 || n > MAX_CHUNK {
@@ -167,7 +173,12 @@ impl DataConn {
         for c in crcs.iter_mut() {
             *c = self.stream.read_u32().await.map_err(|e| lost(&addr, e))?;
         }
-        let mut data = vec![0u8; n];
+        // A recycled buffer is only shortened: no zeroing, no new pages.
+        if data.len() >= n {
+            data.truncate(n);
+        } else {
+            data.resize(n, 0);
+        }
         self.stream
             .read_exact(&mut data)
             .await
@@ -279,7 +290,17 @@ struct RemoteStream {
     rx: mpsc::Receiver<FsResult<(u64, Vec<u8>)>>,
     /// The chunk being consumed: block offset of its first byte, bytes.
     chunk: Option<(u64, Vec<u8>)>,
+    /// Consumed chunks go back to the streaming task for reuse.
+    recycle: mpsc::UnboundedSender<Vec<u8>>,
     task: JoinHandle<()>,
+}
+
+impl RemoteStream {
+    fn take(&mut self, next: (u64, Vec<u8>)) {
+        if let Some((_, old)) = self.chunk.replace(next) {
+            let _ = self.recycle.send(old);
+        }
+    }
 }
 
 impl Drop for RemoteStream {
@@ -297,8 +318,10 @@ struct Source {
     len: u64,
 }
 
-fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64) -> RemoteStream {
+/// Streams bytes `[offset, offset + len)` of a block (`len` capped at the block's end).
+fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64, len: u64) -> RemoteStream {
     let (tx, rx) = mpsc::channel(8);
+    let (recycle, mut recycled) = mpsc::unbounded_channel::<Vec<u8>>();
     let pool = pool.clone();
     let src = src.clone();
     let task = tokio::spawn(async move {
@@ -312,7 +335,7 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64) -> Remot
                 .call(&DataRequest::Read {
                     token: src.token.clone(),
                     offset,
-                    len: src.len - offset,
+                    len: len.min(src.len.saturating_sub(offset)),
                 })
                 .await?;
             let DataReply::Reading { offset: start, len } = reply else {
@@ -323,8 +346,9 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64) -> Remot
             };
             let mut pos = start;
             while pos < start + len {
+                let buf = recycled.try_recv().unwrap_or_default();
                 let data = conn
-                    .read_chunk((pos / CHECKSUM_UNIT as u64) as usize, &what)
+                    .read_chunk(buf, (pos / CHECKSUM_UNIT as u64) as usize, &what)
                     .await?;
                 let n = data.len() as u64;
                 if tx.send(Ok((pos, data))).await.is_err() {
@@ -344,6 +368,7 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64) -> Remot
         index,
         rx,
         chunk: None,
+        recycle,
         task,
     }
 }
@@ -371,7 +396,7 @@ async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> F
             }
         }
     }
-    let mut stream = start_stream(&client.data, src, 0, off);
+    let mut stream = start_stream(&client.data, src, 0, off, buf.len() as u64);
     let mut done = 0;
     while done < buf.len() {
         let Some(item) = stream.rx.recv().await else {
@@ -388,6 +413,7 @@ async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> F
         let n = (data.len() - from).min(buf.len() - done);
         buf[done..done + n].copy_from_slice(&data[from..from + n]);
         done += n;
+        let _ = stream.recycle.send(data);
     }
     Ok(())
 }
@@ -586,7 +612,7 @@ impl FileReader {
                 }
             }
             if self.stream.as_ref().is_none_or(|s| s.index != index) {
-                self.stream = Some(start_stream(&self.client.data, src, index, off));
+                self.stream = Some(start_stream(&self.client.data, src, index, off, u64::MAX));
             }
             // Blocks after this one start streaming now.
             for ahead in 1..=self.client.io.read_ahead {
@@ -596,8 +622,13 @@ impl FileReader {
                 }
                 if let Ok(Some(nsrc)) = self.source(next) {
                     if !(self.client.io.short_circuit && self.client.data.is_local(&nsrc.node)) {
-                        self.ahead
-                            .push_back(start_stream(&self.client.data, &nsrc, next, 0));
+                        self.ahead.push_back(start_stream(
+                            &self.client.data,
+                            &nsrc,
+                            next,
+                            0,
+                            u64::MAX,
+                        ));
                     }
                 }
             }
@@ -616,12 +647,12 @@ impl FileReader {
                 }
                 if off < *start {
                     // A backwards seek inside the block: start over.
-                    *stream = start_stream(&self.client.data, src, index, off);
+                    *stream = start_stream(&self.client.data, src, index, off, u64::MAX);
                     continue;
                 }
             }
             match stream.rx.recv().await {
-                Some(item) => stream.chunk = Some(item?),
+                Some(item) => stream.take(item?),
                 None => {
                     return Err(FsError::Io(format!(
                         "block {:#x}: stream ended before offset {off}",
