@@ -195,6 +195,20 @@ impl BlockStore {
             .join(format!("{id:016x}"))
     }
 
+    /// Makes a block written in place (short-circuit) durable before its
+    /// commit: fsyncs its temporary file when its tier syncs blocks.
+    pub fn sync_written(&self, id: BlockId) -> FsResult<()> {
+        for tier in 0..self.tiers.len() {
+            let tmp = self.tmp_path(tier, id);
+            if self.syncs(tier) && tmp.exists() {
+                File::open(&tmp)
+                    .and_then(|f| f.sync_data())
+                    .map_err(|e| io_err(tmp.display(), e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether block files of the first tier of `kind` are fsynced before commit.
     pub fn syncs_kind(&self, kind: TierKind) -> bool {
         self.sync_blocks && kind != TierKind::Mem

@@ -267,6 +267,10 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
         DataRequest::CommitLocal { token, len, crcs } => Ok(async {
             ctx.tokens.check(&token, Access::Write)?;
             let block = token.block;
+            let store = ctx.store.clone();
+            tokio::task::spawn_blocking(move || store.sync_written(block))
+                .await
+                .map_err(|e| FsError::Io(format!("sync task: {e}")))??;
             let crc = ctx
                 .manager
                 .call(move |reply| BlockMsg::Commit {
