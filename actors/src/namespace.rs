@@ -22,7 +22,8 @@ use curvine_messages::block::{
 use curvine_messages::path::{check_name, components, join};
 use curvine_messages::rpc::{FsckReport, ListEntry, Listing, RemoveSummary};
 use curvine_messages::shard::{
-    Intent, IntentOp, NewFile, RenameOutcome, ShardMsg, ShardScan, Step, StepResult, UnlinkOutcome,
+    Intent, IntentOp, NewFile, OpenForWrite, RenameOutcome, ShardMsg, ShardScan, Step, StepResult,
+    UnlinkOutcome,
 };
 use curvine_messages::{
     check_xattr, dir_shard, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
@@ -69,6 +70,19 @@ pub struct OpenWrite {
     pub spec: FileSpec,
     /// Who writes, for `stat` and errors.
     pub client: String,
+    /// The writer starts at the end of the file.
+    pub append: bool,
+}
+
+/// A file opened for writing.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub attr: Attr,
+    /// The blocks the file has now.
+    pub blocks: Vec<BlockInfo>,
+    pub handle: u64,
+    /// The block the writer starts in, allocated with the open.
+    pub first: Option<(u32, BlockId)>,
 }
 
 pub struct Namespace {
@@ -543,7 +557,7 @@ impl Namespace {
     /// Opens a file for writing (creating it when asked), taking its write
     /// lease. Returns the attributes, the blocks the file has now (for an
     /// append) and the writer's handle.
-    pub async fn open_write(&self, open: &OpenWrite) -> FsResult<(Attr, Vec<BlockInfo>, u64)> {
+    pub async fn open_write(&self, open: &OpenWrite) -> FsResult<Opened> {
         let spec = self.resolve_spec(&open.spec)?;
         let handle: u64 = rand::random::<u64>() | 1;
         let lease = WriteLease {
@@ -581,16 +595,23 @@ impl Namespace {
                     let parent = parent.ino;
                     let name = name.clone();
                     match self
-                        .call(shard_of(parent), move |reply| ShardMsg::Create {
+                        .call(shard_of(parent), move |reply| ShardMsg::CreateFile {
                             parent,
                             name: name.clone(),
                             attrs: attrs.clone(),
-                            file: Some(file.clone()),
+                            file: file.clone(),
                             reply,
                         })
                         .await
                     {
-                        Ok(attr) => return Ok((attr, Vec::new(), handle)),
+                        Ok((attr, block)) => {
+                            return Ok(Opened {
+                                attr,
+                                blocks: Vec::new(),
+                                handle,
+                                first: Some((0, block)),
+                            })
+                        }
                         // Created by someone else meanwhile: open that one.
                         Err(FsError::AlreadyExists(_)) if !open.exclusive => continue,
                         Err(e) => return Err(e),
@@ -610,17 +631,31 @@ impl Namespace {
             let spec = spec.clone();
             let truncate = open.truncate;
             let timeout = self.files.lease_timeout.as_nanos() as i64;
-            let (attr, blocks) = self
+            let append = open.append;
+            let (attr, blocks, first) = self
                 .call(shard_of(ino), move |reply| ShardMsg::OpenWrite {
                     ino,
-                    lease: lease.clone(),
-                    spec: spec.clone(),
-                    truncate,
-                    lease_timeout_ns: timeout,
+                    open: OpenForWrite {
+                        lease: lease.clone(),
+                        spec: spec.clone(),
+                        truncate,
+                        lease_timeout_ns: timeout,
+                        first_block: Some(append),
+                    },
                     reply,
                 })
                 .await?;
-            return Ok((attr, blocks, handle));
+            let index = if append {
+                (attr.size / attr.block_size.max(1)) as u32
+            } else {
+                0
+            };
+            return Ok(Opened {
+                first: first.map(|b| (index, b)),
+                attr,
+                blocks,
+                handle,
+            });
         }
         Err(FsError::Busy(
             "the file was created and removed repeatedly while opening it".into(),

@@ -173,15 +173,17 @@ impl Actor for NamespaceShard {
             } => state.write(reply, move |s, t| {
                 s.create(t, parent, &name, &attrs, file.as_ref())
             }),
-            ShardMsg::OpenWrite {
-                ino,
-                lease,
-                spec,
-                truncate,
-                lease_timeout_ns,
+            ShardMsg::OpenWrite { ino, open, reply } => {
+                state.write(reply, move |s, t| s.open_write(t, ino, &open))
+            }
+            ShardMsg::CreateFile {
+                parent,
+                name,
+                attrs,
+                file,
                 reply,
             } => state.write(reply, move |s, t| {
-                s.open_write(t, ino, &lease, &spec, truncate, lease_timeout_ns)
+                s.create_file(t, parent, &name, &attrs, &file)
             }),
             ShardMsg::AddBlock {
                 ino,

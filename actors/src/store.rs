@@ -30,11 +30,11 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
-use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock, WriteLease};
+use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock};
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::shard::{
-    DentryValue, Intent, IntentOp, NameLock, NewFile, RenameOutcome, ShardMeta, ShardScan, Step,
-    StepResult, UnlinkOutcome, XattrValue,
+    DentryValue, Intent, IntentOp, NameLock, NewFile, OpenForWrite, RenameOutcome, ShardMeta,
+    ShardScan, Step, StepResult, UnlinkOutcome, XattrValue,
 };
 use curvine_messages::{
     check_xattr, make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
@@ -932,11 +932,17 @@ impl ShardStore {
         &self,
         wtxn: &mut RwTxn,
         ino: Ino,
-        lease: &WriteLease,
-        spec: &curvine_messages::block::FileSpec,
-        truncate: bool,
-        lease_timeout_ns: i64,
-    ) -> FsResult<(Attr, Vec<BlockInfo>)> {
+        open: &OpenForWrite,
+    ) -> FsResult<(Attr, Vec<BlockInfo>, Option<BlockId>)> {
+        let OpenForWrite {
+            lease,
+            spec,
+            truncate,
+            lease_timeout_ns,
+            first_block,
+        } = open;
+        let (truncate, lease_timeout_ns, first_block) =
+            (*truncate, *lease_timeout_ns, *first_block);
         let (mut attr, _) = self.file_with_blocks(wtxn, ino)?;
         let now = now_ns();
         if let Some(held) = &attr.writing {
@@ -964,8 +970,38 @@ impl ShardStore {
         attr.ctime_ns = now;
         attr.writing = Some(lease.clone());
         self.put_inode(wtxn, &attr)?;
+        let first = match first_block {
+            Some(at_end) => {
+                let index = if at_end {
+                    attr.size / attr.block_size.max(1)
+                } else {
+                    0
+                };
+                Some(self.add_block(wtxn, ino, lease.handle, index.min(u32::MAX as u64) as u32)?)
+            }
+            None => None,
+        };
         let blocks = self.file_blocks(wtxn, ino)?;
-        Ok((attr, blocks))
+        Ok((attr, blocks, first))
+    }
+
+    /// Creates a file for a writer (with its lease) and allocates its first
+    /// block, in one transaction.
+    pub fn create_file(
+        &self,
+        wtxn: &mut RwTxn,
+        parent: Ino,
+        name: &str,
+        attrs: &NewInode,
+        file: &NewFile,
+    ) -> FsResult<(Attr, BlockId)> {
+        let lease = file.lease.clone().ok_or_else(|| {
+            FsError::InvalidArgument("creating a file for a writer needs its lease".into())
+        })?;
+        let attr = self.create(wtxn, parent, name, attrs, Some(file))?;
+        let block = self.add_block(wtxn, attr.ino, lease.handle, 0)?;
+        let attr = self.getattr(wtxn, attr.ino)?;
+        Ok((attr, block))
     }
 
     /// Allocates block `index` of a file being written, renewing the lease.

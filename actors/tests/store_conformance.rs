@@ -8,7 +8,9 @@ use std::time::Duration;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::writer::Writer;
 use curvine_messages::block::{BlockInfo, BlockUse, FileSpec, WriteLease};
-use curvine_messages::shard::{IntentOp, NewFile, RenameOutcome, Step, StepResult, UnlinkOutcome};
+use curvine_messages::shard::{
+    IntentOp, NewFile, OpenForWrite, RenameOutcome, Step, StepResult, UnlinkOutcome,
+};
 use curvine_messages::{
     make_id, now_ns, shard_of, Attr, FileKind, FsError, FsResult, NewInode, XattrMode, ROOT_INO,
 };
@@ -719,10 +721,13 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
         f.write(0, |s, t| s.open_write(
             t,
             a.ino,
-            &lease(2),
-            &spec,
-            false,
-            i64::MAX
+            &OpenForWrite {
+                lease: lease(2),
+                spec: spec.clone(),
+                truncate: false,
+                lease_timeout_ns: i64::MAX,
+                first_block: None
+            }
         )),
         Err(FsError::InUse(_))
     ));
@@ -812,17 +817,107 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
         .unwrap();
     let stale = f.write(0, |s, t| s.add_block(t, c.ino, 5, 0)).unwrap();
     let taken = f.write(0, |s, t| {
-        s.open_write(t, c.ino, &lease(6), &spec, true, 1_000_000_000)
+        s.open_write(
+            t,
+            c.ino,
+            &OpenForWrite {
+                lease: lease(6),
+                spec: spec.clone(),
+                truncate: true,
+                lease_timeout_ns: 1_000_000_000,
+                first_block: None,
+            },
+        )
     });
     assert!(matches!(taken, Err(FsError::InUse(_))), "{taken:?}");
     let taken = f
-        .write(0, |s, t| s.open_write(t, c.ino, &lease(6), &spec, true, 0))
+        .write(0, |s, t| {
+            s.open_write(
+                t,
+                c.ino,
+                &OpenForWrite {
+                    lease: lease(6),
+                    spec: spec.clone(),
+                    truncate: true,
+                    lease_timeout_ns: 0,
+                    first_block: None,
+                },
+            )
+        })
         .unwrap();
     assert_eq!(taken.0.writing.unwrap().handle, 6);
     assert_eq!(
         f.read(0, |s, t| s.check_blocks(t, &[stale])).unwrap(),
         vec![BlockUse::Unknown]
     );
+
+    // A writer's create allocates the first block in the same commit; an
+    // append allocates the block holding the end of the file.
+    let e_file = NewFile {
+        spec: spec.clone(),
+        lease: Some(lease(7)),
+    };
+    let (e, first) = f
+        .write(0, |s, t| s.create_file(t, ROOT_INO, "e", &file(), &e_file))
+        .unwrap();
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[first])).unwrap(),
+        vec![BlockUse::Pending]
+    );
+    let size = (1 << 20) + 10;
+    let second = f.write(0, |s, t| s.add_block(t, e.ino, 7, 1)).unwrap();
+    f.write(0, |s, t| {
+        s.complete_file(
+            t,
+            e.ino,
+            7,
+            size,
+            &[info(first, 0, 1 << 20), info(second, 1, 10)],
+        )
+    })
+    .unwrap();
+    let (_, _, at_end) = f
+        .write(0, |s, t| {
+            s.open_write(
+                t,
+                e.ino,
+                &OpenForWrite {
+                    lease: lease(8),
+                    spec: spec.clone(),
+                    truncate: false,
+                    lease_timeout_ns: 0,
+                    first_block: Some(true),
+                },
+            )
+        })
+        .unwrap();
+    let at_end = at_end.expect("a block for the append");
+    let (_, _, at_start) = f
+        .write(0, |s, t| {
+            s.open_write(
+                t,
+                e.ino,
+                &OpenForWrite {
+                    lease: lease(9),
+                    spec: spec.clone(),
+                    truncate: false,
+                    lease_timeout_ns: 0,
+                    first_block: Some(false),
+                },
+            )
+        })
+        .unwrap();
+    assert_ne!(at_start, Some(at_end));
+    // Both were allocated: the taken-over lease's block is freed, the new one pending.
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[at_end, at_start.unwrap()]))
+            .unwrap(),
+        vec![BlockUse::Unknown, BlockUse::Pending]
+    );
+    assert!(matches!(
+        f.write(0, |s, t| s.create_file(t, ROOT_INO, "e", &file(), &e_file)),
+        Err(FsError::AlreadyExists(_))
+    ));
 }
 
 #[test]

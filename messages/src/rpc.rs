@@ -164,6 +164,8 @@ pub struct OpenFile {
     pub spec: FileSpec,
     /// Who writes (host and process), shown by `stat` while the file is open.
     pub client: String,
+    /// The writer starts at the end (its first block is the last one).
+    pub append: bool,
 }
 
 /// A file open for writing.
@@ -173,6 +175,8 @@ pub struct WriteOpen {
     pub handle: u64,
     /// The blocks the file has (an appending writer continues after them).
     pub blocks: Vec<BlockInfo>,
+    /// The block the writer starts in, allocated with the open.
+    pub first: Option<BlockGrant>,
 }
 
 /// Allocate the next block of a file being written.

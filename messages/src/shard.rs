@@ -132,6 +132,22 @@ pub enum RenameOutcome {
     NeedsIntent,
 }
 
+/// How a writer opens an existing file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenForWrite {
+    pub lease: WriteLease,
+    /// Layout adopted by a file that has no data yet.
+    pub spec: FileSpec,
+    /// Drop the file's content (O_TRUNC).
+    pub truncate: bool,
+    /// A lease not renewed for this long may be taken over.
+    pub lease_timeout_ns: i64,
+    /// Allocate, in the same commit, the block the writer starts in:
+    /// `Some(false)` the first block, `Some(true)` the one holding the end
+    /// of the file (an append).
+    pub first_block: Option<bool>,
+}
+
 /// Layout and writer of a file being created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewFile {
@@ -259,18 +275,22 @@ pub enum ShardMsg {
         file: Option<NewFile>,
         reply: Reply<Attr>,
     },
+    /// Create file `name` in `parent` for a writer: with its lease, and with
+    /// its first block allocated in the same commit.
+    CreateFile {
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        file: NewFile,
+        reply: Reply<(Attr, BlockId)>,
+    },
     /// Open an existing file for writing: take its lease (EBUSY while another
     /// writer's lease is fresh), dropping its blocks when `truncate`. Replies
     /// with the attributes and the blocks the file has now.
     OpenWrite {
         ino: Ino,
-        lease: WriteLease,
-        /// Layout adopted by a file that has no data yet.
-        spec: FileSpec,
-        truncate: bool,
-        /// A lease not renewed for this long may be taken over.
-        lease_timeout_ns: i64,
-        reply: Reply<(Attr, Vec<BlockInfo>)>,
+        open: OpenForWrite,
+        reply: Reply<(Attr, Vec<BlockInfo>, Option<BlockId>)>,
     },
     /// Allocate block `index` of a file for the writer holding `handle`.
     AddBlock {
@@ -402,6 +422,7 @@ impl ShardMsg {
             ShardMsg::ReadDirPlus { .. } => "readdirplus",
             ShardMsg::Create { .. } => "create",
             ShardMsg::OpenWrite { .. } => "open_write",
+            ShardMsg::CreateFile { .. } => "create_file",
             ShardMsg::AddBlock { .. } => "add_block",
             ShardMsg::CompleteFile { .. } => "complete_file",
             ShardMsg::FileBlocks { .. } => "file_blocks",

@@ -765,6 +765,7 @@ impl FileWriter {
                 gid,
                 spec: options.spec.clone(),
                 client: client_name(),
+                append: options.append,
             })
             .await?;
         let old = if open.attr.size > 0 && !open.blocks.is_empty() && !options.replace {
@@ -774,6 +775,11 @@ impl FileWriter {
             None
         };
         let size = if options.replace { 0 } else { open.attr.size };
+        // The block allocated with the open is the first one the writer needs.
+        let next = open.first.map(|grant| {
+            let index = grant.index;
+            (index, tokio::spawn(async move { Ok(grant) }))
+        });
         Ok(FileWriter {
             client: client.clone(),
             bs: open.attr.block_size.max(CHECKSUM_UNIT as u64),
@@ -783,7 +789,7 @@ impl FileWriter {
             size,
             attr: open.attr,
             sink: None,
-            next: None,
+            next,
             finishing: Vec::new(),
             written: BTreeMap::new(),
             old,

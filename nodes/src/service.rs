@@ -47,6 +47,16 @@ impl Service {
         vec![self.data.clone()]
     }
 
+    /// A new block to write on this node.
+    fn grant(&self, id: BlockId, index: u32) -> BlockGrant {
+        BlockGrant {
+            id,
+            index,
+            token: self.tokens.issue(id, Access::Write),
+            node: self.data.clone(),
+        }
+    }
+
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
         let mut ids: Vec<BlockId> = Vec::new();
         let mut stack = vec![path.to_string()];
@@ -148,7 +158,7 @@ impl Service {
             }),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
             Request::OpenFile(r) => {
-                let (attr, blocks, handle) = ns
+                let opened = ns
                     .open_write(&OpenWrite {
                         path: r.path,
                         create: r.create,
@@ -159,22 +169,19 @@ impl Service {
                         gid: r.gid,
                         spec: r.spec,
                         client: r.client,
+                        append: r.append,
                     })
                     .await?;
                 Response::WriteOpen(WriteOpen {
-                    attr,
-                    handle,
-                    blocks,
+                    first: opened.first.map(|(index, id)| self.grant(id, index)),
+                    attr: opened.attr,
+                    handle: opened.handle,
+                    blocks: opened.blocks,
                 })
             }
             Request::AddBlock(r) => {
                 let id = ns.add_block(r.ino, r.handle, r.index).await?;
-                Response::Grant(BlockGrant {
-                    id,
-                    index: r.index,
-                    token: self.tokens.issue(id, Access::Write),
-                    node: self.data.clone(),
-                })
+                Response::Grant(self.grant(id, r.index))
             }
             Request::CompleteFile(r) => {
                 Response::Attr(ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?)
