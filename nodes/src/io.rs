@@ -72,6 +72,19 @@ fn verified(data: &[u8], crcs: &[u32], first_unit: usize, what: &str) -> FsResul
     r
 }
 
+/// Short-circuit reads and writes complete without ever waiting, so a task
+/// doing nothing else would keep its runtime worker (and any task queued
+/// behind it there) to itself. Yield every few MiB.
+const YIELD_EVERY: usize = 4 << 20;
+
+async fn yield_sometimes(since: &mut usize, n: usize) {
+    *since += n;
+    if *since >= YIELD_EVERY {
+        *since = 0;
+        tokio::task::yield_now().await;
+    }
+}
+
 // ---- data connections -------------------------------------------------------
 
 /// A connection to a node's data port.
@@ -431,6 +444,8 @@ pub struct FileReader {
     no_local: std::collections::HashSet<u32>,
     stream: Option<RemoteStream>,
     ahead: VecDeque<RemoteStream>,
+    /// Bytes read since the last yield (see [`yield_sometimes`]).
+    since_yield: usize,
 }
 
 impl FileReader {
@@ -455,6 +470,7 @@ impl FileReader {
             no_local: Default::default(),
             stream: None,
             ahead: VecDeque::new(),
+            since_yield: 0,
         }
     }
 
@@ -582,6 +598,7 @@ impl FileReader {
         if let Some(local) = self.open_local(index, &src).await {
             let out = &mut buf[..n];
             local.read_at(off, out)?;
+            yield_sometimes(&mut self.since_yield, n).await;
             return Ok(n);
         }
         if !sequential {
@@ -749,6 +766,8 @@ pub struct FileWriter {
     /// The file as it was when opened, for the bytes around overwritten ranges.
     old: Option<FileReader>,
     failed: bool,
+    /// Bytes written since the last yield (see [`yield_sometimes`]).
+    since_yield: usize,
 }
 
 impl FileWriter {
@@ -794,6 +813,7 @@ impl FileWriter {
             written: BTreeMap::new(),
             old,
             failed: false,
+            since_yield: 0,
         })
     }
 
@@ -1108,6 +1128,7 @@ impl FileWriter {
                 let room = self.bs - self.pos % self.bs;
                 let n = (data.len() as u64).min(room) as usize;
                 self.write_in_block(&data[..n]).await?;
+                yield_sometimes(&mut self.since_yield, n).await;
                 data = &data[n..];
                 if self.pos.is_multiple_of(self.bs) {
                     self.finish_sink().await?;
