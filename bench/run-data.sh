@@ -6,13 +6,13 @@
 # alternating with its baseline. Writes bench/results/data.jsonl and
 # bench/RESULTS.md.
 #
-#   bench/run-data.sh           # 20 files of 100MB, 3 repetitions (about 5 minutes)
+#   bench/run-data.sh           # 20 files of 100MB, 4 repetitions (about 4 minutes)
 #   bench/run-data.sh --quick   # 4 files of 100MB, 1 repetition
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 files=20
-reps=3
+reps=4
 quick=false
 if [ "${1:-}" = "--quick" ]; then files=4; reps=1; quick=true; fi
 size=100MB
@@ -79,10 +79,19 @@ run() {
 for t in $threads; do
   for r in $(seq "$reps"); do
     echo "== MEM tier, $t tasks, repetition $r" >&2
-    run mem --cluster "127.0.0.1:$mem_port" --action fs.write --dir "/w$t" --client-threads "$t"
-    run tmpfs --action local.write --dir "$shm/local$t" --client-threads "$t"
-    run mem --cluster "127.0.0.1:$mem_port" --action fs.read --dir "/w$t" --client-threads "$t"
-    run tmpfs --action local.read --dir "$shm/local$t" --client-threads "$t"
+    # Alternate which side goes first, so neither always meets the machine
+    # right after the previous phase.
+    if [ $((r % 2)) = 1 ]; then
+      run mem --cluster "127.0.0.1:$mem_port" --action fs.write --dir "/w$t" --client-threads "$t"
+      run tmpfs --action local.write --dir "$shm/local$t" --client-threads "$t"
+      run mem --cluster "127.0.0.1:$mem_port" --action fs.read --dir "/w$t" --client-threads "$t"
+      run tmpfs --action local.read --dir "$shm/local$t" --client-threads "$t"
+    else
+      run tmpfs --action local.write --dir "$shm/local$t" --client-threads "$t"
+      run mem --cluster "127.0.0.1:$mem_port" --action fs.write --dir "/w$t" --client-threads "$t"
+      run tmpfs --action local.read --dir "$shm/local$t" --client-threads "$t"
+      run mem --cluster "127.0.0.1:$mem_port" --action fs.read --dir "/w$t" --client-threads "$t"
+    fi
     run mem-remote --cluster "127.0.0.1:$mem_port" -c client.short_circuit=false \
       --action fs.read --dir "/w$t" --client-threads "$t"
     "$bin/curvine-cli" --cluster "127.0.0.1:$mem_port" fs rm -r "/w$t"
