@@ -997,6 +997,29 @@ mod tests {
     }
 
     #[test]
+    fn tiers_parse_and_bad_ones_name_the_problem() {
+        let t = TierSpec::parse("[mem:4GiB]/dev/shm/c").unwrap();
+        assert_eq!((t.kind.as_str(), t.capacity), ("MEM", 4 << 30));
+        assert_eq!(t.path, PathBuf::from("/dev/shm/c"));
+        for (bad, why) in [
+            ("MEM:4GiB/x", "missing '['"),
+            ("[TAPE:1GiB]/x", "MEM, SSD or HDD"),
+            ("[SSD:lots]/x", "not a size"),
+            ("[SSD:1KiB]/x", "at least 1MiB"),
+            ("[HDD:1GiB]relative", "absolute"),
+        ] {
+            let err = TierSpec::parse(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        let mut l = Loader::new();
+        let err = l
+            .key_value("data.tiers=[MEM:1GiB]/a,[SSD:1GiB]/a")
+            .and_then(|l| l.build())
+            .unwrap_err();
+        assert!(err.to_string().contains("directory of its own"), "{err}");
+    }
+
+    #[test]
     fn cluster_port_follows_client_port() {
         let mut c = Config::default();
         c.node.listen = "10.0.0.1:7000".into();

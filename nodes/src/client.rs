@@ -164,7 +164,7 @@ impl Client {
                 next_conn: AtomicUsize::new(0),
                 next_id: AtomicU64::new(1),
             }),
-            data: crate::io::DataPool::new(conf.connect_timeout.0, conf.request_timeout.0),
+            data: crate::io::DataPool::new(conf.connect_timeout.0),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
             node_addr: addr.to_string(),

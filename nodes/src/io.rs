@@ -211,7 +211,7 @@ pub struct DataPool {
 }
 
 impl DataPool {
-    pub fn new(connect_timeout: Duration, _request_timeout: Duration) -> DataPool {
+    pub fn new(connect_timeout: Duration) -> DataPool {
         DataPool {
             idle: Default::default(),
             connect_timeout,
