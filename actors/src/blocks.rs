@@ -367,6 +367,21 @@ impl BlockStore {
         Ok(report)
     }
 
+    /// Deletes every temporary block file (writes and moves in progress).
+    /// Called when a BlockManager starts: a new one has no reservations, so
+    /// no temporary file can be committed any more.
+    pub fn clear_tmp(&self) -> u64 {
+        let mut n = 0;
+        for tier in &self.tiers {
+            for entry in read_dir_all(&tier.info.root.join("tmp")).unwrap_or_default() {
+                if fs::remove_file(&entry).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     pub fn stats(&self) -> Vec<TierStats> {
         self.tiers
             .iter()
@@ -866,6 +881,13 @@ impl Actor for BlockManager {
         myself: ActorRef<BlockMsg>,
         args: BlockArgs,
     ) -> Result<BlockState, ActorProcessingErr> {
+        let stale = args.store.clear_tmp();
+        if stale > 0 {
+            tracing::warn!(
+                files = stale,
+                "removed temporary block files of writes cut off by a block manager restart"
+            );
+        }
         let mut evictors = Vec::new();
         for tier in 0..args.store.tier_count() {
             evictors.push(spawn_evictor(&myself, &args, tier as u8).await?);
