@@ -20,7 +20,7 @@ use curvine_messages::block::{
     check_block_size, BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease,
 };
 use curvine_messages::path::{check_name, components, join};
-use curvine_messages::rpc::{FsckReport, ListEntry, Listing, RemoveSummary};
+use curvine_messages::rpc::{FsckReport, ListEntry, Listing, OpenFile, RemoveSummary};
 use curvine_messages::shard::{
     Intent, IntentOp, NewFile, OpenForWrite, RenameOutcome, ShardMsg, ShardScan, Step, StepResult,
     UnlinkOutcome,
@@ -55,23 +55,6 @@ impl Default for FileDefaults {
             lease_timeout: Duration::from_secs(60),
         }
     }
-}
-
-/// A request to open a file for writing.
-#[derive(Debug, Clone)]
-pub struct OpenWrite {
-    pub path: String,
-    pub create: bool,
-    pub exclusive: bool,
-    pub truncate: bool,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub spec: FileSpec,
-    /// Who writes, for `stat` and errors.
-    pub client: String,
-    /// The writer starts at the end of the file.
-    pub append: bool,
 }
 
 /// A file opened for writing.
@@ -557,7 +540,7 @@ impl Namespace {
     /// Opens a file for writing (creating it when asked), taking its write
     /// lease. Returns the attributes, the blocks the file has now (for an
     /// append) and the writer's handle.
-    pub async fn open_write(&self, open: &OpenWrite) -> FsResult<Opened> {
+    pub async fn open_write(&self, open: &OpenFile) -> FsResult<Opened> {
         let spec = self.resolve_spec(&open.spec)?;
         let handle: u64 = rand::random::<u64>() | 1;
         let lease = WriteLease {

@@ -550,7 +550,7 @@ impl ShardStore {
     fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
         self.inodes.delete(wtxn, &key_ino(ino)).map_err(lmdb_err)?;
         self.free_blocks_from(wtxn, ino, 0)?;
-        self.free_pending(wtxn, ino, &[])?;
+        self.free_pending(wtxn, ino)?;
         delete_id_prefix(self.xattrs, wtxn, ino)
     }
 
@@ -863,8 +863,8 @@ impl ShardStore {
         Ok(())
     }
 
-    /// Frees blocks allocated to writers of `ino` and never committed, except `keep`.
-    fn free_pending(&self, wtxn: &mut RwTxn, ino: Ino, keep: &[BlockId]) -> FsResult<()> {
+    /// Frees blocks allocated to writers of `ino` and never committed.
+    fn free_pending(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
         let mut ids = Vec::new();
         for item in self
             .pending
@@ -872,10 +872,7 @@ impl ShardStore {
             .map_err(lmdb_err)?
         {
             let (key, _) = item.map_err(lmdb_err)?;
-            let id = ino_from(&key[8..])?;
-            if !keep.contains(&id) {
-                ids.push(id);
-            }
+            ids.push(ino_from(&key[8..])?);
         }
         for id in ids {
             self.pending
@@ -953,7 +950,7 @@ impl ShardStore {
                 )));
             }
             // An expired writer: its uncommitted blocks go.
-            self.free_pending(wtxn, ino, &[])?;
+            self.free_pending(wtxn, ino)?;
         }
         if truncate && attr.size > 0 {
             self.free_blocks_from(wtxn, ino, 0)?;
@@ -1089,7 +1086,7 @@ impl ShardStore {
                 .delete(wtxn, &key_pending(ino, b.id))
                 .map_err(lmdb_err)?;
         }
-        self.free_pending(wtxn, ino, &[])?;
+        self.free_pending(wtxn, ino)?;
         if size < attr.size {
             self.truncate_blocks(wtxn, &attr, size)?;
         }

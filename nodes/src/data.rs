@@ -245,17 +245,7 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             size_hint,
         } => Ok(async {
             ctx.tokens.check(&token, Access::Write)?;
-            let block = token.block;
-            let size = size_hint.min(MAX_BLOCK_SIZE);
-            let r = ctx
-                .manager
-                .call(move |reply| BlockMsg::Reserve {
-                    block,
-                    tier,
-                    size,
-                    reply,
-                })
-                .await?;
+            let r = reserve(ctx, token.block, tier, size_hint).await?;
             Ok(DataReply::Local {
                 path: r.path,
                 len: 0,
@@ -296,6 +286,24 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
 
 /// `Ok(Ok(None))`: the reply was sent with the bytes.
 type Handled = Result<FsResult<Option<DataReply>>, Fatal>;
+
+/// Reserves room for a new block (at most the largest block size).
+async fn reserve(
+    ctx: &DataContext,
+    block: u64,
+    tier: Option<curvine_messages::block::TierKind>,
+    size_hint: u64,
+) -> FsResult<curvine_messages::block::Reservation> {
+    let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
+    ctx.manager
+        .call(move |reply| BlockMsg::Reserve {
+            block,
+            tier,
+            size,
+            reply,
+        })
+        .await
+}
 
 async fn read(
     stream: &mut Stream,
@@ -366,16 +374,7 @@ async fn write(
     size_hint: u64,
 ) -> Result<FsResult<DataReply>, Fatal> {
     let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
-    let reservation = match ctx
-        .manager
-        .call(move |reply| BlockMsg::Reserve {
-            block,
-            tier,
-            size,
-            reply,
-        })
-        .await
-    {
+    let reservation = match reserve(ctx, block, tier, size).await {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };

@@ -386,29 +386,47 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64, len: u64
     }
 }
 
-/// Reads `buf.len()` bytes of a block at `off` in one go (short-circuit
-/// when allowed, else one request on the data port).
-async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> FsResult<()> {
-    if client.io.short_circuit && client.data.is_local(&src.node) {
-        let mut conn = client.data.get(&src.node.data_addr).await?;
-        if let Ok(DataReply::Local { path, len, crcs }) = conn
+/// Opens a block file directly when short-circuit is allowed for its node;
+/// `None` means: read it over the data port.
+async fn open_local_block(client: &Client, src: &Source) -> Option<LocalBlock> {
+    if !client.io.short_circuit || !client.data.is_local(&src.node) {
+        return None;
+    }
+    // The block may move between the grant and the open: ask again once.
+    for _ in 0..2 {
+        let mut conn = client.data.get(&src.node.data_addr).await.ok()?;
+        let reply = conn
             .call(&DataRequest::OpenLocal {
                 token: src.token.clone(),
             })
-            .await
-        {
-            client.data.put(conn);
-            if let Ok(file) = File::open(&path) {
-                let block = LocalBlock {
-                    file,
-                    stored: len,
-                    crcs,
-                    what: format!("block {:#x} ({path})", src.token.block),
-                };
-                return block.read_at(off, buf);
-            }
+            .await;
+        let Ok(DataReply::Local { path, len, crcs }) = reply else {
+            return None;
+        };
+        client.data.put(conn);
+        if let Ok(file) = File::open(&path) {
+            return Some(LocalBlock {
+                file,
+                stored: len,
+                crcs,
+                what: format!("block {:#x} ({path})", src.token.block),
+            });
         }
     }
+    None
+}
+
+/// Reads `buf.len()` bytes of a block at `off` in one go (short-circuit
+/// when allowed, else one request on the data port).
+async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> FsResult<()> {
+    match open_local_block(client, src).await {
+        Some(block) => block.read_at(off, buf),
+        None => fetch_remote(client, src, off, buf).await,
+    }
+}
+
+/// Reads `buf.len()` bytes of a block at `off` with one data-port request.
+async fn fetch_remote(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> FsResult<()> {
     let mut stream = start_stream(&client.data, src, 0, off, buf.len() as u64);
     let mut done = 0;
     while done < buf.len() {
@@ -509,45 +527,23 @@ impl FileReader {
     }
 
     async fn open_local(&mut self, index: u32, src: &Source) -> Option<Arc<LocalBlock>> {
-        if !self.client.io.short_circuit
-            || !self.client.data.is_local(&src.node)
-            || self.no_local.contains(&index)
-        {
+        if self.no_local.contains(&index) {
             return None;
         }
-        if let Some(l) = self.local.get(&index) {
-            return Some(l.clone());
-        }
-        for _ in 0..2 {
-            let Ok(mut conn) = self.client.data.get(&src.node.data_addr).await else {
-                break;
-            };
-            let reply = conn
-                .call(&DataRequest::OpenLocal {
-                    token: src.token.clone(),
-                })
-                .await;
-            let Ok(DataReply::Local { path, len, crcs }) = reply else {
-                break;
-            };
-            self.client.data.put(conn);
-            // The block may move between the grant and the open: ask again.
-            if let Ok(file) = File::open(&path) {
+        match open_local_block(&self.client, src).await {
+            Some(block) => {
                 if self.local.len() >= 4 {
                     self.local.clear();
                 }
-                let block = Arc::new(LocalBlock {
-                    file,
-                    stored: len,
-                    crcs,
-                    what: format!("block {:#x} ({path})", src.token.block),
-                });
+                let block = Arc::new(block);
                 self.local.insert(index, block.clone());
-                return Some(block);
+                Some(block)
+            }
+            None => {
+                self.no_local.insert(index);
+                None
             }
         }
-        self.no_local.insert(index);
-        None
     }
 
     /// Reads at the current position; returns 0 at the end of the file.
@@ -586,31 +582,36 @@ impl FileReader {
         let mut n = (buf.len() as u64)
             .min(self.attr.size - pos)
             .min(self.bs - off) as usize;
-        let Some(src) = self.source(index)? else {
-            buf[..n].fill(0); // a hole
-            return Ok(n);
+        let len = match self.blocks.get(&index) {
+            Some(block) if off < block.info.len => block.info.len,
+            // A hole, or past the block's bytes up to the size: zeros.
+            _ => {
+                buf[..n].fill(0);
+                return Ok(n);
+            }
         };
-        if off >= src.len {
-            buf[..n].fill(0); // past the block's bytes: a hole up to the size
-            return Ok(n);
-        }
-        n = n.min((src.len - off) as usize);
-        if let Some(local) = self.open_local(index, &src).await {
-            let out = &mut buf[..n];
-            local.read_at(off, out)?;
-            yield_sometimes(&mut self.since_yield, n).await;
-            return Ok(n);
-        }
-        if !sequential {
-            return self.fetch(&src, off, &mut buf[..n]).await;
-        }
-        self.read_stream(index, &src, off, &mut buf[..n]).await
-    }
-
-    /// A positional read over the data port (one request).
-    async fn fetch(&self, src: &Source, off: u64, buf: &mut [u8]) -> FsResult<usize> {
-        read_once(&self.client, src, off, buf).await?;
-        Ok(buf.len())
+        n = n.min((len - off) as usize);
+        let local = match self.local.get(&index).cloned() {
+            Some(local) => local,
+            None => {
+                let src = self
+                    .source(index)?
+                    .ok_or_else(|| FsError::Io(format!("block {index} of the file is unknown")))?;
+                match self.open_local(index, &src).await {
+                    Some(local) => local,
+                    None if sequential => {
+                        return self.read_stream(index, &src, off, &mut buf[..n]).await
+                    }
+                    None => {
+                        fetch_remote(&self.client, &src, off, &mut buf[..n]).await?;
+                        return Ok(n);
+                    }
+                }
+            }
+        };
+        local.read_at(off, &mut buf[..n])?;
+        yield_sometimes(&mut self.since_yield, n).await;
+        Ok(n)
     }
 
     async fn read_stream(
@@ -867,20 +868,13 @@ impl FileWriter {
 
     async fn open_sink(&mut self) -> FsResult<()> {
         let index = (self.pos / self.bs) as u32;
-        let grant = match self.next.take() {
-            Some((i, task)) if i == index => task
-                .await
-                .map_err(|e| FsError::Io(format!("block allocation task: {e}")))??,
-            _ => {
-                self.client
-                    .call(AddBlock {
-                        ino: self.attr.ino,
-                        handle: self.handle,
-                        index,
-                    })
-                    .await?
-            }
+        let task = match self.next.take() {
+            Some((i, task)) if i == index => task,
+            _ => self.grant(index),
         };
+        let grant = task
+            .await
+            .map_err(|e| FsError::Io(format!("block allocation task: {e}")))??;
         let local = self.client.io.short_circuit && self.client.data.is_local(&grant.node);
         let mut kind = None;
         if local {

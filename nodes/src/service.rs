@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
-use curvine_actors::namespace::{Namespace, OpenWrite};
+use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary, ReadBlock};
 use curvine_messages::rpc::{
@@ -158,20 +158,7 @@ impl Service {
             }),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
             Request::OpenFile(r) => {
-                let opened = ns
-                    .open_write(&OpenWrite {
-                        path: r.path,
-                        create: r.create,
-                        exclusive: r.exclusive,
-                        truncate: r.truncate,
-                        mode: r.mode,
-                        uid: r.uid,
-                        gid: r.gid,
-                        spec: r.spec,
-                        client: r.client,
-                        append: r.append,
-                    })
-                    .await?;
+                let opened = ns.open_write(&r).await?;
                 Response::WriteOpen(WriteOpen {
                     first: opened.first.map(|(index, id)| self.grant(id, index)),
                     attr: opened.attr,
