@@ -10,7 +10,9 @@
 //! - [`supervisor`]: the restart policy every supervisor applies.
 
 pub mod blocks;
+pub mod cluster;
 pub mod host;
+pub mod membership;
 pub mod namespace;
 pub mod shard;
 pub mod store;

@@ -19,6 +19,7 @@ use ractor::RpcReplyPort;
 use curvine_messages::block::{
     check_block_size, BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease,
 };
+use curvine_messages::cluster::PeerMsg;
 use curvine_messages::path::{check_name, components, join};
 use curvine_messages::rpc::{FsckReport, ListEntry, Listing, OpenFile, RemoveSummary};
 use curvine_messages::shard::{
@@ -30,6 +31,7 @@ use curvine_messages::{
     NewInode, OpId, SetAttr, ShardId, ShardStats, TimeSet, XattrMode, MAX_SYMLINK_LEN, ROOT_INO,
 };
 
+use crate::cluster::{ClusterView, Route};
 use crate::host::ShardDirectory;
 use crate::store::check_rename_kinds;
 
@@ -72,7 +74,7 @@ pub struct Namespace {
     /// This namespace itself, so intent drivers can run in tasks of their own.
     me: Weak<Namespace>,
     files: FileDefaults,
-    directory: ShardDirectory,
+    cluster: Arc<ClusterView>,
     shard_count: u32,
     timeout: Duration,
     rename_lock: tokio::sync::Mutex<()>,
@@ -88,20 +90,25 @@ enum Follow {
 }
 
 impl Namespace {
+    /// A namespace over shards that all run on this node.
     pub fn new(directory: ShardDirectory, timeout: Duration) -> Arc<Namespace> {
-        Self::with_files(directory, timeout, FileDefaults::default())
+        Self::with_cluster(
+            ClusterView::standalone(directory),
+            timeout,
+            FileDefaults::default(),
+        )
     }
 
-    pub fn with_files(
-        directory: ShardDirectory,
+    pub fn with_cluster(
+        cluster: Arc<ClusterView>,
         timeout: Duration,
         files: FileDefaults,
     ) -> Arc<Namespace> {
-        let shard_count = directory.shard_count();
+        let shard_count = cluster.shard_count;
         Arc::new_cyclic(|me| Namespace {
             me: me.clone(),
             files,
-            directory,
+            cluster,
             shard_count,
             timeout,
             rename_lock: tokio::sync::Mutex::new(()),
@@ -112,6 +119,28 @@ impl Namespace {
         self.shard_count
     }
 
+    /// The block size of files that do not set one.
+    pub fn default_block_size(&self) -> u64 {
+        self.files.block_size
+    }
+
+    pub fn cluster(&self) -> &Arc<ClusterView> {
+        &self.cluster
+    }
+
+    /// Sends a message nobody waits for to a shard, wherever it is served.
+    fn cast(&self, shard: ShardId, msg: ShardMsg) {
+        match self.cluster.route(shard) {
+            Ok(Route::Local(actor)) => {
+                let _ = actor.cast(msg);
+            }
+            Ok(Route::Remote { gateway, .. }) => {
+                let _ = gateway.cast(PeerMsg::Shard { shard, msg });
+            }
+            Err(_) => {}
+        }
+    }
+
     // ---- calling shards ----------------------------------------------------
 
     async fn call_once<T: Send + 'static>(
@@ -120,8 +149,20 @@ impl Namespace {
         build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync),
         wait: Duration,
     ) -> FsResult<T> {
-        let actor = self.directory.get(shard)?;
-        match actor.call(build, Some(wait)).await {
+        let result = match self.cluster.route(shard)? {
+            Route::Local(actor) => actor.call(build, Some(wait)).await.map_err(drop),
+            Route::Remote { gateway, .. } => gateway
+                .call(
+                    |reply| PeerMsg::Shard {
+                        shard,
+                        msg: build(reply),
+                    },
+                    Some(wait),
+                )
+                .await
+                .map_err(drop),
+        };
+        match result {
             Ok(CallResult::Success(result)) => result,
             Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
                 "shard {shard} did not answer in {wait:?}"
@@ -209,9 +250,7 @@ impl Namespace {
         for &shard in shards {
             if !done.contains(&shard) {
                 done.push(shard);
-                if let Ok(actor) = self.directory.get(shard) {
-                    let _ = actor.cast(ShardMsg::ForgetOp { op });
-                }
+                self.cast(shard, ShardMsg::ForgetOp { op });
             }
         }
     }
@@ -704,9 +743,7 @@ impl Namespace {
     }
 
     pub fn forget_freed(&self, shard: ShardId, ids: Vec<BlockId>) {
-        if let Ok(actor) = self.directory.get(shard) {
-            let _ = actor.cast(ShardMsg::ForgetFreed { ids });
-        }
+        self.cast(shard, ShardMsg::ForgetFreed { ids });
     }
 
     pub async fn symlink(&self, target: &str, link: &str, uid: u32, gid: u32) -> FsResult<Attr> {
@@ -1203,9 +1240,10 @@ impl Namespace {
 
     // ---- inspection --------------------------------------------------------
 
+    /// Counters of the shards this node serves.
     pub async fn shard_stats(&self) -> FsResult<Vec<ShardStats>> {
         let mut out = Vec::new();
-        for shard in 0..self.shard_count as ShardId {
+        for shard in self.cluster.map().shards_of(&self.cluster.node_id) {
             out.push(self.call(shard, |reply| ShardMsg::Stats { reply }).await?);
         }
         Ok(out)

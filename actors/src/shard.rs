@@ -164,6 +164,21 @@ impl Actor for NamespaceShard {
             ShardMsg::ListIntents { reply } => state.read(reply, |s, t| s.intents(t)),
             ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
             ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),
+            ShardMsg::GetMap { reply } => state.read(reply, |s, t| s.cluster_map(t)),
+            ShardMsg::SetMap { expect, map, reply } => {
+                state.write(reply, move |s, t| s.set_cluster_map(t, expect, &map))
+            }
+            ShardMsg::Export {
+                from,
+                max_bytes,
+                reply,
+            } => state.read(reply, |s, t| {
+                s.export(t, from, (max_bytes as usize).clamp(4096, 4 << 20))
+            }),
+            ShardMsg::Import { records, reply } => {
+                state.write(reply, move |s, t| s.import(t, &records))
+            }
+            ShardMsg::DropAll { reply } => state.write(reply, |s, t| s.drop_all(t)),
             ShardMsg::Create {
                 parent,
                 name,

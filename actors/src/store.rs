@@ -31,10 +31,11 @@ use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTl
 use serde::{Deserialize, Serialize};
 
 use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock};
+use curvine_messages::cluster::ClusterMap;
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::shard::{
-    DentryValue, Intent, IntentOp, NameLock, NewFile, OpenForWrite, RenameOutcome, ShardMeta,
-    ShardScan, Step, StepResult, UnlinkOutcome, XattrValue,
+    DentryValue, ExportChunk, Intent, IntentOp, NameLock, NewFile, OpenForWrite, RenameOutcome,
+    ShardMeta, ShardRecord, ShardScan, Step, StepResult, UnlinkOutcome, XattrValue,
 };
 use curvine_messages::{
     check_xattr, make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
@@ -1601,6 +1602,190 @@ impl ShardStore {
 
 /// Deletes every key that starts with the big-endian `id` (an inode's
 /// xattrs, an operation's step records).
+/// The key of the cluster map in shard 0's `meta` table.
+const MAP_KEY: &[u8] = b"cluster_map";
+
+/// Tables in export order; their number is the table byte of a [`ShardRecord`].
+const TABLE_COUNT: u8 = 11;
+const OPS_TABLE: u8 = 5;
+
+impl ShardStore {
+    fn table(&self, n: u8) -> Option<Db> {
+        Some(match n {
+            0 => self.meta,
+            1 => self.inodes,
+            2 => self.dentries,
+            3 => self.xattrs,
+            4 => self.intents,
+            5 => self.ops,
+            6 => self.locks,
+            7 => self.blocks,
+            8 => self.owners,
+            9 => self.pending,
+            10 => self.freed,
+            _ => return None,
+        })
+    }
+
+    /// Whether a record of table `n` belongs to this shard. Keys of the
+    /// data tables begin with an id whose top byte is the shard; `meta`
+    /// holds the shard's record (and the cluster map on shard 0). Step
+    /// records are keyed by operation, not shard, and all go along: a record
+    /// is only ever read by the shard that applied its step, so extra ones
+    /// are inert.
+    fn owns_record(&self, n: u8, key: &[u8]) -> bool {
+        match n {
+            0 => key == self.meta_key.as_slice() || (self.shard == 0 && key == MAP_KEY),
+            OPS_TABLE => true,
+            _ => key.first() == Some(&(self.shard as u8)),
+        }
+    }
+
+    /// The cluster map stored here (shard 0).
+    pub fn cluster_map(&self, txn: &RoTxn) -> FsResult<Option<ClusterMap>> {
+        match self.meta.get(txn, MAP_KEY).map_err(lmdb_err)? {
+            Some(bytes) => Ok(Some(decode(bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// At node start, before any writer runs: the stored cluster map, or
+    /// `first` written as the first one when there is none.
+    pub fn init_cluster_map(&self, first: Option<&ClusterMap>) -> FsResult<Option<ClusterMap>> {
+        let txn = self.read_txn()?;
+        if let Some(map) = self.cluster_map(&txn)? {
+            return Ok(Some(map));
+        }
+        drop(txn);
+        let Some(first) = first else {
+            return Ok(None);
+        };
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
+        let stored = self.set_cluster_map(&mut wtxn, 0, first)?;
+        wtxn.commit().map_err(lmdb_err)?;
+        Ok(Some(stored))
+    }
+
+    /// Stores `map` when the stored version is `expect`; returns what is stored after.
+    pub fn set_cluster_map(
+        &self,
+        wtxn: &mut RwTxn,
+        expect: u64,
+        map: &ClusterMap,
+    ) -> FsResult<ClusterMap> {
+        if self.shard != 0 {
+            return Err(FsError::InvalidArgument(format!(
+                "the cluster map lives in shard 0, not shard {}",
+                self.shard
+            )));
+        }
+        if map.shards.len() != self.shard_count as usize {
+            return Err(FsError::InvalidArgument(format!(
+                "a cluster map names {} shards; the cluster has {}",
+                map.shards.len(),
+                self.shard_count
+            )));
+        }
+        let current = self.cluster_map(wtxn)?;
+        let version = current.as_ref().map(|m| m.version).unwrap_or(0);
+        if version != expect || map.version <= version {
+            return current.ok_or_else(|| {
+                FsError::Busy(format!(
+                    "the cluster map changed (version {version}, expected {expect})"
+                ))
+            });
+        }
+        self.meta
+            .put(wtxn, MAP_KEY, &encode_versioned(map))
+            .map_err(lmdb_err)?;
+        Ok(map.clone())
+    }
+
+    /// This shard's records from `from` on, up to about `max_bytes`.
+    pub fn export(
+        &self,
+        txn: &RoTxn,
+        from: Option<(u8, Vec<u8>)>,
+        max_bytes: usize,
+    ) -> FsResult<ExportChunk> {
+        let (first_table, first_key) = from.unwrap_or((0, Vec::new()));
+        let mut chunk = ExportChunk::default();
+        let mut bytes = 0usize;
+        for n in first_table..TABLE_COUNT {
+            let db = self.table(n).expect("table number in range");
+            let start: Vec<u8> = if n == first_table && !first_key.is_empty() {
+                first_key.clone()
+            } else if n == 0 || n == OPS_TABLE {
+                Vec::new()
+            } else {
+                vec![self.shard as u8]
+            };
+            let range = (Bound::Included(start.as_slice()), Bound::Unbounded);
+            for item in db.range(txn, &range).map_err(lmdb_err)? {
+                let (k, v) = item.map_err(lmdb_err)?;
+                if n != 0 && n != OPS_TABLE && k.first() != Some(&(self.shard as u8)) {
+                    break;
+                }
+                if !self.owns_record(n, k) {
+                    continue;
+                }
+                if bytes > 0 && bytes + k.len() + v.len() > max_bytes {
+                    chunk.next = Some((n, k.to_vec()));
+                    return Ok(chunk);
+                }
+                bytes += k.len() + v.len() + 8;
+                chunk.records.push(ShardRecord {
+                    table: n,
+                    key: k.to_vec(),
+                    value: v.to_vec(),
+                });
+            }
+        }
+        Ok(chunk)
+    }
+
+    /// Writes exported records into this shard's tables.
+    pub fn import(&self, wtxn: &mut RwTxn, records: &[ShardRecord]) -> FsResult<()> {
+        for r in records {
+            let db = self.table(r.table).ok_or_else(|| {
+                FsError::Protocol(format!("shard import names table {}", r.table))
+            })?;
+            if !self.owns_record(r.table, &r.key) {
+                return Err(FsError::Protocol(format!(
+                    "shard import for shard {} carries a record of another shard",
+                    self.shard
+                )));
+            }
+            db.put(wtxn, &r.key, &r.value).map_err(lmdb_err)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every record of this shard (step records stay: see `owns_record`).
+    pub fn drop_all(&self, wtxn: &mut RwTxn) -> FsResult<()> {
+        self.meta.delete(wtxn, &self.meta_key).map_err(lmdb_err)?;
+        if self.shard == 0 {
+            self.meta.delete(wtxn, MAP_KEY).map_err(lmdb_err)?;
+        }
+        let start = [self.shard as u8];
+        let end = (self.shard as u8).checked_add(1).map(|e| [e]);
+        let range = (
+            Bound::Included(&start[..]),
+            match &end {
+                Some(e) => Bound::Excluded(&e[..]),
+                None => Bound::Unbounded,
+            },
+        );
+        for n in 1..TABLE_COUNT {
+            if n != OPS_TABLE {
+                let db = self.table(n).expect("table number in range");
+                db.delete_range(wtxn, &range).map_err(lmdb_err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn delete_id_prefix(db: Db, wtxn: &mut RwTxn, id: u64) -> FsResult<()> {
     let start = key_ino(id);
     let end = key_ino(id + 1);

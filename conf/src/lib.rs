@@ -44,6 +44,16 @@ pub struct ClusterConf {
     pub cookie: String,
     /// Number of namespace shards, fixed when the cluster is formatted (1..=256).
     pub shards: u32,
+    /// How often a node tells the others it is alive.
+    pub heartbeat: Dur,
+    /// A node not heard from for this long is marked down: requests to its
+    /// shards and blocks fail at once (EIO naming it) instead of waiting.
+    pub node_timeout: Dur,
+    /// How long a new node waits for its seeds before giving up.
+    pub join_timeout: Dur,
+    /// Blocks with a replica on a node down for this long get a new replica
+    /// on a live node, copied from a surviving one.
+    pub rereplicate_after: Dur,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,6 +169,10 @@ impl Default for ClusterConf {
             name: "curvine".into(),
             cookie: String::new(),
             shards: 16,
+            heartbeat: Dur(std::time::Duration::from_secs(1)),
+            node_timeout: Dur(std::time::Duration::from_secs(10)),
+            join_timeout: Dur(std::time::Duration::from_secs(30)),
+            rereplicate_after: Dur(std::time::Duration::from_secs(300)),
         }
     }
 }
@@ -787,6 +801,20 @@ impl Config {
                 "data.low_watermark",
                 format!("{low} (high_watermark {high})"),
                 "expected 0 < low_watermark < high_watermark <= 1",
+            ));
+        }
+        if self.cluster.heartbeat.0 < std::time::Duration::from_millis(50) {
+            return Err(invalid(
+                "cluster.heartbeat",
+                self.cluster.heartbeat.to_string(),
+                "expected at least 50ms",
+            ));
+        }
+        if self.cluster.node_timeout.0 < self.cluster.heartbeat.0 * 2 {
+            return Err(invalid(
+                "cluster.node_timeout",
+                self.cluster.node_timeout.to_string(),
+                "expected at least twice cluster.heartbeat",
             ));
         }
         if self.data.write_lease.0 < std::time::Duration::from_secs(1) {

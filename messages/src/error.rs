@@ -68,6 +68,10 @@ pub enum FsError {
     /// Stored data failed a version or checksum check.
     #[error("data corrupted{}", detail(.0))]
     Corrupt(String),
+    /// The node holding the data or the shard is down (EIO, not retried:
+    /// the caller learns at once instead of waiting for the node).
+    #[error("input/output error: node down{}", detail(.0))]
+    NodeDown(String),
 }
 
 /// Result of a file-system operation.
@@ -99,6 +103,7 @@ impl FsError {
             FsError::TimedOut(_) => libc::ETIMEDOUT,
             FsError::Protocol(_) => libc::EPROTO,
             FsError::Corrupt(_) => libc::EIO,
+            FsError::NodeDown(_) => libc::EIO,
         }
     }
 
@@ -127,6 +132,7 @@ impl FsError {
             FsError::TimedOut(_) => "timed_out",
             FsError::Protocol(_) => "protocol",
             FsError::Corrupt(_) => "corrupt",
+            FsError::NodeDown(_) => "node_down",
         }
     }
 
@@ -162,6 +168,11 @@ impl FsError {
             FsError::TimedOut(_) => FsError::TimedOut(text),
             FsError::Protocol(_) => FsError::Protocol(text),
             FsError::Corrupt(_) => FsError::Corrupt(text),
+            // Keep which node is down: that is what the user must act on.
+            FsError::NodeDown(node) if !text.is_empty() => {
+                FsError::NodeDown(format!("{text}: {node}"))
+            }
+            FsError::NodeDown(node) => FsError::NodeDown(node),
         }
     }
 
@@ -189,7 +200,8 @@ impl FsError {
             | FsError::Unavailable(s)
             | FsError::TimedOut(s)
             | FsError::Protocol(s)
-            | FsError::Corrupt(s) => s,
+            | FsError::Corrupt(s)
+            | FsError::NodeDown(s) => s,
         }
     }
 

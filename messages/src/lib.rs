@@ -5,9 +5,11 @@
 //! how values look and how they are encoded.
 
 pub mod block;
+pub mod cluster;
 pub mod codec;
 pub mod error;
 pub mod path;
+pub mod remote;
 pub mod rpc;
 pub mod shard;
 pub mod types;

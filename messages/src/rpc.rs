@@ -290,6 +290,9 @@ pub struct NodeReport {
     pub tiers: Vec<TierStats>,
     /// Checksum mismatches this node found in block bytes.
     pub checksum_errors: u64,
+    /// `up`, `down`, `left`, or `unreachable` (up but not answering).
+    pub state: String,
+    pub state_since_ns: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -297,6 +300,8 @@ pub struct ClusterReport {
     pub cluster_id: String,
     pub shard_count: u32,
     pub nodes: Vec<NodeReport>,
+    /// The cluster map as the answering node knows it.
+    pub map: crate::cluster::ClusterMap,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,9 @@ use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 
 use crate::block::{BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease};
+use crate::cluster::ClusterMap;
 use crate::codec::Versioned;
+use crate::error::FsError;
 use crate::error::FsResult;
 use crate::types::{
     Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
@@ -231,185 +233,208 @@ pub struct ShardScan {
 
 type Reply<T> = RpcReplyPort<FsResult<T>>;
 
-/// Requests to one `NamespaceShard`. Sent by the namespace router and the
-/// intent driver on the same node. None may be lost silently: a shard that is
-/// gone drops the reply port and the caller sees `Unavailable`.
-#[derive(Debug)]
-pub enum ShardMsg {
-    /// The entry `name` in directory `parent` (held by this shard).
-    Lookup {
-        parent: Ino,
-        name: String,
-        reply: Reply<DirEntry>,
-    },
-    /// The entry `name` in `parent`, with the inode's attributes when this
-    /// shard owns the inode too (files usually; directories rarely).
-    LookupAttr {
-        parent: Ino,
-        name: String,
-        reply: Reply<(DirEntry, Option<Attr>)>,
-    },
-    /// Attributes of an inode owned by this shard.
-    GetAttr { ino: Ino, reply: Reply<Attr> },
-    /// Up to `limit` entries of directory `ino` after name `after`, in name order.
-    ReadDir {
-        ino: Ino,
-        after: Option<String>,
-        limit: u32,
-        reply: Reply<Vec<DirEntry>>,
-    },
-    /// Like `ReadDir`, with the attributes of every entry whose inode this
-    /// shard owns (files usually); `None` for the others.
-    ReadDirPlus {
-        ino: Ino,
-        after: Option<String>,
-        limit: u32,
-        reply: Reply<Vec<(DirEntry, Option<Attr>)>>,
-    },
-    /// Create a file or symlink `name` in `parent`; its inode lives here too.
-    /// `file` sets a new file's data layout and, for a writer, its lease.
-    Create {
-        parent: Ino,
-        name: String,
-        attrs: NewInode,
-        file: Option<NewFile>,
-        reply: Reply<Attr>,
-    },
-    /// Create file `name` in `parent` for a writer: with its lease, and with
-    /// its first block allocated in the same commit.
-    CreateFile {
-        parent: Ino,
-        name: String,
-        attrs: NewInode,
-        file: NewFile,
-        reply: Reply<(Attr, BlockId)>,
-    },
-    /// Open an existing file for writing: take its lease (EBUSY while another
-    /// writer's lease is fresh), dropping its blocks when `truncate`. Replies
-    /// with the attributes and the blocks the file has now.
-    OpenWrite {
-        ino: Ino,
-        open: OpenForWrite,
-        reply: Reply<(Attr, Vec<BlockInfo>, Option<BlockId>)>,
-    },
-    /// Allocate block `index` of a file for the writer holding `handle`.
-    AddBlock {
-        ino: Ino,
-        handle: u64,
-        index: u32,
-        reply: Reply<BlockId>,
-    },
-    /// Close a file after writing: `blocks` replace the blocks at their
-    /// indexes, `size` becomes the file's size (blocks past it are dropped),
-    /// allocated blocks not listed are freed, and the lease is released.
-    CompleteFile {
-        ino: Ino,
-        handle: u64,
-        size: u64,
-        blocks: Vec<BlockInfo>,
-        reply: Reply<Attr>,
-    },
-    /// Attributes and committed blocks of a file owned here.
-    FileBlocks {
-        ino: Ino,
-        reply: Reply<(Attr, Vec<BlockInfo>)>,
-    },
-    /// What each of these block ids (allocated by this shard) is used for.
-    CheckBlocks {
-        ids: Vec<BlockId>,
-        reply: Reply<Vec<BlockUse>>,
-    },
-    /// Blocks no longer referenced, to remove from their nodes.
-    TakeFreed {
-        limit: u32,
-        reply: Reply<Vec<FreedBlock>>,
-    },
-    /// Forget freed blocks once their nodes removed them. May be lost: they
-    /// are taken again and removal is idempotent.
-    ForgetFreed { ids: Vec<BlockId> },
-    /// Create directory `name` in `parent` with its inode on this shard.
-    MkdirLocal {
-        parent: Ino,
-        name: String,
-        attrs: NewInode,
-        reply: Reply<Attr>,
-    },
-    /// Change attributes of an inode owned here.
-    SetAttr {
-        ino: Ino,
-        set: SetAttr,
-        reply: Reply<Attr>,
-    },
-    /// Set an extended attribute of an inode owned here.
-    SetXattr {
-        ino: Ino,
-        name: String,
-        value: Vec<u8>,
-        mode: XattrMode,
-        reply: Reply<()>,
-    },
-    /// Value of an extended attribute (ENODATA when absent).
-    GetXattr {
-        ino: Ino,
-        name: String,
-        reply: Reply<Vec<u8>>,
-    },
-    /// Names of an inode's extended attributes, in byte order.
-    ListXattr { ino: Ino, reply: Reply<Vec<String>> },
-    /// Remove an extended attribute (ENODATA when absent).
-    RemoveXattr {
-        ino: Ino,
-        name: String,
-        reply: Reply<()>,
-    },
-    /// Remove file or symlink `name` from `parent`.
-    Unlink {
-        parent: Ino,
-        name: String,
-        reply: Reply<UnlinkOutcome>,
-    },
-    /// Remove empty directory `name` from `parent` when its inode is here too.
-    RmdirLocal {
-        parent: Ino,
-        name: String,
-        reply: Reply<DirEntry>,
-    },
-    /// Rename within this shard (both parents here) when no other shard is involved.
-    RenameLocal {
-        src_parent: Ino,
-        src_name: String,
-        dst_parent: Ino,
-        dst_name: String,
-        reply: Reply<RenameOutcome>,
-    },
-    /// Validate and record a cross-shard operation coordinated by this shard.
-    BeginIntent {
-        action: IntentOp,
-        reply: Reply<Intent>,
-    },
-    /// Mark an intent as rolling back.
-    AbortIntent { op: OpId, reply: Reply<()> },
-    /// Apply one idempotent step of operation `op`.
-    ApplyStep {
-        op: OpId,
-        step_no: u8,
-        step: Step,
-        reply: Reply<StepResult>,
-    },
-    /// Delete a finished intent and the name locks it still holds here.
-    EndIntent { op: OpId, reply: Reply<()> },
-    /// Delete the step records of a finished operation. May be lost: leftover
-    /// records are swept by age.
-    ForgetOp { op: OpId },
-    /// Intents recorded here (for re-driving after a restart).
-    ListIntents { reply: Reply<Vec<Intent>> },
-    /// Counters for `report`.
-    Stats { reply: Reply<ShardStats> },
-    /// Full content, for consistency checks.
-    Scan { reply: Reply<ShardScan> },
+/// Declares [`ShardMsg`] and its wire form [`ShardWire`] from one list, so
+/// the two cannot drift apart. Calls get a `reply` port of `FsResult<T>`;
+/// casts have none.
+macro_rules! shard_messages {
+    (
+        $(#[$emeta:meta])*
+        pub enum ShardMsg {
+            calls {
+                $( $(#[$cmeta:meta])* $call:ident { $($cf:ident : $ct:ty),* $(,)? } -> $reply:ty; )*
+            }
+            casts {
+                $( $(#[$smeta:meta])* $cast:ident { $($sf:ident : $st:ty),* $(,)? }; )*
+            }
+        }
+    ) => {
+        $(#[$emeta])*
+        #[derive(Debug)]
+        pub enum ShardMsg {
+            $( $(#[$cmeta])* $call { $($cf: $ct,)* reply: Reply<$reply> }, )*
+            $( $(#[$smeta])* $cast { $($sf: $st,)* }, )*
+        }
+
+        impl ractor::Message for ShardMsg {}
+
+        /// A [`ShardMsg`] without its reply port, as it travels to the node
+        /// that hosts the shard.
+        #[derive(Debug, Serialize, Deserialize)]
+        pub enum ShardWire {
+            $( $call { $($cf: $ct,)* }, )*
+            $( $cast { $($sf: $st,)* }, )*
+        }
+
+        impl ShardMsg {
+            /// The message as it crosses nodes, and for a call the port of
+            /// bytes that carries the encoded reply back to the caller.
+            pub fn into_wire(self) -> (ShardWire, Option<RpcReplyPort<Vec<u8>>>) {
+                match self {
+                    $( ShardMsg::$call { $($cf,)* reply } => (
+                        ShardWire::$call { $($cf,)* },
+                        Some(crate::remote::bridge_out(reply)),
+                    ), )*
+                    $( ShardMsg::$cast { $($sf,)* } => (ShardWire::$cast { $($sf,)* }, None), )*
+                }
+            }
+
+            /// Rebuilds a message on the hosting node; its reply is encoded
+            /// into `reply`. A call without a port is refused.
+            pub fn from_wire(
+                wire: ShardWire,
+                reply: Option<RpcReplyPort<Vec<u8>>>,
+            ) -> Result<ShardMsg, FsError> {
+                match wire {
+                    $( ShardWire::$call { $($cf,)* } => match reply {
+                        Some(port) => Ok(ShardMsg::$call {
+                            $($cf,)*
+                            reply: crate::remote::bridge_in(port),
+                        }),
+                        None => Err(FsError::Protocol(format!(
+                            "shard request {} arrived without a reply port",
+                            stringify!($call)
+                        ))),
+                    }, )*
+                    $( ShardWire::$cast { $($sf,)* } => Ok(ShardMsg::$cast { $($sf,)* }), )*
+                }
+            }
+
+            /// Answers the message with `error` (a call) or drops it (a cast).
+            pub fn fail(self, error: FsError) {
+                match self {
+                    $( ShardMsg::$call { reply, .. } => {
+                        let _ = reply.send(Err(error));
+                    } )*
+                    $( ShardMsg::$cast { .. } => {} )*
+                }
+            }
+
+            /// Whether the message expects a reply.
+            pub fn is_call(&self) -> bool {
+                match self {
+                    $( ShardMsg::$call { .. } => true, )*
+                    $( ShardMsg::$cast { .. } => false, )*
+                }
+            }
+        }
+    };
 }
 
-impl ractor::Message for ShardMsg {}
+/// One record of a shard's databases, for moving the shard to another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    /// Which database (the store's table number).
+    pub table: u8,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// A part of a shard's export, in key order, with where the next part starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportChunk {
+    pub records: Vec<ShardRecord>,
+    /// Table and key after the last record; `None` at the end.
+    pub next: Option<(u8, Vec<u8>)>,
+}
+
+shard_messages! {
+    /// Requests to one `NamespaceShard`. Sent by the namespace router and the
+    /// intent driver on the same node. None may be lost silently: a shard that is
+    /// gone drops the reply port and the caller sees `Unavailable`.
+    pub enum ShardMsg {
+        calls {
+            /// The entry `name` in directory `parent` (held by this shard).
+            Lookup { parent: Ino, name: String } -> DirEntry;
+            /// The entry `name` in `parent`, with the inode's attributes when this
+            /// shard owns the inode too (files usually; directories rarely).
+            LookupAttr { parent: Ino, name: String } -> (DirEntry, Option<Attr>);
+            /// Attributes of an inode owned by this shard.
+            GetAttr { ino: Ino } -> Attr;
+            /// Up to `limit` entries of directory `ino` after name `after`, in name order.
+            ReadDir { ino: Ino, after: Option<String>, limit: u32 } -> Vec<DirEntry>;
+            /// Like `ReadDir`, with the attributes of every entry whose inode this
+            /// shard owns (files usually); `None` for the others.
+            ReadDirPlus { ino: Ino, after: Option<String>, limit: u32 } -> Vec<(DirEntry, Option<Attr>)>;
+            /// Create a file or symlink `name` in `parent`; its inode lives here too.
+            /// `file` sets a new file's data layout and, for a writer, its lease.
+            Create { parent: Ino, name: String, attrs: NewInode, file: Option<NewFile> } -> Attr;
+            /// Create file `name` in `parent` for a writer: with its lease, and with
+            /// its first block allocated in the same commit.
+            CreateFile { parent: Ino, name: String, attrs: NewInode, file: NewFile } -> (Attr, BlockId);
+            /// Open an existing file for writing: take its lease (EBUSY while another
+            /// writer's lease is fresh), dropping its blocks when `truncate`. Replies
+            /// with the attributes and the blocks the file has now.
+            OpenWrite { ino: Ino, open: OpenForWrite } -> (Attr, Vec<BlockInfo>, Option<BlockId>);
+            /// Allocate block `index` of a file for the writer holding `handle`.
+            AddBlock { ino: Ino, handle: u64, index: u32 } -> BlockId;
+            /// Close a file after writing: `blocks` replace the blocks at their
+            /// indexes, `size` becomes the file's size (blocks past it are dropped),
+            /// allocated blocks not listed are freed, and the lease is released.
+            CompleteFile { ino: Ino, handle: u64, size: u64, blocks: Vec<BlockInfo> } -> Attr;
+            /// Attributes and committed blocks of a file owned here.
+            FileBlocks { ino: Ino } -> (Attr, Vec<BlockInfo>);
+            /// What each of these block ids (allocated by this shard) is used for.
+            CheckBlocks { ids: Vec<BlockId> } -> Vec<BlockUse>;
+            /// Blocks no longer referenced, to remove from their nodes.
+            TakeFreed { limit: u32 } -> Vec<FreedBlock>;
+            /// Create directory `name` in `parent` with its inode on this shard.
+            MkdirLocal { parent: Ino, name: String, attrs: NewInode } -> Attr;
+            /// Change attributes of an inode owned here.
+            SetAttr { ino: Ino, set: SetAttr } -> Attr;
+            /// Set an extended attribute of an inode owned here.
+            SetXattr { ino: Ino, name: String, value: Vec<u8>, mode: XattrMode } -> ();
+            /// Value of an extended attribute (ENODATA when absent).
+            GetXattr { ino: Ino, name: String } -> Vec<u8>;
+            /// Names of an inode's extended attributes, in byte order.
+            ListXattr { ino: Ino } -> Vec<String>;
+            /// Remove an extended attribute (ENODATA when absent).
+            RemoveXattr { ino: Ino, name: String } -> ();
+            /// Remove file or symlink `name` from `parent`.
+            Unlink { parent: Ino, name: String } -> UnlinkOutcome;
+            /// Remove empty directory `name` from `parent` when its inode is here too.
+            RmdirLocal { parent: Ino, name: String } -> DirEntry;
+            /// Rename within this shard (both parents here) when no other shard is involved.
+            RenameLocal { src_parent: Ino, src_name: String, dst_parent: Ino, dst_name: String } -> RenameOutcome;
+            /// Validate and record a cross-shard operation coordinated by this shard.
+            BeginIntent { action: IntentOp } -> Intent;
+            /// Mark an intent as rolling back.
+            AbortIntent { op: OpId } -> ();
+            /// Apply one idempotent step of operation `op`.
+            ApplyStep { op: OpId, step_no: u8, step: Step } -> StepResult;
+            /// Delete a finished intent and the name locks it still holds here.
+            EndIntent { op: OpId } -> ();
+            /// Intents recorded here (for re-driving after a restart).
+            ListIntents {} -> Vec<Intent>;
+            /// Counters for `report`.
+            Stats {} -> ShardStats;
+            /// Full content, for consistency checks.
+            Scan {} -> ShardScan;
+            /// The cluster map (shard 0 holds it); `None` before it is first set.
+            GetMap {} -> Option<ClusterMap>;
+            /// Stores `map` if the stored map's version is `expect` (0: none
+            /// yet) and `map.version` is higher; replies with the map stored
+            /// afterwards, so a caller that lost the race sees the winner.
+            SetMap { expect: u64, map: ClusterMap } -> ClusterMap;
+            /// Up to about `max_bytes` of this shard's records from `from`
+            /// on, in key order (the first part of a shard move).
+            Export { from: Option<(u8, Vec<u8>)>, max_bytes: u32 } -> ExportChunk;
+            /// Writes records exported by another node into this shard's
+            /// databases (a shard move's copy).
+            Import { records: Vec<ShardRecord> } -> ();
+            /// Deletes every record of this shard (before an import, and on
+            /// the old node after a move).
+            DropAll {} -> ();
+        }
+        casts {
+            /// Forget freed blocks once their nodes removed them. May be lost: they
+            /// are taken again and removal is idempotent.
+            ForgetFreed { ids: Vec<BlockId> };
+            /// Delete the step records of a finished operation. May be lost: leftover
+            /// records are swept by age.
+            ForgetOp { op: OpId };
+        }
+    }
+}
 
 impl ShardMsg {
     /// A short name of the message kind, for traces and metrics.
@@ -446,6 +471,11 @@ impl ShardMsg {
             ShardMsg::ListIntents { .. } => "list_intents",
             ShardMsg::Stats { .. } => "stats",
             ShardMsg::Scan { .. } => "scan",
+            ShardMsg::GetMap { .. } => "get_map",
+            ShardMsg::SetMap { .. } => "set_map",
+            ShardMsg::Export { .. } => "export",
+            ShardMsg::Import { .. } => "import",
+            ShardMsg::DropAll { .. } => "drop_all",
         }
     }
 }

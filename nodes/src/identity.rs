@@ -27,6 +27,14 @@ pub struct Identity {
     /// the key existed used one environment per shard.
     #[serde(default = "per_shard_layout")]
     pub meta_layout: String,
+    /// This node formatted the cluster (it wrote the first cluster map).
+    /// Directories from before clusters could be joined were all founders.
+    #[serde(default = "yes")]
+    pub founder: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn per_shard_layout() -> String {
@@ -41,6 +49,11 @@ pub enum IdentityError {
     Locked { path: String },
     #[error("{path} is not a valid identity file: {reason}")]
     Invalid { path: String, reason: String },
+    #[error(
+        "a new node joining the cluster of {seeds:?} needs the cluster's cookie: set cluster.cookie \
+         (it is in identity.toml in the data directory of any member)"
+    )]
+    NeedCookie { seeds: Vec<String> },
     #[error(
         "{path} was written by a newer release (layout {found}, this release reads {supported})"
     )]
@@ -63,6 +76,10 @@ pub struct DataDir {
     pub path: PathBuf,
     pub identity: Identity,
     pub formatted_now: bool,
+    /// The directory is new and the node joins the cluster of its seeds:
+    /// `identity` is provisional (node id and cookie only) until
+    /// [`DataDir::adopt`] records the cluster it joined.
+    pub joining: bool,
     _lock: File,
 }
 
@@ -102,6 +119,29 @@ impl DataDir {
                 });
             }
             (identity, false)
+        } else if !config.node.seeds.is_empty() {
+            if config.cluster.cookie.is_empty() {
+                return Err(IdentityError::NeedCookie {
+                    seeds: config.node.seeds.clone(),
+                });
+            }
+            let identity = Identity {
+                version: IDENTITY_VERSION,
+                cluster_id: String::new(),
+                cluster_name: String::new(),
+                node_id: random_hex(6),
+                shard_count: 0,
+                meta_layout: config.meta.layout.clone(),
+                cookie: config.cluster.cookie.clone(),
+                founder: false,
+            };
+            return Ok(DataDir {
+                path: path.to_path_buf(),
+                identity,
+                formatted_now: false,
+                joining: true,
+                _lock: lock,
+            });
         } else {
             let identity = Identity {
                 version: IDENTITY_VERSION,
@@ -115,26 +155,38 @@ impl DataDir {
                 } else {
                     config.cluster.cookie.clone()
                 },
+                founder: true,
             };
-            let text = toml::to_string(&identity).map_err(|e| IdentityError::Invalid {
-                path: shown,
-                reason: e.to_string(),
-            })?;
-            // Write then rename, so a crash never leaves a half identity.
-            let tmp = path.join(format!("{IDENTITY_FILE}.tmp"));
-            let mut f = File::create(&tmp).map_err(io)?;
-            f.write_all(text.as_bytes()).map_err(io)?;
-            f.sync_all().map_err(io)?;
-            std::fs::rename(&tmp, &file).map_err(io)?;
-            File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
+            write_identity(path, &identity)?;
             (identity, true)
         };
         Ok(DataDir {
             path: path.to_path_buf(),
             identity,
             formatted_now,
+            joining: false,
             _lock: lock,
         })
+    }
+
+    /// Records the cluster a joining node was admitted to.
+    pub fn adopt(
+        &mut self,
+        info: &curvine_messages::cluster::JoinInfo,
+    ) -> Result<(), IdentityError> {
+        self.identity.cluster_id = info.cluster_id.clone();
+        self.identity.cluster_name = info.cluster_name.clone();
+        self.identity.shard_count = info.shard_count;
+        self.identity.meta_layout = info.meta_layout.clone();
+        write_identity(&self.path, &self.identity)?;
+        self.joining = false;
+        self.formatted_now = true;
+        Ok(())
+    }
+
+    /// Where [`curvine_actors::membership`] keeps the known nodes and map.
+    pub fn members_file(&self) -> PathBuf {
+        self.path.join("members.toml")
     }
 
     /// Directory of the LMDB environment that holds a shard's databases.
@@ -145,4 +197,24 @@ impl DataDir {
             self.path.join("meta")
         }
     }
+}
+
+/// Writes the identity file by rename, so a crash never leaves half of it.
+fn write_identity(path: &Path, identity: &Identity) -> Result<(), IdentityError> {
+    let io = |reason: std::io::Error| IdentityError::Io {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    };
+    let file = path.join(IDENTITY_FILE);
+    let text = toml::to_string(identity).map_err(|e| IdentityError::Invalid {
+        path: file.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let tmp = path.join(format!("{IDENTITY_FILE}.tmp"));
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, &file).map_err(io)?;
+    File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
+    Ok(())
 }

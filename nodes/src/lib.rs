@@ -3,8 +3,10 @@
 
 pub mod client;
 pub mod data;
+pub mod gateway;
 pub mod identity;
 pub mod io;
+pub mod join;
 pub mod node;
 pub mod server;
 pub mod service;

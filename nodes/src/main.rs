@@ -67,7 +67,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+    // ractor_cluster reports every session step at info; its problems show
+    // at warn, and membership logs what an operator needs.
+    let level = if config.log.level.contains("ractor_cluster") {
+        config.log.level.clone()
+    } else {
+        format!("{},ractor_cluster=warn", config.log.level)
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -97,7 +104,13 @@ fn main() {
         eprintln!(
             "curvine-node: data directory {} ({} cluster {} with {} shards)",
             node.data_dir.path.display(),
-            if node.data_dir.formatted_now { "formatted new" } else { "reopened" },
+            if !node.data_dir.formatted_now {
+                "reopened"
+            } else if node.data_dir.identity.founder {
+                "formatted new"
+            } else {
+                "joined"
+            },
             id.cluster_id,
             id.shard_count
         );
@@ -108,7 +121,7 @@ fn main() {
             );
         }
         if !config.node.seeds.is_empty() {
-            eprintln!("curvine-node: seeds {:?} noted; joining other nodes is not supported by this release yet", config.node.seeds);
+            eprintln!("curvine-node: seeds {}", config.node.seeds.join(","));
         }
         eprintln!(
             "curvine-node: node {} serving clients on {} (cluster port {}, data port {})",

@@ -19,7 +19,14 @@ use curvine_conf::Config;
 use curvine_messages::block::{DataNode, TierKind};
 use curvine_messages::{now_ns, ShardId};
 
+use std::sync::{OnceLock, Weak};
+
+use curvine_actors::cluster::ClusterView;
+use curvine_actors::membership::{read_members_file, Membership, MembershipArgs};
+use curvine_messages::cluster::{ClusterMap, JoinInfo, MemberInfo};
+
 use crate::data::{DataContext, DataServer, DataServerArgs};
+use crate::gateway::{Gateway, GatewayArgs};
 use crate::identity::DataDir;
 use crate::service::{NodeInfo, Service};
 
@@ -33,16 +40,26 @@ pub enum Child {
     ShardHost,
     BlockManager,
     DataServer,
+    Gateway,
+    Membership,
 }
 
 impl Child {
-    const ALL: [Child; 3] = [Child::ShardHost, Child::BlockManager, Child::DataServer];
+    const ALL: [Child; 5] = [
+        Child::ShardHost,
+        Child::BlockManager,
+        Child::DataServer,
+        Child::Gateway,
+        Child::Membership,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Child::ShardHost => "shard-host",
             Child::BlockManager => "block-manager",
             Child::DataServer => "data-server",
+            Child::Gateway => "gateway",
+            Child::Membership => "membership",
         }
     }
 }
@@ -52,6 +69,8 @@ pub struct NodeArgs {
     pub block_args: BlockArgs,
     pub block_ref: BlockManagerRef,
     pub data_args: Arc<dyn Fn() -> DataServerArgs + Send + Sync>,
+    pub gateway_args: GatewayArgs,
+    pub membership_args: MembershipArgs,
     pub policy: RestartPolicy,
 }
 
@@ -103,6 +122,26 @@ impl NodeSupervisor {
             .await?
             .0
             .get_cell(),
+            Child::Gateway => Actor::spawn_linked(
+                None,
+                Gateway,
+                state.args.gateway_args.clone(),
+                myself.get_cell(),
+            )
+            .await?
+            .0
+            .get_cell(),
+            Child::Membership => {
+                let (actor, _) = Actor::spawn_linked(
+                    None,
+                    Membership,
+                    state.args.membership_args.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                *state.args.gateway_args.membership.write() = Some(actor.clone());
+                actor.get_cell()
+            }
         };
         state.children.retain(|(c, _)| *c != child);
         state.children.push((child, cell));
@@ -182,6 +221,9 @@ impl Actor for NodeSupervisor {
         if child == Child::BlockManager {
             state.args.block_ref.set(None);
         }
+        if child == Child::Membership {
+            *state.args.gateway_args.membership.write() = None;
+        }
         tracing::error!(child = child.name(), error = %error, "node actor failed");
         let policy = state.args.policy.clone();
         let tracker = state
@@ -226,23 +268,104 @@ pub enum StartError {
     Store(String),
     #[error("cannot start the actors: {0}")]
     Actors(String),
+    #[error("cannot join the cluster: {0}")]
+    Join(String),
 }
 
-/// Starts a node with `config`: opens (or formats) the data directory,
-/// starts the supervision tree, the client port and the cluster port.
+/// Starts a node with `config`: opens (or formats) the data directory, joins
+/// the cluster of its seeds when the directory is new, starts the
+/// supervision tree, the client port and the cluster port.
 pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
-    let data_dir = DataDir::open(&config.data_dir(), config)?;
+    let mut data_dir = DataDir::open(&config.data_dir(), config)?;
+
+    // The cluster port first: a new node learns its cluster through it.
+    let cluster_addr = resolve_port(&config.cluster_listen())?;
+    let (cluster_host, cluster_port) = split_addr(&cluster_addr);
+    let cluster_server = ractor_cluster::NodeServer::new(
+        cluster_port,
+        data_dir.identity.cookie.clone(),
+        data_dir.identity.node_id.clone(),
+        cluster_host,
+        None,
+        Some(ractor_cluster::node::NodeConnectionMode::Transitive),
+    );
+    let (cluster_server, _) =
+        Actor::spawn(None, cluster_server, ())
+            .await
+            .map_err(|e| StartError::Cluster {
+                addr: cluster_addr.clone(),
+                reason: e.to_string(),
+            })?;
+    let joined = if data_dir.joining {
+        let info = crate::join::join(
+            &cluster_server,
+            &config.node.seeds,
+            config.cluster.join_timeout.0,
+        )
+        .await
+        .map_err(|e| {
+            cluster_server.stop(None);
+            StartError::Join(e)
+        })?;
+        data_dir.adopt(&info)?;
+        tracing::info!(cluster = %info.cluster_id, through = %info.node_id, "joined the cluster");
+        Some(info)
+    } else {
+        None
+    };
+    match start_with(
+        config,
+        data_dir,
+        cluster_server.clone(),
+        cluster_addr,
+        joined,
+    )
+    .await
+    {
+        Ok(node) => Ok(node),
+        Err(e) => {
+            cluster_server.stop(None);
+            Err(e)
+        }
+    }
+}
+
+/// `host:port` with port 0 replaced by a free port (ractor_cluster
+/// announces the port it was given, so it must be the real one).
+fn resolve_port(addr: &str) -> Result<String, StartError> {
+    let (host, port) = split_addr(addr);
+    if port != 0 {
+        return Ok(addr.to_string());
+    }
+    let probe =
+        std::net::TcpListener::bind((host.as_str(), 0)).map_err(|e| StartError::Cluster {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+    let port = probe
+        .local_addr()
+        .map_err(|e| StartError::Cluster {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?
+        .port();
+    Ok(format!("{host}:{port}"))
+}
+
+fn split_addr(addr: &str) -> (String, u16) {
+    let (host, port) = addr.rsplit_once(':').unwrap_or(("127.0.0.1", "0"));
+    (host.to_string(), port.parse().unwrap_or(0))
+}
+
+async fn start_with(
+    config: &Config,
+    data_dir: DataDir,
+    cluster_server: ActorRef<ractor_cluster::NodeServerMessage>,
+    cluster_addr: String,
+    joined: Option<JoinInfo>,
+) -> Result<RunningNode, StartError> {
     let identity = data_dir.identity.clone();
     let directory = ShardDirectory::new(identity.shard_count);
-    let namespace = Namespace::with_files(
-        directory.clone(),
-        config.client.request_timeout.0,
-        FileDefaults {
-            block_size: config.data.block_size.0,
-            replicas: config.data.replicas as u16,
-            lease_timeout: config.data.write_lease.0,
-        },
-    );
 
     let options = StoreOptions {
         map_size: config.meta.map_size.0,
@@ -260,16 +383,33 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         .iter()
         .map(|i| data_dir.shard_env_path(i.shard))
         .collect();
-    let stores = tokio::task::spawn_blocking(move || {
-        identities
+    // The cluster map: the newest of shard 0's record (when this node holds
+    // shard 0), the copy kept with the node table, and what the cluster told
+    // a new node. The founder writes the first map.
+    let (_, saved_map) = read_members_file(&data_dir.members_file());
+    let founder_map = (identity.founder && saved_map.is_none())
+        .then(|| ClusterMap::single(&identity.node_id, identity.shard_count));
+    let (stores, stored_map) = tokio::task::spawn_blocking(move || {
+        let stores = identities
             .iter()
             .zip(paths)
             .map(|(id, path)| ShardStore::open(&path, id, &options).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()
+            .collect::<Result<Vec<_>, _>>()?;
+        let stored = stores[0].init_cluster_map(founder_map.as_ref())?;
+        Ok::<_, curvine_messages::FsError>((stores, stored))
     })
     .await
     .map_err(|e| StartError::Actors(e.to_string()))?
     .map_err(|e| StartError::Store(e.to_string()))?;
+    let map = [stored_map, saved_map, joined.map(|j| j.map)]
+        .into_iter()
+        .flatten()
+        .filter(|m| m.shards.len() == identity.shard_count as usize)
+        .max_by_key(|m| m.version)
+        .unwrap_or_else(|| ClusterMap {
+            version: 0,
+            shards: vec![String::new(); identity.shard_count as usize],
+        });
     let shard_args: Vec<ShardArgs> = stores
         .into_iter()
         .map(|store| ShardArgs {
@@ -299,6 +439,59 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         "block store opened"
     );
     let block_store = Arc::new(block_store);
+
+    let data_listen = config.data_listen();
+    let data_listener =
+        std::net::TcpListener::bind(&data_listen).map_err(|e| StartError::Listen {
+            addr: data_listen.clone(),
+            reason: e.to_string(),
+        })?;
+    let data_addr = data_listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or(data_listen);
+    let listener =
+        TcpListener::bind(&config.node.listen)
+            .await
+            .map_err(|e| StartError::Listen {
+                addr: config.node.listen.clone(),
+                reason: e.to_string(),
+            })?;
+    let rpc_addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| config.node.listen.clone());
+    let host_key = crate::data::host_key();
+    let started_ns = now_ns();
+
+    let me = MemberInfo {
+        node_id: identity.node_id.clone(),
+        cluster_addr: cluster_addr.clone(),
+        rpc_addr: rpc_addr.clone(),
+        data_addr: data_addr.clone(),
+        http_addr: String::new(),
+        host_key: host_key.clone(),
+        tiers: block_store.stats(),
+        started_ns,
+        draining: false,
+    };
+    let view = ClusterView::new(
+        me,
+        identity.cluster_id.clone(),
+        directory.clone(),
+        map,
+        config.cluster.node_timeout.0,
+    );
+    let namespace = Namespace::with_cluster(
+        view.clone(),
+        config.client.request_timeout.0,
+        FileDefaults {
+            block_size: config.data.block_size.0,
+            replicas: config.data.replicas as u16,
+            lease_timeout: config.data.write_lease.0,
+        },
+    );
+
     let block_ref = BlockManagerRef::default();
     let block_args = BlockArgs {
         store: block_store.clone(),
@@ -311,29 +504,19 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
             tick: Duration::from_secs(1),
         },
     };
-    let data_listen = config.data_listen();
-    let data_listener =
-        std::net::TcpListener::bind(&data_listen).map_err(|e| StartError::Listen {
-            addr: data_listen.clone(),
-            reason: e.to_string(),
-        })?;
-    let data_addr = data_listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or(data_listen);
     let data_listener = Arc::new(data_listener);
     let tokens = TokenKey::new(&identity.cookie, config.data.token_ttl.0);
     let data_node = DataNode {
         node_id: identity.node_id.clone(),
         data_addr: data_addr.clone(),
-        host_key: crate::data::host_key(),
+        host_key: host_key.clone(),
     };
     let data_ctx = DataContext {
         store: block_store.clone(),
         manager: block_ref.clone(),
         tokens: tokens.clone(),
         node_id: identity.node_id.clone(),
-        host_key: data_node.host_key.clone(),
+        host_key,
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -343,26 +526,55 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
     let policy = RestartPolicy::from(&config.supervisor);
     let recovery_ns = namespace.clone();
     let host_policy = policy.clone();
+    let host_view = view.clone();
     let make_host_args = Arc::new(move || {
         let ns = recovery_ns.clone();
+        let view = host_view.clone();
         HostArgs {
             shards: shard_args.clone(),
             directory: directory.clone(),
             policy: host_policy.clone(),
             on_started: Arc::new(move |shard| {
-                let ns = ns.clone();
-                tokio::spawn(async move {
-                    match ns.redrive(shard).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(shard, intents = n, "recovered pending operations"),
-                        Err(e) => {
-                            tracing::error!(shard, error = %e, "recovering pending operations failed")
-                        }
-                    }
-                });
+                // Intents are driven by the node that serves the shard.
+                if view.serves(shard) {
+                    redrive(ns.clone(), shard);
+                }
             }),
         }
     });
+    let service_slot: Arc<OnceLock<Weak<Service>>> = Arc::new(OnceLock::new());
+    let gateway_args = GatewayArgs {
+        view: view.clone(),
+        service: service_slot.clone(),
+        membership: Default::default(),
+        join: JoinInfo {
+            cluster_id: identity.cluster_id.clone(),
+            cluster_name: identity.cluster_name.clone(),
+            shard_count: identity.shard_count,
+            meta_layout: identity.meta_layout.clone(),
+            map: ClusterMap::default(),
+            node_id: identity.node_id.clone(),
+        },
+    };
+    let tier_store = block_store.clone();
+    let map_ns = namespace.clone();
+    let me_id = identity.node_id.clone();
+    let membership_args = MembershipArgs {
+        view: view.clone(),
+        server: cluster_server.clone(),
+        seeds: config.node.seeds.clone(),
+        heartbeat: config.cluster.heartbeat.0,
+        members_file: data_dir.members_file(),
+        tiers: Arc::new(move || tier_store.stats()),
+        on_map_change: Arc::new(move |old, new| {
+            for shard in new.shards_of(&me_id) {
+                if old.owner(shard) != Some(me_id.as_str()) {
+                    tracing::info!(shard, version = new.version, "now serving shard");
+                    redrive(map_ns.clone(), shard);
+                }
+            }
+        }),
+    };
     let (supervisor, supervisor_done) = Actor::spawn(
         Some("node".into()),
         NodeSupervisor,
@@ -371,60 +583,32 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
             block_args,
             block_ref: block_ref.clone(),
             data_args,
+            gateway_args,
+            membership_args,
             policy,
         },
     )
     .await
     .map_err(|e| StartError::Actors(e.to_string()))?;
 
-    let listener =
-        TcpListener::bind(&config.node.listen)
-            .await
-            .map_err(|e| StartError::Listen {
-                addr: config.node.listen.clone(),
-                reason: e.to_string(),
-            })?;
-    let rpc_addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| config.node.listen.clone());
-
-    let cluster_addr = config.cluster_listen();
-    let (host, port) = cluster_addr.rsplit_once(':').unwrap_or(("127.0.0.1", "0"));
-    let port: u16 = port.parse().unwrap_or(0);
-    let cluster_server = ractor_cluster::NodeServer::new(
-        port,
-        identity.cookie.clone(),
-        identity.node_id.clone(),
-        host.to_string(),
-        None,
-        Some(ractor_cluster::node::NodeConnectionMode::Transitive),
-    );
-    let cluster_server = match Actor::spawn(None, cluster_server, ()).await {
-        Ok((server, _)) => Some(server),
-        Err(e) => {
-            return Err(StartError::Cluster {
-                addr: cluster_addr,
-                reason: e.to_string(),
-            })
-        }
-    };
-
     let service = Arc::new(Service {
         namespace,
+        view,
         info: NodeInfo {
             cluster_id: identity.cluster_id.clone(),
             node_id: identity.node_id.clone(),
             rpc_addr: rpc_addr.clone(),
             cluster_addr: cluster_addr.clone(),
             data_dir: data_dir.path.display().to_string(),
-            started_ns: now_ns(),
+            started_ns,
         },
         blocks: block_store,
         manager: block_ref,
         tokens,
         data: data_node,
+        pool: crate::io::DataPool::new(config.client.connect_timeout.0),
     });
+    let _ = service_slot.set(Arc::downgrade(&service));
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
     Ok(RunningNode {
         data_dir,
@@ -435,8 +619,21 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         cluster_addr,
         data_addr,
         server,
-        cluster_server,
+        cluster_server: Some(cluster_server),
     })
+}
+
+/// Drives the intents a shard recorded, in a task.
+fn redrive(ns: Arc<Namespace>, shard: ShardId) {
+    tokio::spawn(async move {
+        match ns.redrive(shard).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(shard, intents = n, "recovered pending operations"),
+            Err(e) => {
+                tracing::error!(shard, error = %e, "recovering pending operations failed")
+            }
+        }
+    });
 }
 
 impl RunningNode {

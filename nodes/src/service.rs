@@ -2,15 +2,21 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
+use curvine_actors::cluster::ClusterView;
 use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary, ReadBlock};
+use curvine_messages::cluster::{MemberState, PeerMsg, PullBlock};
 use curvine_messages::rpc::{
     BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, ReadOpen,
     Request, Response, WriteOpen,
 };
-use curvine_messages::{FileKind, FsResult};
+use curvine_messages::{FileKind, FsError, FsResult};
 
 /// What the node tells about itself in reports.
 #[derive(Debug, Clone)]
@@ -25,12 +31,15 @@ pub struct NodeInfo {
 
 pub struct Service {
     pub namespace: Arc<Namespace>,
+    pub view: Arc<ClusterView>,
     pub info: NodeInfo,
     pub blocks: Arc<BlockStore>,
     pub manager: BlockManagerRef,
     pub tokens: TokenKey,
     /// This node's data port, as clients reach it.
     pub data: DataNode,
+    /// Connections to other nodes' data ports (replication).
+    pub pool: crate::io::DataPool,
 }
 
 impl Service {
@@ -42,19 +51,118 @@ impl Service {
         &self.info.node_id
     }
 
-    /// The nodes a block list names (one node for now: this one).
-    fn nodes_of(&self) -> Vec<DataNode> {
-        vec![self.data.clone()]
+    /// The data ports of the nodes that are up. A block whose nodes are all
+    /// missing here is on nodes that are down.
+    fn live_nodes(&self) -> Vec<DataNode> {
+        self.view
+            .live()
+            .into_iter()
+            .filter(|m| !m.data_addr.is_empty())
+            .map(|m| DataNode {
+                node_id: m.node_id,
+                data_addr: m.data_addr,
+                host_key: m.host_key,
+            })
+            .collect()
     }
 
-    /// A new block to write on this node.
-    fn grant(&self, id: BlockId, index: u32) -> BlockGrant {
+    /// Where a new block goes: this node while it has room for a block,
+    /// else the live node with the most free space.
+    fn place(&self, block_size: u64) -> DataNode {
+        let me = self.view.me();
+        if !me.draining && me.free_bytes() >= block_size {
+            return self.data.clone();
+        }
+        self.view
+            .live()
+            .into_iter()
+            .filter(|m| !m.draining && !m.data_addr.is_empty())
+            .max_by_key(|m| m.free_bytes())
+            .map(|m| DataNode {
+                node_id: m.node_id,
+                data_addr: m.data_addr,
+                host_key: m.host_key,
+            })
+            .unwrap_or_else(|| self.data.clone())
+    }
+
+    /// A new block to write.
+    fn grant(&self, id: BlockId, index: u32, block_size: u64) -> BlockGrant {
         BlockGrant {
             id,
             index,
             token: self.tokens.issue(id, Access::Write),
-            node: self.data.clone(),
+            node: self.place(block_size),
         }
+    }
+
+    /// This node's part of the cluster report.
+    pub async fn node_report(&self) -> FsResult<NodeReport> {
+        Ok(NodeReport {
+            node_id: self.info.node_id.clone(),
+            rpc_addr: self.info.rpc_addr.clone(),
+            cluster_addr: self.info.cluster_addr.clone(),
+            started_ns: self.info.started_ns,
+            data_dir: self.info.data_dir.clone(),
+            data_addr: self.data.data_addr.clone(),
+            shards: self.namespace.shard_stats().await?,
+            tiers: self.blocks.stats(),
+            checksum_errors: self
+                .blocks
+                .checksum_errors
+                .load(std::sync::atomic::Ordering::Relaxed),
+            state: MemberState::Up.to_string(),
+            state_since_ns: self.info.started_ns,
+        })
+    }
+
+    /// Every node's report; nodes that do not answer are listed with their state.
+    async fn cluster_report(&self) -> FsResult<ClusterReport> {
+        let mut nodes = Vec::new();
+        for m in self.view.members() {
+            if m.info.node_id == self.info.node_id {
+                nodes.push(self.node_report().await?);
+                continue;
+            }
+            let asked = match self.view.gateway(&m.info.node_id) {
+                Ok(gw) => match gw.call(PeerMsg::Report, Some(Duration::from_secs(5))).await {
+                    Ok(CallResult::Success(Ok(r))) => Some(r),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            nodes.push(asked.unwrap_or_else(|| NodeReport {
+                node_id: m.info.node_id.clone(),
+                rpc_addr: m.info.rpc_addr.clone(),
+                cluster_addr: m.info.cluster_addr.clone(),
+                started_ns: m.info.started_ns,
+                data_dir: String::new(),
+                data_addr: m.info.data_addr.clone(),
+                shards: Vec::new(),
+                tiers: m.info.tiers.clone(),
+                checksum_errors: 0,
+                state: if m.state == MemberState::Up {
+                    "unreachable".into()
+                } else {
+                    m.state.to_string()
+                },
+                state_since_ns: m.since_ns,
+            }));
+        }
+        Ok(ClusterReport {
+            cluster_id: self.info.cluster_id.clone(),
+            shard_count: self.namespace.shard_count(),
+            nodes,
+            map: (*self.view.map()).clone(),
+        })
+    }
+
+    /// Copies a block from another node (replication).
+    pub async fn pull_block(&self, pull: PullBlock) -> FsResult<()> {
+        Err(FsError::NotSupported(format!(
+            "block {:#x}: this node cannot copy blocks from other nodes",
+            pull.id
+        )))
     }
 
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
@@ -138,29 +246,14 @@ impl Service {
             Request::GetXattr(r) => Response::Bytes(ns.get_xattr(&r.path, &r.name).await?),
             Request::ListXattr(r) => Response::Names(ns.list_xattr(&r.path).await?),
             Request::RemoveXattr(r) => Response::Done(ns.remove_xattr(&r.path, &r.name).await?),
-            Request::Report(_) => Response::Report(ClusterReport {
-                cluster_id: self.info.cluster_id.clone(),
-                shard_count: ns.shard_count(),
-                nodes: vec![NodeReport {
-                    node_id: self.info.node_id.clone(),
-                    rpc_addr: self.info.rpc_addr.clone(),
-                    cluster_addr: self.info.cluster_addr.clone(),
-                    started_ns: self.info.started_ns,
-                    data_dir: self.info.data_dir.clone(),
-                    data_addr: self.data.data_addr.clone(),
-                    shards: ns.shard_stats().await?,
-                    tiers: self.blocks.stats(),
-                    checksum_errors: self
-                        .blocks
-                        .checksum_errors
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                }],
-            }),
+            Request::Report(_) => Response::Report(self.cluster_report().await?),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
             Request::OpenFile(r) => {
                 let opened = ns.open_write(&r).await?;
                 Response::WriteOpen(WriteOpen {
-                    first: opened.first.map(|(index, id)| self.grant(id, index)),
+                    first: opened
+                        .first
+                        .map(|(index, id)| self.grant(id, index, opened.attr.block_size)),
                     attr: opened.attr,
                     handle: opened.handle,
                     blocks: opened.blocks,
@@ -168,7 +261,7 @@ impl Service {
             }
             Request::AddBlock(r) => {
                 let id = ns.add_block(r.ino, r.handle, r.index).await?;
-                Response::Grant(self.grant(id, r.index))
+                Response::Grant(self.grant(id, r.index, self.namespace.default_block_size()))
             }
             Request::CompleteFile(r) => {
                 Response::Attr(ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?)
@@ -185,7 +278,7 @@ impl Service {
                 Response::ReadOpen(ReadOpen {
                     attr,
                     blocks,
-                    nodes: self.nodes_of(),
+                    nodes: self.live_nodes(),
                 })
             }
             Request::FreePath(r) => Response::Freed(self.free_path(&r.path).await?),

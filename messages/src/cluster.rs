@@ -1,0 +1,408 @@
+//! The cluster: members, the cluster map, and the messages nodes exchange
+//! over ractor_cluster.
+//!
+//! Each node runs one remotable actor, its *gateway*, in the process group
+//! [`gateway_group`]`(node_id)`. Everything another node asks of this one
+//! goes through it as a [`PeerMsg`]: membership heartbeats, requests to the
+//! shards this node hosts, block removals, reports. Only the gateway is
+//! remotable, so every peer holds one proxy per node, not one per actor.
+
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
+use ractor::RpcReplyPort;
+use serde::{Deserialize, Serialize};
+
+use crate::block::{BlockId, TierStats};
+use crate::codec::Versioned;
+use crate::error::{FsError, FsResult};
+use crate::remote::{bridge_in, bridge_out, decode_peer, encode_peer, fail_bytes};
+use crate::rpc::NodeReport;
+use crate::shard::{ShardMsg, ShardWire};
+use crate::types::ShardId;
+
+/// The process group of a node's gateway actor.
+pub fn gateway_group(node_id: &str) -> String {
+    format!("curvine.gw.{node_id}")
+}
+
+/// Which node serves each shard. Held by shard 0 (in its `meta` table) and
+/// cached by every node; a higher version replaces a lower one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    pub version: u64,
+    /// Node id per shard.
+    pub shards: Vec<String>,
+}
+
+impl Versioned for ClusterMap {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "cluster map";
+}
+
+impl ClusterMap {
+    /// Every shard on one node (a cluster being formatted).
+    pub fn single(node_id: &str, shard_count: u32) -> ClusterMap {
+        ClusterMap {
+            version: 1,
+            shards: vec![node_id.to_string(); shard_count as usize],
+        }
+    }
+
+    pub fn owner(&self, shard: ShardId) -> Option<&str> {
+        self.shards.get(shard as usize).map(String::as_str)
+    }
+
+    /// The shards `node` serves.
+    pub fn shards_of(&self, node: &str) -> Vec<ShardId> {
+        self.shards
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.as_str() == node)
+            .map(|(i, _)| i as ShardId)
+            .collect()
+    }
+
+    /// The same map with `shard` on `node`, one version later.
+    pub fn with_owner(&self, shard: ShardId, node: &str) -> ClusterMap {
+        let mut next = self.clone();
+        next.version += 1;
+        if let Some(slot) = next.shards.get_mut(shard as usize) {
+            *slot = node.to_string();
+        }
+        next
+    }
+}
+
+/// What a node tells the others about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub node_id: String,
+    /// The cluster port (ractor_cluster).
+    pub cluster_addr: String,
+    /// The client port.
+    pub rpc_addr: String,
+    pub data_addr: String,
+    /// The HTTP port; empty while the node serves none.
+    pub http_addr: String,
+    /// Host name and boot id: clients on the same host use short-circuit I/O.
+    pub host_key: String,
+    pub tiers: Vec<TierStats>,
+    pub started_ns: i64,
+    /// The node is being emptied and takes no new shards or blocks.
+    pub draining: bool,
+}
+
+impl MemberInfo {
+    /// Free bytes over all tiers (capacity minus used and reserved).
+    pub fn free_bytes(&self) -> u64 {
+        self.tiers
+            .iter()
+            .map(|t| t.capacity.saturating_sub(t.used + t.reserved))
+            .sum()
+    }
+}
+
+/// A node's periodic announcement to every other node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub cluster_id: String,
+    pub shard_count: u32,
+    pub member: MemberInfo,
+    /// The sender's cluster map: receivers adopt it when it is newer.
+    pub map: ClusterMap,
+    /// Nodes the sender knows (id and cluster address), so a node that
+    /// restarts can find the others without its seeds.
+    pub known: Vec<(String, String)>,
+    /// The node is leaving the cluster for good (after a decommission).
+    pub leaving: bool,
+}
+
+/// What a node knows about another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberState {
+    /// Heard from within the node timeout.
+    Up,
+    /// Silent for longer than the node timeout.
+    Down,
+    /// Decommissioned: it left and is not expected back.
+    Left,
+}
+
+impl std::fmt::Display for MemberState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MemberState::Up => "up",
+            MemberState::Down => "down",
+            MemberState::Left => "left",
+        })
+    }
+}
+
+/// A member as one node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    pub info: MemberInfo,
+    pub state: MemberState,
+    /// When the last heartbeat arrived (this node's clock), 0 for itself.
+    pub last_seen_ns: i64,
+    /// Since when the node is in `state`.
+    pub since_ns: i64,
+}
+
+/// A block to copy from another node (replication).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullBlock {
+    pub id: BlockId,
+    pub len: u64,
+    pub crc: u32,
+    /// The node to read it from, and a read token for it there.
+    pub from: crate::block::DataNode,
+    pub token: crate::block::Token,
+}
+
+/// What a new node learns from the cluster it joins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinInfo {
+    pub cluster_id: String,
+    pub cluster_name: String,
+    pub shard_count: u32,
+    pub meta_layout: String,
+    pub map: ClusterMap,
+    /// The node that answered.
+    pub node_id: String,
+}
+
+/// Messages to a node's gateway.
+#[derive(Debug)]
+pub enum PeerMsg {
+    /// Membership (a cast).
+    Heartbeat(Box<Heartbeat>),
+    /// A new node asks what cluster this is.
+    Join(RpcReplyPort<FsResult<JoinInfo>>),
+    /// A request to a shard this node serves. A node that does not serve
+    /// `shard` answers `Unavailable`, and the caller retries once its map
+    /// has caught up.
+    Shard { shard: ShardId, msg: ShardMsg },
+    /// This node's part of `report`.
+    Report(RpcReplyPort<FsResult<NodeReport>>),
+    /// Remove these blocks from this node (freed by a shard elsewhere).
+    RemoveBlocks {
+        ids: Vec<BlockId>,
+        reply: RpcReplyPort<FsResult<()>>,
+    },
+    /// Copy a block from another node and keep it here.
+    Pull {
+        pull: PullBlock,
+        reply: RpcReplyPort<FsResult<()>>,
+    },
+    /// A message that did not decode. Only ever built on the receiving side;
+    /// the gateway logs it and answers the port with `Protocol`.
+    Invalid {
+        reason: String,
+        reply: Option<RpcReplyPort<Vec<u8>>>,
+    },
+}
+
+impl PeerMsg {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            PeerMsg::Heartbeat(_) => "heartbeat",
+            PeerMsg::Join(_) => "join",
+            PeerMsg::Shard { .. } => "shard",
+            PeerMsg::Report(_) => "report",
+            PeerMsg::RemoveBlocks { .. } => "remove_blocks",
+            PeerMsg::Pull { .. } => "pull",
+            PeerMsg::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+fn cast(variant: &str, args: Vec<u8>) -> SerializedMessage {
+    SerializedMessage::Cast {
+        variant: variant.to_string(),
+        args,
+        metadata: None,
+    }
+}
+
+fn call(variant: &str, args: Vec<u8>, reply: RpcReplyPort<Vec<u8>>) -> SerializedMessage {
+    SerializedMessage::Call {
+        variant: variant.to_string(),
+        args,
+        reply,
+        metadata: None,
+    }
+}
+
+fn invalid(reason: FsError, reply: Option<RpcReplyPort<Vec<u8>>>) -> PeerMsg {
+    PeerMsg::Invalid {
+        reason: reason.to_string(),
+        reply,
+    }
+}
+
+impl ractor::Message for PeerMsg {
+    fn serializable() -> bool {
+        true
+    }
+
+    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+        Ok(match self {
+            PeerMsg::Heartbeat(hb) => cast("heartbeat", encode_peer("heartbeat", &*hb)),
+            PeerMsg::Shard { shard, msg } => {
+                let (wire, port) = msg.into_wire();
+                let args = encode_peer("shard request", &(shard, wire));
+                match port {
+                    Some(port) => call("shard", args, port),
+                    None => cast("shard", args),
+                }
+            }
+            PeerMsg::Report(reply) => call("report", encode_peer("report", &()), bridge_out(reply)),
+            PeerMsg::Join(reply) => call("join", encode_peer("join", &()), bridge_out(reply)),
+            PeerMsg::RemoveBlocks { ids, reply } => call(
+                "remove_blocks",
+                encode_peer("remove blocks", &ids),
+                bridge_out(reply),
+            ),
+            PeerMsg::Pull { pull, reply } => {
+                call("pull", encode_peer("pull", &pull), bridge_out(reply))
+            }
+            PeerMsg::Invalid { .. } => return Err(BoxedDowncastErr),
+        })
+    }
+
+    fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+        match message {
+            SerializedMessage::Cast { variant, args, .. } => Ok(match variant.as_str() {
+                "heartbeat" => match decode_peer::<Heartbeat>("heartbeat", &args) {
+                    Ok(hb) => PeerMsg::Heartbeat(Box::new(hb)),
+                    Err(e) => invalid(e, None),
+                },
+                "shard" => match decode_peer::<(ShardId, ShardWire)>("shard request", &args)
+                    .and_then(|(shard, wire)| Ok((shard, ShardMsg::from_wire(wire, None)?)))
+                {
+                    Ok((shard, msg)) => PeerMsg::Shard { shard, msg },
+                    Err(e) => invalid(e, None),
+                },
+                other => invalid(
+                    FsError::Protocol(format!("unknown peer message {other:?}")),
+                    None,
+                ),
+            }),
+            SerializedMessage::Call {
+                variant,
+                args,
+                reply,
+                ..
+            } => Ok(match variant.as_str() {
+                "shard" => match decode_peer::<(ShardId, ShardWire)>("shard request", &args) {
+                    Ok((shard, wire)) => match ShardMsg::from_wire(wire, Some(reply)) {
+                        Ok(msg) => PeerMsg::Shard { shard, msg },
+                        // from_wire only fails for a call without a port.
+                        Err(e) => invalid(e, None),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "report" => match decode_peer::<()>("report", &args) {
+                    Ok(()) => PeerMsg::Report(bridge_in(reply)),
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "join" => match decode_peer::<()>("join", &args) {
+                    Ok(()) => PeerMsg::Join(bridge_in(reply)),
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "remove_blocks" => match decode_peer::<Vec<BlockId>>("remove blocks", &args) {
+                    Ok(ids) => PeerMsg::RemoveBlocks {
+                        ids,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "pull" => match decode_peer::<PullBlock>("pull", &args) {
+                    Ok(pull) => PeerMsg::Pull {
+                        pull,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                other => invalid(
+                    FsError::Protocol(format!("unknown peer request {other:?}")),
+                    Some(reply),
+                ),
+            }),
+            SerializedMessage::CallReply(..) => Err(BoxedDowncastErr),
+        }
+    }
+}
+
+impl PeerMsg {
+    /// Answers an invalid message's port, if it has one.
+    pub fn refuse(reason: &str, reply: Option<RpcReplyPort<Vec<u8>>>) {
+        if let Some(port) = reply {
+            fail_bytes(port, FsError::Protocol(reason.to_string()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::DirEntry;
+    use ractor::Message;
+
+    #[tokio::test]
+    async fn a_shard_call_survives_serialization() {
+        let (tx, rx) = ractor::concurrency::oneshot::<FsResult<DirEntry>>();
+        let msg = PeerMsg::Shard {
+            shard: 3,
+            msg: ShardMsg::Lookup {
+                parent: 1,
+                name: "a".into(),
+                reply: tx.into(),
+            },
+        };
+        let wire = msg.serialize().unwrap();
+        let back = PeerMsg::deserialize(wire).unwrap();
+        match back {
+            PeerMsg::Shard {
+                shard: 3,
+                msg:
+                    ShardMsg::Lookup {
+                        parent,
+                        name,
+                        reply,
+                    },
+            } => {
+                assert_eq!((parent, name.as_str()), (1, "a"));
+                reply.send(Err(FsError::NotFound("a".into()))).unwrap();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(rx.await.unwrap(), Err(FsError::NotFound("a".into())));
+    }
+
+    #[tokio::test]
+    async fn garbage_becomes_invalid_and_is_answered() {
+        let (tx, rx) = ractor::concurrency::oneshot::<Vec<u8>>();
+        let msg = PeerMsg::deserialize(SerializedMessage::Call {
+            variant: "shard".into(),
+            args: vec![crate::codec::PROTOCOL_VERSION as u8, 0xff, 0xff, 0xff],
+            reply: tx.into(),
+            metadata: None,
+        })
+        .unwrap();
+        match msg {
+            PeerMsg::Invalid { reason, reply } => PeerMsg::refuse(&reason, reply),
+            other => panic!("unexpected {other:?}"),
+        }
+        let result: FsResult<()> = decode_peer("reply", &rx.await.unwrap()).unwrap();
+        assert!(matches!(result, Err(FsError::Protocol(_))));
+
+        let msg = PeerMsg::deserialize(SerializedMessage::Cast {
+            variant: "nonsense".into(),
+            args: vec![],
+            metadata: None,
+        })
+        .unwrap();
+        assert!(matches!(msg, PeerMsg::Invalid { reply: None, .. }));
+    }
+}

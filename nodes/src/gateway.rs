@@ -1,0 +1,133 @@
+//! `Gateway`: the one remotable actor of a node. Other nodes reach this
+//! node's shards, blocks and reports through it (see
+//! `curvine_messages::cluster`). It never waits: shard requests are handed
+//! to the shard actor with their reply port, slow work runs in tasks.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use curvine_actors::cluster::ClusterView;
+use curvine_actors::membership::MembershipMsg;
+use curvine_messages::block::BlockMsg;
+use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
+use curvine_messages::FsError;
+
+use crate::service::Service;
+
+pub struct Gateway;
+
+#[derive(Clone)]
+pub struct GatewayArgs {
+    pub view: Arc<ClusterView>,
+    /// Filled once the node's service exists (it is built after the actors).
+    pub service: Arc<OnceLock<Weak<Service>>>,
+    pub membership: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>>,
+    pub join: JoinInfo,
+}
+
+impl GatewayArgs {
+    fn service(&self) -> Result<Arc<Service>, FsError> {
+        self.service
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| FsError::Unavailable("the node is starting".into()))
+    }
+}
+
+impl Actor for Gateway {
+    type Msg = PeerMsg;
+    type State = GatewayArgs;
+    type Arguments = GatewayArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PeerMsg>,
+        args: GatewayArgs,
+    ) -> Result<GatewayArgs, ActorProcessingErr> {
+        ractor::pg::join(gateway_group(&args.view.node_id), vec![myself.get_cell()]);
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<PeerMsg>,
+        message: PeerMsg,
+        state: &mut GatewayArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            PeerMsg::Heartbeat(hb) => {
+                if let Some(m) = state.membership.read().as_ref() {
+                    let _ = m.cast(MembershipMsg::Heard(hb));
+                }
+            }
+            PeerMsg::Join(reply) => {
+                let mut info = state.join.clone();
+                info.map = (*state.view.map()).clone();
+                let _ = reply.send(Ok(info));
+            }
+            PeerMsg::Shard { shard, msg } => {
+                let view = &state.view;
+                if !view.serves(shard) {
+                    let owner = view.map().owner(shard).unwrap_or("nobody").to_string();
+                    msg.fail(FsError::Unavailable(format!(
+                        "shard {shard} is not served by node {} (its map, version {}, names {owner})",
+                        view.node_id,
+                        view.map().version
+                    )));
+                    return Ok(());
+                }
+                match view.local().get(shard) {
+                    Ok(actor) => {
+                        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
+                            msg.fail(FsError::Unavailable(format!("shard {shard} is restarting")));
+                        }
+                    }
+                    Err(e) => msg.fail(e),
+                }
+            }
+            PeerMsg::Report(reply) => {
+                let service = state.service();
+                tokio::spawn(async move {
+                    let result = match service {
+                        Ok(s) => s.node_report().await,
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
+            PeerMsg::RemoveBlocks { ids, reply } => {
+                let service = state.service();
+                tokio::spawn(async move {
+                    let result = match service {
+                        Ok(s) => s
+                            .manager
+                            .call(move |r| BlockMsg::Remove {
+                                ids: ids.clone(),
+                                reply: Some(r),
+                            })
+                            .await
+                            .map(drop),
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
+            PeerMsg::Pull { pull, reply } => {
+                let service = state.service();
+                tokio::spawn(async move {
+                    let result = match service {
+                        Ok(s) => s.pull_block(pull).await,
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
+            PeerMsg::Invalid { reason, reply } => {
+                tracing::warn!(reason, "refused a message from another node");
+                PeerMsg::refuse(&reason, reply);
+            }
+        }
+        Ok(())
+    }
+}

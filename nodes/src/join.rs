@@ -1,0 +1,105 @@
+//! A new node joining the cluster of its seeds: dial them, wait for a
+//! member's gateway to appear, and ask it what cluster this is.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use ractor::rpc::CallResult;
+use ractor::ActorRef;
+use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
+use ractor_cluster::NodeServerMessage;
+
+use curvine_actors::membership::connected_nodes;
+use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
+
+/// Remembers sessions that closed before they authenticated.
+#[derive(Default)]
+struct Watch {
+    authenticated: Mutex<Vec<ractor::ActorId>>,
+    refused: Mutex<Option<String>>,
+}
+
+struct Sub(Arc<Watch>);
+
+impl NodeEventSubscription for Sub {
+    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        self.0.authenticated.lock().push(ses.actor.get_id());
+    }
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        if !self.0.authenticated.lock().contains(&ses.actor.get_id()) {
+            *self.0.refused.lock() = Some(ses.peer_addr.clone());
+        }
+    }
+}
+
+pub async fn join(
+    server: &ActorRef<NodeServerMessage>,
+    seeds: &[String],
+    timeout: Duration,
+) -> Result<JoinInfo, String> {
+    let watch = Arc::new(Watch::default());
+    server
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "curvine-join".into(),
+            subscription: Box::new(Sub(watch.clone())),
+        })
+        .map_err(|e| e.to_string())?;
+    let result = attempt(server, seeds, timeout, &watch).await;
+    let _ = server.cast(NodeServerMessage::UnsubscribeToEvents(
+        "curvine-join".into(),
+    ));
+    result
+}
+
+async fn attempt(
+    server: &ActorRef<NodeServerMessage>,
+    seeds: &[String],
+    timeout: Duration,
+    watch: &Watch,
+) -> Result<JoinInfo, String> {
+    let deadline = Instant::now() + timeout;
+    let mut last_error = String::from("no seed answered");
+    let mut next_dial = Instant::now();
+    loop {
+        if let Some(addr) = watch.refused.lock().clone() {
+            return Err(format!(
+                "the cluster at {addr} refused this node during authentication: \
+                 cluster.cookie is not the cluster's cookie"
+            ));
+        }
+        for node in connected_nodes() {
+            let Some(cell) = ractor::pg::get_members(&gateway_group(&node))
+                .into_iter()
+                .next()
+            else {
+                continue;
+            };
+            let gateway: ActorRef<PeerMsg> = cell.into();
+            match gateway
+                .call(PeerMsg::Join, Some(Duration::from_secs(5)))
+                .await
+            {
+                Ok(CallResult::Success(Ok(info))) => return Ok(info),
+                Ok(CallResult::Success(Err(e))) => last_error = format!("node {node}: {e}"),
+                Ok(CallResult::Timeout) => last_error = format!("node {node} did not answer"),
+                _ => last_error = format!("lost node {node} while joining"),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "no member answered within {timeout:?} (seeds {seeds:?}; last: {last_error})"
+            ));
+        }
+        if Instant::now() >= next_dial {
+            next_dial = Instant::now() + Duration::from_secs(1);
+            for seed in seeds {
+                if let Err(e) = ractor_cluster::client_connect(server, seed.as_str()).await {
+                    last_error = format!("cannot reach seed {seed}: {e:?}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
