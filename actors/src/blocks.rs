@@ -795,9 +795,13 @@ impl BlockState {
     }
 }
 
-/// Removes blocks the shards freed, then lets the shards forget them.
+/// Removes blocks the shards this node serves freed, from every node that
+/// holds them, then lets the shards forget them. A block on a node that is
+/// down or does not answer is forgotten too: that node removes it as an
+/// orphan (no shard knows it) after `data.orphan_grace`.
 async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
-    for shard in 0..args.namespace.shard_count() as ShardId {
+    let cluster = args.namespace.cluster().clone();
+    for shard in cluster.map().shards_of(&cluster.node_id) {
         loop {
             let freed = match args.namespace.take_freed(shard, 512).await {
                 Ok(f) if !f.is_empty() => f,
@@ -807,18 +811,44 @@ async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
                     break;
                 }
             };
-            let ids: Vec<BlockId> = freed.iter().map(|f| f.id).collect();
-            let n = ids.len();
-            match ractor::call!(me, |reply| BlockMsg::Remove {
-                ids: ids.clone(),
-                reply: Some(reply)
-            }) {
-                Ok(Ok(_)) => args.namespace.forget_freed(shard, ids),
-                other => {
-                    tracing::warn!(shard, ?other, "removing freed blocks failed");
-                    break;
+            let n = freed.len();
+            let mut by_node: HashMap<String, Vec<BlockId>> = HashMap::new();
+            for f in &freed {
+                if f.locs.is_empty() {
+                    by_node
+                        .entry(cluster.node_id.clone())
+                        .or_default()
+                        .push(f.id);
+                }
+                for node in &f.locs {
+                    by_node.entry(node.clone()).or_default().push(f.id);
                 }
             }
+            let mut local_ok = true;
+            for (node, ids) in by_node {
+                if node == cluster.node_id {
+                    local_ok = matches!(
+                        ractor::call!(me, |reply| BlockMsg::Remove {
+                            ids: ids.clone(),
+                            reply: Some(reply)
+                        }),
+                        Ok(Ok(_))
+                    );
+                } else if let Ok(gw) = cluster.gateway(&node) {
+                    let _ = gw
+                        .call(
+                            |reply| curvine_messages::cluster::PeerMsg::RemoveBlocks { ids, reply },
+                            Some(Duration::from_secs(30)),
+                        )
+                        .await;
+                }
+            }
+            if !local_ok {
+                tracing::warn!(shard, "removing freed blocks failed");
+                break;
+            }
+            args.namespace
+                .forget_freed(shard, freed.into_iter().map(|f| f.id).collect());
             if n < 512 {
                 break;
             }

@@ -84,13 +84,11 @@ impl ClusterView {
         })
     }
 
-    /// A single node serving every shard itself (tests, tools).
+    /// A single node serving every shard itself (tests, tools). Its node id
+    /// is empty, which block checks read as "any node".
     pub fn standalone(local: ShardDirectory) -> Arc<ClusterView> {
-        let me = MemberInfo {
-            node_id: "local".into(),
-            ..Default::default()
-        };
-        let map = ClusterMap::single("local", local.shard_count());
+        let me = MemberInfo::default();
+        let map = ClusterMap::single("", local.shard_count());
         Self::new(me, "local".into(), local, map, Duration::from_secs(3600))
     }
 

@@ -135,7 +135,11 @@ impl Namespace {
                 let _ = actor.cast(msg);
             }
             Ok(Route::Remote { gateway, .. }) => {
-                let _ = gateway.cast(PeerMsg::Shard { shard, msg });
+                let _ = gateway.cast(PeerMsg::Shard {
+                    shard,
+                    direct: false,
+                    msg,
+                });
             }
             Err(_) => {}
         }
@@ -155,6 +159,7 @@ impl Namespace {
                 .call(
                     |reply| PeerMsg::Shard {
                         shard,
+                        direct: false,
                         msg: build(reply),
                     },
                     Some(wait),
@@ -728,12 +733,117 @@ impl Namespace {
     }
 
     /// What blocks allocated by `shard` are used for.
+    /// What blocks allocated by `shard` are used for, as seen from this node.
     pub async fn check_blocks(&self, shard: ShardId, ids: Vec<BlockId>) -> FsResult<Vec<BlockUse>> {
+        let node = self.cluster.node_id.clone();
         self.call(shard, move |reply| ShardMsg::CheckBlocks {
             ids: ids.clone(),
+            node: node.clone(),
             reply,
         })
         .await
+    }
+
+    /// Committed blocks of a shard after `after` (see `ShardMsg::ScanBlocks`).
+    pub async fn scan_blocks(
+        &self,
+        shard: ShardId,
+        after: Option<(Ino, u32)>,
+        limit: u32,
+    ) -> FsResult<Vec<(Ino, u16, BlockInfo)>> {
+        self.call(shard, move |reply| ShardMsg::ScanBlocks {
+            after,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    /// Compare-and-set of the cluster map held by shard 0.
+    pub async fn set_map(
+        &self,
+        expect: u64,
+        map: curvine_messages::cluster::ClusterMap,
+    ) -> FsResult<curvine_messages::cluster::ClusterMap> {
+        self.call(0, move |reply| ShardMsg::SetMap {
+            expect,
+            map: map.clone(),
+            reply,
+        })
+        .await
+    }
+
+    /// Records the nodes of a block (see `ShardMsg::SetLocs`).
+    pub async fn set_locs(
+        &self,
+        ino: Ino,
+        index: u32,
+        id: BlockId,
+        locs: Vec<String>,
+    ) -> FsResult<bool> {
+        self.call(shard_of(ino), move |reply| ShardMsg::SetLocs {
+            ino,
+            index,
+            id,
+            locs: locs.clone(),
+            reply,
+        })
+        .await
+    }
+
+    /// Calls `node`'s own copy of `shard`, whatever the map says (the steps
+    /// of a shard move). Retries while the copy restarts, up to the request
+    /// timeout.
+    pub async fn call_at<T: Send + 'static>(
+        &self,
+        node: &str,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        let deadline = Instant::now() + self.timeout;
+        let mut delay = Duration::from_millis(1);
+        loop {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let result = if node == self.cluster.node_id {
+                match self.cluster.local().get(shard) {
+                    Ok(actor) => actor.call(&build, Some(wait)).await.map_err(drop),
+                    Err(e) => Ok(CallResult::Success(Err(e))),
+                }
+            } else {
+                match self.cluster.gateway(node) {
+                    Ok(gw) => gw
+                        .call(
+                            |reply| PeerMsg::Shard {
+                                shard,
+                                direct: true,
+                                msg: build(reply),
+                            },
+                            Some(wait),
+                        )
+                        .await
+                        .map_err(drop),
+                    Err(e) => Ok(CallResult::Success(Err(e))),
+                }
+            };
+            let result = match result {
+                Ok(CallResult::Success(r)) => r,
+                Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
+                    "shard {shard} on node {node} did not answer"
+                ))),
+                _ => Err(FsError::Unavailable(format!(
+                    "shard {shard} on node {node} stopped while handling the request"
+                ))),
+            };
+            match result {
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Freed blocks of a shard, to remove from their nodes.

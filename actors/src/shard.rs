@@ -121,6 +121,18 @@ impl Actor for NamespaceShard {
         message: ShardMsg,
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
+        if state
+            .store
+            .frozen
+            .load(std::sync::atomic::Ordering::Acquire)
+            && !message.allowed_while_frozen()
+        {
+            let shard = state.store.shard;
+            message.fail(curvine_messages::FsError::Unavailable(format!(
+                "shard {shard} is moving to another node"
+            )));
+            return Ok(());
+        }
         match message {
             ShardMsg::Lookup {
                 parent,
@@ -179,6 +191,33 @@ impl Actor for NamespaceShard {
                 state.write(reply, move |s, t| s.import(t, &records))
             }
             ShardMsg::DropAll { reply } => state.write(reply, |s, t| s.drop_all(t)),
+            ShardMsg::Freeze { reply } => {
+                state
+                    .store
+                    .frozen
+                    .store(true, std::sync::atomic::Ordering::Release);
+                // Answered after the writer committed everything queued before.
+                state.write(reply, |_, _| Ok(()));
+            }
+            ShardMsg::Unfreeze { reply } => {
+                state
+                    .store
+                    .frozen
+                    .store(false, std::sync::atomic::Ordering::Release);
+                answer(reply, Ok(()));
+            }
+            ShardMsg::ScanBlocks {
+                after,
+                limit,
+                reply,
+            } => state.read(reply, |s, t| s.scan_blocks(t, after, limit.min(4096))),
+            ShardMsg::SetLocs {
+                ino,
+                index,
+                id,
+                locs,
+                reply,
+            } => state.write(reply, move |s, t| s.set_locs(t, ino, index, id, &locs)),
             ShardMsg::Create {
                 parent,
                 name,
@@ -218,8 +257,8 @@ impl Actor for NamespaceShard {
             ShardMsg::FileBlocks { ino, reply } => {
                 state.read(reply, |s, t| s.file_with_blocks(t, ino))
             }
-            ShardMsg::CheckBlocks { ids, reply } => {
-                state.read(reply, |s, t| s.check_blocks(t, &ids))
+            ShardMsg::CheckBlocks { ids, node, reply } => {
+                state.read(reply, |s, t| s.check_blocks(t, &ids, &node))
             }
             ShardMsg::TakeFreed { limit, reply } => {
                 state.read(reply, |s, t| s.take_freed(t, limit))

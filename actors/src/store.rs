@@ -165,6 +165,9 @@ pub(crate) fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static
 /// shard's writer thread.
 pub struct ShardStore {
     pub shard: ShardId,
+    /// Set while the shard is being moved away (see `ShardMsg::Freeze`);
+    /// shared by every incarnation of the shard's actor.
+    pub frozen: std::sync::atomic::AtomicBool,
     meta_key: Vec<u8>,
     pub shard_count: u32,
     pub cluster_id: String,
@@ -225,6 +228,7 @@ impl ShardStore {
         };
         let store = ShardStore {
             shard: identity.shard,
+            frozen: std::sync::atomic::AtomicBool::new(false),
             meta_key: meta_key(identity.shard),
             shard_count: identity.shard_count,
             cluster_id: identity.cluster_id.clone(),
@@ -1101,18 +1105,103 @@ impl ShardStore {
     }
 
     /// What each block id is used for.
-    pub fn check_blocks(&self, txn: &RoTxn, ids: &[BlockId]) -> FsResult<Vec<BlockUse>> {
+    /// What each block is used for, as seen from `node`: a committed block
+    /// whose nodes do not include `node` is unknown there (a stale copy).
+    pub fn check_blocks(
+        &self,
+        txn: &RoTxn,
+        ids: &[BlockId],
+        node: &str,
+    ) -> FsResult<Vec<BlockUse>> {
         ids.iter()
             .map(|&id| {
-                Ok(
-                    match self.owners.get(txn, &key_ino(id)).map_err(lmdb_err)? {
-                        Some(v) if decode::<BlockOwner>(v)?.pending => BlockUse::Pending,
-                        Some(_) => BlockUse::Live,
-                        None => BlockUse::Unknown,
-                    },
-                )
+                let owner = match self.owners.get(txn, &key_ino(id)).map_err(lmdb_err)? {
+                    Some(v) => decode::<BlockOwner>(v)?,
+                    None => return Ok(BlockUse::Unknown),
+                };
+                if owner.pending {
+                    return Ok(BlockUse::Pending);
+                }
+                let here = match self
+                    .blocks
+                    .get(txn, &key_block(owner.ino, owner.index))
+                    .map_err(lmdb_err)?
+                {
+                    Some(v) => {
+                        let info: BlockInfo = decode(v)?;
+                        info.id == id && (node.is_empty() || info.locs.iter().any(|l| l == node))
+                    }
+                    None => false,
+                };
+                Ok(if here {
+                    BlockUse::Live
+                } else {
+                    BlockUse::Unknown
+                })
             })
             .collect()
+    }
+
+    /// Up to `limit` committed blocks after `(ino, index)`, with their file's
+    /// replica count.
+    pub fn scan_blocks(
+        &self,
+        txn: &RoTxn,
+        after: Option<(Ino, u32)>,
+        limit: u32,
+    ) -> FsResult<Vec<(Ino, u16, BlockInfo)>> {
+        let start: Vec<u8> = match after {
+            Some((ino, index)) => match index.checked_add(1) {
+                Some(next) => key_block(ino, next).to_vec(),
+                None => key_block(ino + 1, 0).to_vec(),
+            },
+            None => vec![self.shard as u8],
+        };
+        let range = (Bound::Included(start.as_slice()), Bound::Unbounded);
+        let mut out = Vec::new();
+        let mut replicas: Option<(Ino, u16)> = None;
+        for item in self.blocks.range(txn, &range).map_err(lmdb_err)? {
+            let (k, v) = item.map_err(lmdb_err)?;
+            if k.first() != Some(&(self.shard as u8)) || out.len() >= limit as usize {
+                break;
+            }
+            let ino = ino_from(k)?;
+            let info: BlockInfo = decode(v)?;
+            let wanted = match replicas {
+                Some((i, r)) if i == ino => r,
+                _ => {
+                    let r = self.inode(txn, ino)?.map(|a| a.replicas).unwrap_or(1);
+                    replicas = Some((ino, r));
+                    r
+                }
+            };
+            out.push((ino, wanted, info));
+        }
+        Ok(out)
+    }
+
+    /// Sets the nodes of a committed block that is still `id`.
+    pub fn set_locs(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        index: u32,
+        id: BlockId,
+        locs: &[String],
+    ) -> FsResult<bool> {
+        let key = key_block(ino, index);
+        let Some(v) = self.blocks.get(wtxn, &key).map_err(lmdb_err)? else {
+            return Ok(false);
+        };
+        let mut info: BlockInfo = decode(v)?;
+        if info.id != id {
+            return Ok(false);
+        }
+        info.locs = locs.to_vec();
+        self.blocks
+            .put(wtxn, &key, &encode_versioned(&info))
+            .map_err(lmdb_err)?;
+        Ok(true)
     }
 
     /// Up to `limit` freed blocks still to remove from their nodes.
@@ -1720,8 +1809,16 @@ impl ShardStore {
             } else {
                 vec![self.shard as u8]
             };
-            let range = (Bound::Included(start.as_slice()), Bound::Unbounded);
-            for item in db.range(txn, &range).map_err(lmdb_err)? {
+            // LMDB refuses an empty key as a range start.
+            let lower = if start.is_empty() {
+                Bound::Unbounded
+            } else {
+                Bound::Included(start.as_slice())
+            };
+            for item in db
+                .range(txn, &(lower, Bound::Unbounded))
+                .map_err(lmdb_err)?
+            {
                 let (k, v) = item.map_err(lmdb_err)?;
                 if n != 0 && n != OPS_TABLE && k.first() != Some(&(self.shard as u8)) {
                     break;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::writer::Writer;
 use curvine_messages::block::{BlockInfo, BlockUse, FileSpec, WriteLease};
+use curvine_messages::cluster::ClusterMap;
 use curvine_messages::shard::{
     IntentOp, NewFile, OpenForWrite, RenameOutcome, Step, StepResult, UnlinkOutcome,
 };
@@ -117,6 +118,7 @@ conformance!(
     xattr_rules,
     stats_and_scan_see_only_their_shard,
     file_blocks_lease_commit_and_free,
+    a_shard_moves_to_another_store_whole,
 );
 
 fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
@@ -736,7 +738,7 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
     let unused = f.write(0, |s, t| s.add_block(t, a.ino, 1, 2)).unwrap();
     assert_eq!(shard_of(b0), 0);
     assert_eq!(
-        f.read(0, |s, t| s.check_blocks(t, &[b0, unused, 12345]))
+        f.read(0, |s, t| s.check_blocks(t, &[b0, unused, 12345], ""))
             .unwrap(),
         vec![BlockUse::Pending, BlockUse::Pending, BlockUse::Unknown]
     );
@@ -772,7 +774,7 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
     let freed = f.read(0, |s, t| s.take_freed(t, 100)).unwrap();
     assert_eq!(freed.iter().map(|b| b.id).collect::<Vec<_>>(), vec![unused]);
     assert_eq!(
-        f.read(0, |s, t| s.check_blocks(t, &[b0, b1, unused]))
+        f.read(0, |s, t| s.check_blocks(t, &[b0, b1, unused], ""))
             .unwrap(),
         vec![BlockUse::Live, BlockUse::Live, BlockUse::Unknown]
     );
@@ -847,7 +849,7 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
         .unwrap();
     assert_eq!(taken.0.writing.unwrap().handle, 6);
     assert_eq!(
-        f.read(0, |s, t| s.check_blocks(t, &[stale])).unwrap(),
+        f.read(0, |s, t| s.check_blocks(t, &[stale], "")).unwrap(),
         vec![BlockUse::Unknown]
     );
 
@@ -861,7 +863,7 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
         .write(0, |s, t| s.create_file(t, ROOT_INO, "e", &file(), &e_file))
         .unwrap();
     assert_eq!(
-        f.read(0, |s, t| s.check_blocks(t, &[first])).unwrap(),
+        f.read(0, |s, t| s.check_blocks(t, &[first], "")).unwrap(),
         vec![BlockUse::Pending]
     );
     let size = (1 << 20) + 10;
@@ -910,8 +912,12 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
     assert_ne!(at_start, Some(at_end));
     // Both were allocated: the taken-over lease's block is freed, the new one pending.
     assert_eq!(
-        f.read(0, |s, t| s.check_blocks(t, &[at_end, at_start.unwrap()]))
-            .unwrap(),
+        f.read(0, |s, t| s.check_blocks(
+            t,
+            &[at_end, at_start.unwrap()],
+            ""
+        ))
+        .unwrap(),
         vec![BlockUse::Unknown, BlockUse::Pending]
     );
     assert!(matches!(
@@ -944,4 +950,114 @@ fn inode_records_of_release_1_are_migrated() {
     let attr: Attr = decode_versioned(&bytes).unwrap();
     assert_eq!((attr.ino, attr.size, attr.mode), (5, 42, 0o600));
     assert!(attr.writing.is_none() && attr.storage.is_none());
+}
+
+/// A shard move: export in small chunks, import into another node's store
+/// after dropping what was there, then drop the old copy.
+fn a_shard_moves_to_another_store_whole(f: Fixture) {
+    let map = ClusterMap::single("n1", 2);
+    f.write(0, |s, t| s.set_cluster_map(t, 0, &map)).unwrap();
+    // A stale compare-and-set loses and sees the stored map.
+    let stale = f
+        .write(0, |s, t| s.set_cluster_map(t, 0, &map.with_owner(1, "n2")))
+        .unwrap();
+    assert_eq!(stale, map);
+    let spec = FileSpec {
+        block_size: 1 << 20,
+        replicas: 2,
+        storage: None,
+    };
+    let new = NewFile {
+        spec,
+        lease: Some(lease(1)),
+    };
+    let mut files = Vec::new();
+    for i in 0..40 {
+        let a = f
+            .write(0, |s, t| {
+                s.create(t, ROOT_INO, &format!("file-{i:02}"), &file(), Some(&new))
+            })
+            .unwrap();
+        let b = f.write(0, |s, t| s.add_block(t, a.ino, 1, 0)).unwrap();
+        f.write(0, |s, t| {
+            s.complete_file(t, a.ino, 1, 10, &[info(b, 0, 10)])
+        })
+        .unwrap();
+        f.write(0, |s, t| {
+            s.set_xattr(t, a.ino, "user.k", b"v", XattrMode::Any)
+        })
+        .unwrap();
+        files.push((a.ino, b));
+    }
+    // Blocks are seen per node; the scan pages through all of them.
+    let (ino, block) = files[3];
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[block], "n2")).unwrap(),
+        vec![BlockUse::Unknown]
+    );
+    assert!(f
+        .write(0, |s, t| s.set_locs(
+            t,
+            ino,
+            0,
+            block,
+            &["n1".into(), "n2".into()]
+        ))
+        .unwrap());
+    assert!(!f
+        .write(0, |s, t| s.set_locs(t, ino, 0, block + 1000, &[]))
+        .unwrap());
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[block], "n2")).unwrap(),
+        vec![BlockUse::Live]
+    );
+    let first = f.read(0, |s, t| s.scan_blocks(t, None, 25)).unwrap();
+    let rest = f
+        .read(0, |s, t| {
+            s.scan_blocks(t, Some((first[24].0, first[24].2.index)), 25)
+        })
+        .unwrap();
+    assert_eq!((first.len(), rest.len()), (25, 15));
+    assert!(first.iter().all(|(_, replicas, _)| *replicas == 2));
+
+    let before = f.read(0, |s, t| s.scan(t)).unwrap();
+    let g = fixture(true);
+    g.write(0, |s, t| s.drop_all(t)).unwrap();
+    let mut cursor = None;
+    let mut chunks = 0;
+    loop {
+        let chunk = f.read(0, |s, t| s.export(t, cursor.clone(), 512)).unwrap();
+        chunks += 1;
+        g.write(0, |s, t| s.import(t, &chunk.records)).unwrap();
+        match chunk.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert!(chunks > 3, "small chunks: {chunks}");
+    let after = g.read(0, |s, t| s.scan(t)).unwrap();
+    assert_eq!(before, after);
+    assert_eq!(g.read(0, |s, t| s.cluster_map(t)).unwrap(), Some(map));
+    assert_eq!(
+        g.read(0, |s, t| s.get_xattr(t, files[7].0, "user.k"))
+            .unwrap(),
+        b"v".to_vec()
+    );
+    // Shard 1 of the other store was not touched by the import.
+    assert!(g.read(1, |s, t| s.scan(t)).unwrap().inodes.is_empty());
+    // Ids go on from the moved counters, never reused.
+    let next = g
+        .write(0, |s, t| s.create(t, ROOT_INO, "later", &file(), None))
+        .unwrap();
+    assert!(files.iter().all(|(ino, _)| *ino < next.ino));
+    // The old copy goes; the other shard of its store stays.
+    f.write(0, |s, t| s.drop_all(t)).unwrap();
+    assert!(matches!(
+        f.read(0, |s, t| s.getattr(t, ROOT_INO)),
+        Err(FsError::NotFound(_))
+    ));
+    assert_eq!(f.read(0, |s, t| s.cluster_map(t)).unwrap(), None);
+    // A record of another shard is refused by an import.
+    let foreign = f.read(1, |s, t| s.export(t, None, 1 << 20)).unwrap();
+    assert!(g.write(0, |s, t| s.import(t, &foreign.records)).is_err());
 }

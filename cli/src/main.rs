@@ -65,6 +65,22 @@ enum ConfCommand {
 enum AdminCommand {
     /// Check the namespace for dangling entries, orphans and unfinished operations.
     Fsck,
+    /// Which node serves each shard (the cluster map), with node states.
+    Shards,
+    /// Move a shard to another node; clients keep working during the move.
+    MoveShard {
+        /// Shard number (see `admin shards`).
+        shard: u16,
+        /// Node id, or a unique prefix of it.
+        node: String,
+    },
+    /// Spread the shards evenly over the nodes that are up.
+    Rebalance,
+    /// Move a node's shards and blocks to the other nodes, then let it leave.
+    Decommission {
+        /// Node id, or a unique prefix of it.
+        node: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -330,12 +346,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .map(|s| (s.env.as_str(), s.env_bytes))
                         .collect();
                     println!(
-                        "node {}  client {}  cluster {}  data port {}  dir {}",
+                        "node {} [{}{}]  client {}  cluster {}  data port {}  dir {}",
                         node.node_id,
+                        node.state,
+                        since(node.state_since_ns),
                         node.rpc_addr,
                         node.cluster_addr,
                         node.data_addr,
-                        node.data_dir
+                        if node.data_dir.is_empty() {
+                            "-"
+                        } else {
+                            &node.data_dir
+                        }
                     );
                     println!(
                         "  inodes {inodes}, metadata on disk {} bytes in {} environment(s)",
@@ -366,6 +388,110 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         );
                     }
                 }
+            }
+        }
+        Command::Admin(AdminCommand::Shards) => {
+            let report = client.report().await.map_err(|e| fail("shards", "", e))?;
+            if json_out {
+                print_json(&report.map);
+            } else {
+                let states: std::collections::HashMap<&str, &str> = report
+                    .nodes
+                    .iter()
+                    .map(|n| (n.node_id.as_str(), n.state.as_str()))
+                    .collect();
+                println!(
+                    "cluster map version {} ({} shards, {} nodes)",
+                    report.map.version,
+                    report.shard_count,
+                    report.nodes.len()
+                );
+                println!(
+                    "{:>5}  {:<14} {:<12} {:>10}",
+                    "shard", "node", "state", "inodes"
+                );
+                for (shard, node) in report.map.shards.iter().enumerate() {
+                    let inodes = report
+                        .nodes
+                        .iter()
+                        .filter(|n| &n.node_id == node)
+                        .flat_map(|n| n.shards.iter())
+                        .find(|s| s.shard as usize == shard)
+                        .map(|s| s.inodes.to_string())
+                        .unwrap_or_else(|| "-".into());
+                    println!(
+                        "{shard:>5}  {node:<14} {:<12} {inodes:>10}",
+                        states.get(node.as_str()).copied().unwrap_or("unknown")
+                    );
+                }
+            }
+        }
+        Command::Admin(AdminCommand::MoveShard { shard, node }) => {
+            let moved = client
+                .call(curvine_messages::rpc::MoveShard {
+                    shard,
+                    to: node.clone(),
+                })
+                .await
+                .map_err(|e| fail("move-shard", &format!("{shard} {node}"), e))?;
+            if json_out {
+                print_json(&moved);
+            } else if moved.from == moved.to {
+                println!("shard {} is already on node {}", moved.shard, moved.to);
+            } else {
+                println!(
+                    "moved shard {} from node {} to node {}",
+                    moved.shard, moved.from, moved.to
+                );
+            }
+        }
+        Command::Admin(AdminCommand::Rebalance) => {
+            let moves = client
+                .call(curvine_messages::rpc::Rebalance)
+                .await
+                .map_err(|e| fail("rebalance", "", e))?;
+            if json_out {
+                print_json(&moves);
+            } else if moves.is_empty() {
+                println!("shards are already balanced");
+            } else {
+                for m in &moves {
+                    println!(
+                        "moved shard {} from node {} to node {}",
+                        m.shard, m.from, m.to
+                    );
+                }
+                println!("{} shard(s) moved", moves.len());
+            }
+        }
+        Command::Admin(AdminCommand::Decommission { node }) => {
+            let report = client
+                .call(curvine_messages::rpc::Decommission { node: node.clone() })
+                .await
+                .map_err(|e| fail("decommission", &node, e))?;
+            if json_out {
+                print_json(&report);
+            } else {
+                for m in &report.shards {
+                    println!("moved shard {} to node {}", m.shard, m.to);
+                }
+                println!(
+                    "{} block(s) copied to other nodes, {} could not be",
+                    report.blocks_moved, report.blocks_failed
+                );
+            }
+            if report.blocks_failed > 0 {
+                return Err(Failure {
+                    what: format!("decommission {node}"),
+                    error: format!(
+                        "{} block(s) still have their only copy there; the node stays (draining)",
+                        report.blocks_failed
+                    ),
+                    code: 1,
+                });
+            }
+            if !json_out {
+                println!("node {node} has left the cluster; it can be stopped");
             }
         }
         Command::Admin(AdminCommand::Fsck) => {
@@ -672,6 +798,19 @@ async fn run_xattr(
     Ok(())
 }
 
+/// " for 12s" after a state.
+fn since(ns: i64) -> String {
+    if ns <= 0 {
+        return String::new();
+    }
+    let secs = (curvine_messages::now_ns() - ns).max(0) / 1_000_000_000;
+    match secs {
+        s if s < 120 => format!(" for {s}s"),
+        s if s < 7200 => format!(" for {}m", s / 60),
+        s => format!(" for {}h", s / 3600),
+    }
+}
+
 fn print_json<T: serde::Serialize>(value: &T) {
     println!(
         "{}",
@@ -690,6 +829,11 @@ fn print_entries(entries: &[ListEntry], long: bool) {
 }
 
 fn main() {
+    // `curvine-cli ... | head` ends quietly, as other tools do.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -180,8 +180,20 @@ pub enum PeerMsg {
     Join(RpcReplyPort<FsResult<JoinInfo>>),
     /// A request to a shard this node serves. A node that does not serve
     /// `shard` answers `Unavailable`, and the caller retries once its map
-    /// has caught up.
-    Shard { shard: ShardId, msg: ShardMsg },
+    /// has caught up. `direct` requests go to this node's copy of the shard
+    /// whatever the map says (the steps of a shard move).
+    Shard {
+        shard: ShardId,
+        direct: bool,
+        msg: ShardMsg,
+    },
+    /// Take no new shards or blocks (`draining`); with `leave`, leave the
+    /// cluster (the end of a decommission).
+    Drain {
+        draining: bool,
+        leave: bool,
+        reply: RpcReplyPort<FsResult<()>>,
+    },
     /// This node's part of `report`.
     Report(RpcReplyPort<FsResult<NodeReport>>),
     /// Remove these blocks from this node (freed by a shard elsewhere).
@@ -208,6 +220,7 @@ impl PeerMsg {
             PeerMsg::Heartbeat(_) => "heartbeat",
             PeerMsg::Join(_) => "join",
             PeerMsg::Shard { .. } => "shard",
+            PeerMsg::Drain { .. } => "drain",
             PeerMsg::Report(_) => "report",
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
             PeerMsg::Pull { .. } => "pull",
@@ -248,9 +261,9 @@ impl ractor::Message for PeerMsg {
     fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
         Ok(match self {
             PeerMsg::Heartbeat(hb) => cast("heartbeat", encode_peer("heartbeat", &*hb)),
-            PeerMsg::Shard { shard, msg } => {
+            PeerMsg::Shard { shard, direct, msg } => {
                 let (wire, port) = msg.into_wire();
-                let args = encode_peer("shard request", &(shard, wire));
+                let args = encode_peer("shard request", &(shard, direct, wire));
                 match port {
                     Some(port) => call("shard", args, port),
                     None => cast("shard", args),
@@ -266,6 +279,15 @@ impl ractor::Message for PeerMsg {
             PeerMsg::Pull { pull, reply } => {
                 call("pull", encode_peer("pull", &pull), bridge_out(reply))
             }
+            PeerMsg::Drain {
+                draining,
+                leave,
+                reply,
+            } => call(
+                "drain",
+                encode_peer("drain", &(draining, leave)),
+                bridge_out(reply),
+            ),
             PeerMsg::Invalid { .. } => return Err(BoxedDowncastErr),
         })
     }
@@ -277,10 +299,11 @@ impl ractor::Message for PeerMsg {
                     Ok(hb) => PeerMsg::Heartbeat(Box::new(hb)),
                     Err(e) => invalid(e, None),
                 },
-                "shard" => match decode_peer::<(ShardId, ShardWire)>("shard request", &args)
-                    .and_then(|(shard, wire)| Ok((shard, ShardMsg::from_wire(wire, None)?)))
-                {
-                    Ok((shard, msg)) => PeerMsg::Shard { shard, msg },
+                "shard" => match decode_peer::<(ShardId, bool, ShardWire)>("shard request", &args)
+                    .and_then(|(shard, direct, wire)| {
+                        Ok((shard, direct, ShardMsg::from_wire(wire, None)?))
+                    }) {
+                    Ok((shard, direct, msg)) => PeerMsg::Shard { shard, direct, msg },
                     Err(e) => invalid(e, None),
                 },
                 other => invalid(
@@ -294,14 +317,16 @@ impl ractor::Message for PeerMsg {
                 reply,
                 ..
             } => Ok(match variant.as_str() {
-                "shard" => match decode_peer::<(ShardId, ShardWire)>("shard request", &args) {
-                    Ok((shard, wire)) => match ShardMsg::from_wire(wire, Some(reply)) {
-                        Ok(msg) => PeerMsg::Shard { shard, msg },
-                        // from_wire only fails for a call without a port.
-                        Err(e) => invalid(e, None),
-                    },
-                    Err(e) => invalid(e, Some(reply)),
-                },
+                "shard" => {
+                    match decode_peer::<(ShardId, bool, ShardWire)>("shard request", &args) {
+                        Ok((shard, direct, wire)) => match ShardMsg::from_wire(wire, Some(reply)) {
+                            Ok(msg) => PeerMsg::Shard { shard, direct, msg },
+                            // from_wire only fails for a call without a port.
+                            Err(e) => invalid(e, None),
+                        },
+                        Err(e) => invalid(e, Some(reply)),
+                    }
+                }
                 "report" => match decode_peer::<()>("report", &args) {
                     Ok(()) => PeerMsg::Report(bridge_in(reply)),
                     Err(e) => invalid(e, Some(reply)),
@@ -313,6 +338,14 @@ impl ractor::Message for PeerMsg {
                 "remove_blocks" => match decode_peer::<Vec<BlockId>>("remove blocks", &args) {
                     Ok(ids) => PeerMsg::RemoveBlocks {
                         ids,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "drain" => match decode_peer::<(bool, bool)>("drain", &args) {
+                    Ok((draining, leave)) => PeerMsg::Drain {
+                        draining,
+                        leave,
                         reply: bridge_in(reply),
                     },
                     Err(e) => invalid(e, Some(reply)),
@@ -354,6 +387,7 @@ mod tests {
         let (tx, rx) = ractor::concurrency::oneshot::<FsResult<DirEntry>>();
         let msg = PeerMsg::Shard {
             shard: 3,
+            direct: false,
             msg: ShardMsg::Lookup {
                 parent: 1,
                 name: "a".into(),
@@ -365,6 +399,7 @@ mod tests {
         match back {
             PeerMsg::Shard {
                 shard: 3,
+                direct: false,
                 msg:
                     ShardMsg::Lookup {
                         parent,

@@ -315,6 +315,45 @@ pub struct FsckReport {
     pub problems: Vec<String>,
 }
 
+/// The nodes of the cluster as the answering node sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Members;
+
+/// Move a shard to another node (copy, then switch the map).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveShard {
+    pub shard: u16,
+    pub to: String,
+}
+
+/// Spread the shards evenly over the nodes that are up.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebalance;
+
+/// Move a node's shards and blocks away, then let it leave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decommission {
+    pub node: String,
+}
+
+/// One shard moved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMove {
+    pub shard: u16,
+    pub from: String,
+    pub to: String,
+}
+
+/// What a decommission did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecommissionReport {
+    pub shards: Vec<ShardMove>,
+    /// Blocks copied to other nodes.
+    pub blocks_moved: u64,
+    /// Blocks that could not be copied (their only copy stays on the node).
+    pub blocks_failed: u64,
+}
+
 macro_rules! calls {
     ($($req:ident => $reply:ty, $variant:ident;)*) => {
         /// Every client request.
@@ -377,6 +416,10 @@ calls! {
     OpenRead => ReadOpen, ReadOpen;
     FreePath => FreeSummary, Freed;
     Blocks => FileBlocks, FileBlocks;
+    Members => Vec<crate::cluster::MemberView>, Members;
+    MoveShard => ShardMove, Moved;
+    Rebalance => Vec<ShardMove>, Moves;
+    Decommission => DecommissionReport, Decommissioned;
 }
 
 /// Every reply.
@@ -396,6 +439,10 @@ pub enum Response {
     ReadOpen(ReadOpen),
     Freed(FreeSummary),
     FileBlocks(FileBlocks),
+    Members(Vec<crate::cluster::MemberView>),
+    Moved(ShardMove),
+    Moves(Vec<ShardMove>),
+    Decommissioned(DecommissionReport),
 }
 
 impl Response {
@@ -415,6 +462,10 @@ impl Response {
             Response::ReadOpen(_) => "ReadOpen",
             Response::Freed(_) => "Freed",
             Response::FileBlocks(_) => "FileBlocks",
+            Response::Members(_) => "Members",
+            Response::Moved(_) => "Moved",
+            Response::Moves(_) => "Moves",
+            Response::Decommissioned(_) => "Decommissioned",
         }
     }
 }

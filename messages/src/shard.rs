@@ -374,7 +374,7 @@ shard_messages! {
             /// Attributes and committed blocks of a file owned here.
             FileBlocks { ino: Ino } -> (Attr, Vec<BlockInfo>);
             /// What each of these block ids (allocated by this shard) is used for.
-            CheckBlocks { ids: Vec<BlockId> } -> Vec<BlockUse>;
+            CheckBlocks { ids: Vec<BlockId>, node: String } -> Vec<BlockUse>;
             /// Blocks no longer referenced, to remove from their nodes.
             TakeFreed { limit: u32 } -> Vec<FreedBlock>;
             /// Create directory `name` in `parent` with its inode on this shard.
@@ -424,6 +424,18 @@ shard_messages! {
             /// Deletes every record of this shard (before an import, and on
             /// the old node after a move).
             DropAll {} -> ();
+            /// Refuses every later request that reads or changes the
+            /// namespace (`Unavailable`, so callers retry) until `Unfreeze`;
+            /// answers once the mutations accepted before are committed.
+            Freeze {} -> ();
+            /// Serves requests again.
+            Unfreeze {} -> ();
+            /// Up to `limit` blocks of files after `(ino, index)`, with each
+            /// file's wanted replica count (for re-replication and decommission).
+            ScanBlocks { after: Option<(Ino, u32)>, limit: u32 } -> Vec<(Ino, u16, BlockInfo)>;
+            /// Sets the nodes of block `index` of `ino` when it is still block
+            /// `id`; `false` when the file has moved on (the copy is then an orphan).
+            SetLocs { ino: Ino, index: u32, id: BlockId, locs: Vec<String> } -> bool;
         }
         casts {
             /// Forget freed blocks once their nodes removed them. May be lost: they
@@ -437,6 +449,20 @@ shard_messages! {
 }
 
 impl ShardMsg {
+    /// Whether a frozen shard (one being moved) still handles the message:
+    /// the move's own steps and reports.
+    pub fn allowed_while_frozen(&self) -> bool {
+        matches!(
+            self,
+            ShardMsg::Export { .. }
+                | ShardMsg::Import { .. }
+                | ShardMsg::DropAll { .. }
+                | ShardMsg::Freeze { .. }
+                | ShardMsg::Unfreeze { .. }
+                | ShardMsg::Stats { .. }
+        )
+    }
+
     /// A short name of the message kind, for traces and metrics.
     pub fn kind_name(&self) -> &'static str {
         match self {
@@ -476,6 +502,10 @@ impl ShardMsg {
             ShardMsg::Export { .. } => "export",
             ShardMsg::Import { .. } => "import",
             ShardMsg::DropAll { .. } => "drop_all",
+            ShardMsg::Freeze { .. } => "freeze",
+            ShardMsg::Unfreeze { .. } => "unfreeze",
+            ShardMsg::ScanBlocks { .. } => "scan_blocks",
+            ShardMsg::SetLocs { .. } => "set_locs",
         }
     }
 }

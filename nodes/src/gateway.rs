@@ -66,9 +66,9 @@ impl Actor for Gateway {
                 info.map = (*state.view.map()).clone();
                 let _ = reply.send(Ok(info));
             }
-            PeerMsg::Shard { shard, msg } => {
+            PeerMsg::Shard { shard, direct, msg } => {
                 let view = &state.view;
-                if !view.serves(shard) {
+                if !direct && !view.serves(shard) {
                     let owner = view.map().owner(shard).unwrap_or("nobody").to_string();
                     msg.fail(FsError::Unavailable(format!(
                         "shard {shard} is not served by node {} (its map, version {}, names {owner})",
@@ -122,6 +122,24 @@ impl Actor for Gateway {
                     };
                     let _ = reply.send(result);
                 });
+            }
+            PeerMsg::Drain {
+                draining,
+                leave,
+                reply,
+            } => {
+                state.view.update_me(|me| me.draining = draining || leave);
+                if leave {
+                    if let Some(m) = state.membership.read().as_ref() {
+                        let _ = m.cast(MembershipMsg::Leave);
+                    }
+                    tracing::warn!(
+                        "this node was decommissioned and has left the cluster; it can be stopped"
+                    );
+                } else if draining {
+                    tracing::info!("this node is draining: it takes no new shards or blocks");
+                }
+                let _ = reply.send(Ok(()));
             }
             PeerMsg::Invalid { reason, reply } => {
                 tracing::warn!(reason, "refused a message from another node");

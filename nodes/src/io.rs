@@ -425,6 +425,50 @@ async fn read_once(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> F
     }
 }
 
+/// Copies a whole block (`len` stored bytes) from a node's data port into
+/// the file at `dst`, verified on the way; returns its unit crcs. Used by a
+/// node that takes a replica.
+pub async fn copy_block(
+    pool: &DataPool,
+    node: &DataNode,
+    token: &Token,
+    len: u64,
+    dst: &std::path::Path,
+) -> FsResult<Vec<u32>> {
+    let src = Source {
+        node: node.clone(),
+        token: token.clone(),
+        len,
+    };
+    let what = format!("copy of block {:#x} into {}", token.block, dst.display());
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dst)
+        .map_err(|e| io_err(&what, e))?;
+    let mut crcs = Vec::with_capacity(len.div_ceil(CHECKSUM_UNIT as u64) as usize);
+    let mut stream = start_stream(pool, &src, 0, 0, len);
+    let mut done = 0u64;
+    while done < len {
+        let Some(item) = stream.rx.recv().await else {
+            return Err(FsError::Io(format!("{what}: the stream ended early")));
+        };
+        let (start, data) = item?;
+        if start != done {
+            return Err(FsError::Protocol(format!(
+                "{what}: a chunk at {start} where {done} was expected"
+            )));
+        }
+        crcs.extend(curvine_messages::block::unit_crcs(&data));
+        file.write_all(&data).map_err(|e| io_err(&what, e))?;
+        done += data.len() as u64;
+        let _ = stream.recycle.send(data);
+    }
+    file.sync_data().map_err(|e| io_err(&what, e))?;
+    Ok(crcs)
+}
+
 /// Reads `buf.len()` bytes of a block at `off` with one data-port request.
 async fn fetch_remote(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -> FsResult<()> {
     let mut stream = start_stream(&client.data, src, 0, off, buf.len() as u64);
@@ -464,6 +508,8 @@ pub struct FileReader {
     ahead: VecDeque<RemoteStream>,
     /// Bytes read since the last yield (see [`yield_sometimes`]).
     since_yield: usize,
+    /// (block, node) reads that failed; other replicas are used instead.
+    failed: std::collections::HashSet<(u32, String)>,
 }
 
 impl FileReader {
@@ -489,6 +535,7 @@ impl FileReader {
             stream: None,
             ahead: VecDeque::new(),
             since_yield: 0,
+            failed: Default::default(),
         }
     }
 
@@ -504,20 +551,43 @@ impl FileReader {
         self.pos = pos;
     }
 
+    /// Where to read block `index`: a live node holding it, one on this
+    /// host first, skipping nodes that failed this reader.
     fn source(&self, index: u32) -> FsResult<Option<Source>> {
         let Some(block) = self.blocks.get(&index) else {
             return Ok(None);
         };
-        let node = block
-            .info
-            .locs
-            .iter()
-            .find_map(|id| self.nodes.get(id))
+        let candidates = || {
+            block
+                .info
+                .locs
+                .iter()
+                .filter(|id| !self.failed.contains(&(index, (*id).clone())))
+                .filter_map(|id| self.nodes.get(id))
+        };
+        let node = candidates()
+            .find(|n| self.client.data.is_local(n))
+            .or_else(|| candidates().next())
             .ok_or_else(|| {
-                FsError::Unavailable(format!(
-                    "no node holding block {:#x} is known",
-                    block.info.id
-                ))
+                let failed: Vec<&String> = block
+                    .info
+                    .locs
+                    .iter()
+                    .filter(|id| self.failed.contains(&(index, (*id).clone())))
+                    .collect();
+                if failed.is_empty() {
+                    FsError::NodeDown(format!(
+                        "block {:#x} (index {index}) is only on node(s) {}, which are down",
+                        block.info.id,
+                        block.info.locs.join(", ")
+                    ))
+                } else {
+                    FsError::Io(format!(
+                        "block {:#x} (index {index}): every node holding it failed ({})",
+                        block.info.id,
+                        block.info.locs.join(", ")
+                    ))
+                }
             })?;
         Ok(Some(Source {
             node: node.clone(),
@@ -573,7 +643,37 @@ impl FileReader {
         Ok(done)
     }
 
+    /// Reads from one replica; when that node fails, from the next.
     async fn read_inner(&mut self, pos: u64, buf: &mut [u8], sequential: bool) -> FsResult<usize> {
+        loop {
+            match self.read_once(pos, buf, sequential).await {
+                Err(e) if !matches!(e, FsError::InvalidArgument(_) | FsError::NodeDown(_)) => {
+                    let index = (pos / self.bs) as u32;
+                    let Ok(Some(src)) = self.source(index) else {
+                        return Err(e);
+                    };
+                    self.failed.insert((index, src.node.node_id.clone()));
+                    if !matches!(self.source(index), Ok(Some(_))) {
+                        return Err(match e {
+                            FsError::Unavailable(d) | FsError::TimedOut(d) => FsError::Io(format!(
+                                "reading block {index} from node {}: {d}",
+                                src.node.node_id
+                            )),
+                            other => other,
+                        });
+                    }
+                    tracing::warn!(node = %src.node.node_id, error = %e, "reading a block failed; trying another replica");
+                    self.stream = None;
+                    self.ahead.clear();
+                    self.local.remove(&index);
+                    self.no_local.remove(&index);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_once(&mut self, pos: u64, buf: &mut [u8], sequential: bool) -> FsResult<usize> {
         if pos >= self.attr.size || buf.is_empty() {
             return Ok(0);
         }

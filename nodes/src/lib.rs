@@ -1,6 +1,7 @@
 //! A curvine node (assembly of its actors, the client port and the cluster
 //! port) and the client library that talks to nodes.
 
+pub mod admin;
 pub mod client;
 pub mod data;
 pub mod gateway;

@@ -22,7 +22,7 @@ use curvine_messages::{now_ns, ShardId};
 use std::sync::{OnceLock, Weak};
 
 use curvine_actors::cluster::ClusterView;
-use curvine_actors::membership::{read_members_file, Membership, MembershipArgs};
+use curvine_actors::membership::{read_members_file, Membership, MembershipArgs, MembershipMsg};
 use curvine_messages::cluster::{ClusterMap, JoinInfo, MemberInfo};
 
 use crate::data::{DataContext, DataServer, DataServerArgs};
@@ -253,6 +253,7 @@ pub struct RunningNode {
     pub cluster_addr: String,
     pub data_addr: String,
     server: tokio::task::JoinHandle<()>,
+    replicator: tokio::task::JoinHandle<()>,
     cluster_server: Option<ActorRef<ractor_cluster::NodeServerMessage>>,
 }
 
@@ -543,10 +544,12 @@ async fn start_with(
         }
     });
     let service_slot: Arc<OnceLock<Weak<Service>>> = Arc::new(OnceLock::new());
+    let membership_slot: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>> =
+        Default::default();
     let gateway_args = GatewayArgs {
         view: view.clone(),
         service: service_slot.clone(),
-        membership: Default::default(),
+        membership: membership_slot.clone(),
         join: JoinInfo {
             cluster_id: identity.cluster_id.clone(),
             cluster_name: identity.cluster_name.clone(),
@@ -607,9 +610,15 @@ async fn start_with(
         tokens,
         data: data_node,
         pool: crate::io::DataPool::new(config.client.connect_timeout.0),
+        membership: membership_slot,
+        moves: tokio::sync::Mutex::new(()),
     });
     let _ = service_slot.set(Arc::downgrade(&service));
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
+    let replicator = tokio::spawn(replicate_loop(
+        Arc::downgrade(&service),
+        config.cluster.rereplicate_after.0,
+    ));
     Ok(RunningNode {
         data_dir,
         supervisor,
@@ -619,8 +628,26 @@ async fn start_with(
         cluster_addr,
         data_addr,
         server,
+        replicator,
         cluster_server: Some(cluster_server),
     })
+}
+
+/// Periodically gives blocks of the shards this node serves their replicas
+/// back (see `Service::rereplicate`).
+async fn replicate_loop(service: Weak<Service>, after: Duration) {
+    let period = (after / 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        match service.rereplicate(after).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(blocks = n, "replicas restored"),
+            Err(e) => tracing::debug!(error = %e, "re-replication pass stopped early"),
+        }
+    }
 }
 
 /// Drives the intents a shard recorded, in a task.
@@ -641,6 +668,7 @@ impl RunningNode {
     /// committed first) and releases the data directory.
     pub async fn stop(self) {
         self.server.abort();
+        self.replicator.abort();
         if let Some(server) = &self.cluster_server {
             server.stop(None);
         }

@@ -8,15 +8,16 @@ use ractor::rpc::CallResult;
 
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::cluster::ClusterView;
+use curvine_actors::membership::MembershipMsg;
 use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary, ReadBlock};
-use curvine_messages::cluster::{MemberState, PeerMsg, PullBlock};
+use curvine_messages::cluster::{MemberState, PeerMsg};
 use curvine_messages::rpc::{
     BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, ReadOpen,
     Request, Response, WriteOpen,
 };
-use curvine_messages::{FileKind, FsError, FsResult};
+use curvine_messages::{FileKind, FsResult};
 
 /// What the node tells about itself in reports.
 #[derive(Debug, Clone)]
@@ -40,6 +41,9 @@ pub struct Service {
     pub data: DataNode,
     /// Connections to other nodes' data ports (replication).
     pub pool: crate::io::DataPool,
+    pub membership: Arc<parking_lot::RwLock<Option<ractor::ActorRef<MembershipMsg>>>>,
+    /// Shard moves driven by this node run one at a time.
+    pub moves: tokio::sync::Mutex<()>,
 }
 
 impl Service {
@@ -157,14 +161,6 @@ impl Service {
         })
     }
 
-    /// Copies a block from another node (replication).
-    pub async fn pull_block(&self, pull: PullBlock) -> FsResult<()> {
-        Err(FsError::NotSupported(format!(
-            "block {:#x}: this node cannot copy blocks from other nodes",
-            pull.id
-        )))
-    }
-
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
         let mut ids: Vec<BlockId> = Vec::new();
         let mut stack = vec![path.to_string()];
@@ -264,7 +260,15 @@ impl Service {
                 Response::Grant(self.grant(id, r.index, self.namespace.default_block_size()))
             }
             Request::CompleteFile(r) => {
-                Response::Attr(ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?)
+                let attr = ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?;
+                if attr.replicas > 1 {
+                    // Close returns once the replicas exist; a failure leaves
+                    // the file whole with fewer copies (topped up later).
+                    if let Err(e) = self.replicate_file(attr.ino).await {
+                        tracing::warn!(ino = attr.ino, error = %e, "replicating a written file failed");
+                    }
+                }
+                Response::Attr(attr)
             }
             Request::OpenRead(r) => {
                 let (attr, blocks) = ns.file_blocks(&r.path).await?;
@@ -283,6 +287,10 @@ impl Service {
             }
             Request::FreePath(r) => Response::Freed(self.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.file_blocks(&r.path).await?),
+            Request::Members(_) => Response::Members(self.view.members()),
+            Request::MoveShard(r) => Response::Moved(self.move_shard(r.shard, &r.to).await?),
+            Request::Rebalance(_) => Response::Moves(self.rebalance().await?),
+            Request::Decommission(r) => Response::Decommissioned(self.decommission(&r.node).await?),
         })
     }
 }
