@@ -95,7 +95,10 @@ impl ShardHost {
             .cloned()
             .ok_or_else(|| format!("no arguments for shard {id}"))?;
         let (actor, _) = Actor::spawn_linked(
-            Some(format!("shard-{id}")),
+            Some(format!(
+                "{}/shard-{id}",
+                myself.get_name().unwrap_or_default()
+            )),
             NamespaceShard,
             args,
             myself.get_cell(),

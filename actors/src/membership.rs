@@ -146,6 +146,8 @@ pub struct MembershipState {
     args: MembershipArgs,
     authenticated: HashSet<ActorId>,
     dials: HashMap<String, Dial>,
+    /// Cluster addresses of nodes of another cluster, not dialed until then.
+    refused: HashMap<String, Instant>,
     saved: Option<(Vec<KnownNode>, u64)>,
     leaving: bool,
     ticker: Option<ractor::concurrency::JoinHandle<()>>,
@@ -153,6 +155,8 @@ pub struct MembershipState {
 
 const DIAL_MIN: Duration = Duration::from_millis(200);
 const DIAL_MAX: Duration = Duration::from_secs(5);
+/// How long a node of another cluster is left alone after a refusal.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The node id in a ractor_cluster peer name (`node_id@host`).
 fn node_of(peer_name: &str) -> &str {
@@ -314,6 +318,24 @@ impl Membership {
         let view = state.args.view.clone();
         let node = hb.member.node_id.clone();
         if hb.cluster_id != view.cluster_id || hb.shard_count != view.shard_count {
+            // Tell the other side who we are before hanging up, so it can
+            // say why too; then leave its address alone for a while.
+            if let Some(gw) = ractor::pg::get_members(&gateway_group(&node))
+                .into_iter()
+                .next()
+                .map(ActorRef::<PeerMsg>::from)
+            {
+                let _ = gw.cast(PeerMsg::Heartbeat(Box::new(Self::heartbeat(state))));
+            }
+            let until = Instant::now() + REFUSED_BACKOFF;
+            state.dials.insert(
+                hb.member.cluster_addr.clone(),
+                Dial {
+                    next: until,
+                    delay: DIAL_MAX,
+                },
+            );
+            state.refused.insert(hb.member.cluster_addr.clone(), until);
             tracing::error!(
                 node,
                 addr = %hb.member.cluster_addr,
@@ -323,7 +345,11 @@ impl Membership {
                 our_shards = view.shard_count,
                 "refusing a node of another cluster (its data directory was formatted for a different cluster); disconnecting it"
             );
-            Self::disconnect(state, &node).await;
+            let server = state.args.server.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                disconnect(&server, &node).await;
+            });
             return;
         }
         if node == view.node_id {
@@ -354,19 +380,18 @@ impl Membership {
             (state.args.on_map_change)(&old_map, &new_map);
         }
     }
+}
 
-    async fn disconnect(state: &MembershipState, node: &str) {
-        if let Ok(sessions) =
-            ractor::call_t!(state.args.server, NodeServerMessage::GetSessions, 1000)
-        {
-            for ses in sessions.values() {
-                if ses
-                    .peer_name
-                    .as_ref()
-                    .is_some_and(|n| node_of(&n.name) == node)
-                {
-                    ses.actor.stop(Some("refused: another cluster".into()));
-                }
+/// Closes every session with `node`.
+async fn disconnect(server: &ActorRef<NodeServerMessage>, node: &str) {
+    if let Ok(sessions) = ractor::call_t!(server, NodeServerMessage::GetSessions, 1000) {
+        for ses in sessions.values() {
+            if ses
+                .peer_name
+                .as_ref()
+                .is_some_and(|n| node_of(&n.name) == node)
+            {
+                ses.actor.stop(Some("refused: another cluster".into()));
             }
         }
     }
@@ -396,6 +421,7 @@ impl Actor for Membership {
             args,
             authenticated: HashSet::new(),
             dials: HashMap::new(),
+            refused: HashMap::new(),
             saved: None,
             leaving: false,
             ticker: Some(ticker),

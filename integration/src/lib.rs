@@ -34,23 +34,49 @@ pub fn bin(name: &str) -> PathBuf {
 /// A node process with its own data directory.
 pub struct NodeProcess {
     pub data_dir: PathBuf,
+    /// Client port.
     pub addr: String,
+    /// Cluster port (ractor_cluster).
+    pub cluster_addr: String,
+    pub node_id: String,
     pub log: PathBuf,
+    /// The loopback address its ports bind to (127.0.0.x).
+    pub host: String,
+    /// Arguments given at start, used again by a restart.
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl NodeProcess {
     /// Starts a node on free ports and waits until it serves clients.
     pub fn start(data_dir: &Path, extra: &[&str]) -> NodeProcess {
+        Self::start_on(data_dir, "127.0.0.1", extra)
+    }
+
+    /// Starts a node whose ports bind to `host` (a loopback address).
+    pub fn start_on(data_dir: &Path, host: &str, extra: &[&str]) -> NodeProcess {
         let log = data_dir.with_extension("log");
         let mut node = NodeProcess {
             data_dir: data_dir.to_path_buf(),
             addr: String::new(),
+            cluster_addr: String::new(),
+            node_id: String::new(),
             log,
+            host: host.to_string(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         node.spawn(extra);
         node
+    }
+
+    /// Starts the node again (after `kill` or `terminate`) with the
+    /// arguments it was started with, on new ports.
+    pub fn start_again(&mut self) {
+        self.kill();
+        let args = self.args.clone();
+        let extra: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.spawn(&extra);
     }
 
     fn spawn(&mut self, extra: &[&str]) {
@@ -63,16 +89,13 @@ impl NodeProcess {
         let child = Command::new(bin("curvine-node"))
             .args(["start", "--data-dir"])
             .arg(&self.data_dir)
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "-c",
-                "node.cluster_listen=127.0.0.1:0",
-                "-c",
-                "data.listen=127.0.0.1:0",
-                "-c",
-                &tiers,
-            ])
+            .arg("--listen")
+            .arg(format!("{}:0", self.host))
+            .arg("-c")
+            .arg(format!("node.cluster_listen={}:0", self.host))
+            .arg("-c")
+            .arg(format!("data.listen={}:0", self.host))
+            .args(["-c", &tiers])
             .args(extra)
             .env_remove("CURVINE_CONF")
             .stdout(Stdio::null())
@@ -87,12 +110,23 @@ impl NodeProcess {
                 let _ = f.read_to_string(&mut text);
             }
             if let Some(line) = text.lines().find(|l| l.contains("serving clients on ")) {
-                let rest = line.split("serving clients on ").nth(1).unwrap_or_default();
-                self.addr = rest
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
+                // "node ID serving clients on ADDR (cluster port ADDR, data port ADDR)"
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let after = |w: &str| {
+                    words
+                        .iter()
+                        .position(|x| *x == w)
+                        .and_then(|i| words.get(i + 1))
+                        .map(|s| s.trim_end_matches([',', ')']).to_string())
+                        .unwrap_or_default()
+                };
+                self.addr = after("on");
+                self.node_id = after("node");
+                self.cluster_addr = words
+                    .windows(3)
+                    .find(|w| w[0] == "(cluster" && w[1] == "port")
+                    .map(|w| w[2].trim_end_matches(',').to_string())
+                    .unwrap_or_default();
                 return;
             }
             if let Some(status) = self
@@ -168,6 +202,89 @@ impl Drop for NodeProcess {
     }
 }
 
+/// Arguments that make a test cluster react within seconds.
+pub const FAST_CLUSTER: &[&str] = &[
+    "-c",
+    "cluster.cookie=test-cookie",
+    "-c",
+    "cluster.heartbeat=200ms",
+    "-c",
+    "cluster.node_timeout=2s",
+    "-c",
+    "cluster.rereplicate_after=3s",
+];
+
+/// N real `curvine-node` processes forming one cluster: node `i` binds to
+/// 127.0.0.(i+1) and keeps its data in `dir/n{i}`; the first formats the
+/// cluster and is every other node's seed.
+pub struct ProcessCluster {
+    pub nodes: Vec<NodeProcess>,
+}
+
+impl ProcessCluster {
+    pub fn start(dir: &Path, n: usize, extra: &[&str]) -> ProcessCluster {
+        let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
+        args.extend_from_slice(extra);
+        let first = NodeProcess::start_on(&dir.join("n0"), "127.0.0.1", &args);
+        let seeds = first.cluster_addr.clone();
+        let mut nodes = vec![first];
+        for i in 1..n {
+            let mut with_seed = args.clone();
+            with_seed.extend_from_slice(&["--seeds", &seeds]);
+            nodes.push(NodeProcess::start_on(
+                &dir.join(format!("n{i}")),
+                &format!("127.0.0.{}", i + 1),
+                &with_seed,
+            ));
+        }
+        let cluster = ProcessCluster { nodes };
+        cluster.wait_up(n);
+        cluster
+    }
+
+    /// Waits until every live node sees `n` nodes up.
+    pub fn wait_up(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            loop {
+                let up = node.members_up();
+                if up == n {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} sees {up} of {n} nodes up:\n{}",
+                    node.node_id,
+                    node.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+impl NodeProcess {
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// How many nodes this node sees up (from `report --json`).
+    pub fn members_up(&self) -> usize {
+        let out = self.cli(&["--json", "report"]);
+        if !out.status.success() {
+            return 0;
+        }
+        let report: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+            Ok(v) => v,
+            Err(_) => return 0,
+        };
+        report["nodes"]
+            .as_array()
+            .map(|nodes| nodes.iter().filter(|n| n["state"] == "up").count())
+            .unwrap_or(0)
+    }
+}
+
 /// Waits until the node reports no pending cross-shard operations.
 pub async fn settle(client: &Client) -> curvine_messages::rpc::FsckReport {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -177,5 +294,62 @@ pub async fn settle(client: &Client) -> curvine_messages::rpc::FsckReport {
             return report;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// N real nodes in this process (one tokio runtime), each with its own
+/// data directory and ports on 127.0.0.1, joined through the first.
+pub struct InProcessCluster {
+    pub nodes: Vec<curvine_node::node::RunningNode>,
+}
+
+impl InProcessCluster {
+    pub async fn start(dir: &Path, n: usize) -> InProcessCluster {
+        let mut nodes: Vec<curvine_node::node::RunningNode> = Vec::new();
+        for i in 0..n {
+            let mut config = curvine_conf::Config::default();
+            let data_dir = dir.join(format!("p{i}"));
+            config.node.data_dir = data_dir.display().to_string();
+            config.node.listen = "127.0.0.1:0".into();
+            config.node.cluster_listen = "127.0.0.1:0".into();
+            config.data.listen = "127.0.0.1:0".into();
+            config.data.tiers = vec![format!(
+                "[MEM:256MiB]{}",
+                data_dir.with_extension("mem").display()
+            )];
+            config.cluster.cookie = "test-cookie".into();
+            config.cluster.heartbeat = curvine_conf::Dur(Duration::from_millis(200));
+            config.cluster.node_timeout = curvine_conf::Dur(Duration::from_secs(2));
+            if let Some(first) = nodes.first() {
+                config.node.seeds = vec![first.cluster_addr.clone()];
+            }
+            let node = curvine_node::node::start(&config)
+                .await
+                .unwrap_or_else(|e| panic!("in-process node {i}: {e}"));
+            nodes.push(node);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            while node.service.view.live().len() < n {
+                assert!(Instant::now() < deadline, "in-process nodes did not meet");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        InProcessCluster { nodes }
+    }
+
+    pub async fn client(&self, i: usize) -> Client {
+        Client::connect(&ClientConf {
+            cluster: vec![self.nodes[i].rpc_addr.clone()],
+            ..ClientConf::default()
+        })
+        .await
+        .expect("connect to in-process node")
+    }
+
+    pub async fn stop(self) {
+        for node in self.nodes {
+            node.stop().await;
+        }
     }
 }

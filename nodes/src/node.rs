@@ -94,7 +94,11 @@ impl NodeSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         let cell = match child {
             Child::ShardHost => Actor::spawn_linked(
-                Some(child.name().into()),
+                Some(format!(
+                    "{}/{}",
+                    myself.get_name().unwrap_or_default(),
+                    child.name()
+                )),
                 ShardHost,
                 (state.args.make_host_args)(),
                 myself.get_cell(),
@@ -578,8 +582,9 @@ async fn start_with(
             }
         }),
     };
+    // Names carry the node id: several nodes may share a process (tests).
     let (supervisor, supervisor_done) = Actor::spawn(
-        Some("node".into()),
+        Some(format!("node-{}", identity.node_id)),
         NodeSupervisor,
         NodeArgs {
             make_host_args,

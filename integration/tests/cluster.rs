@@ -1,0 +1,499 @@
+//! A real cluster of `curvine-node` processes on 127.0.0.x: joining, shards
+//! and blocks across nodes, shard moves under load, a node killed and
+//! restarted, replicas, decommission, refused cookies and clusters.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use curvine_integration::{NodeProcess, ProcessCluster, FAST_CLUSTER};
+use curvine_messages::block::FileSpec;
+use curvine_messages::FsError;
+use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+use curvine_node::Client;
+use rand::{RngCore, SeedableRng};
+
+const BS: u64 = 1 << 20;
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn options(replicas: u16) -> WriteOptions {
+    WriteOptions {
+        spec: FileSpec {
+            block_size: BS,
+            replicas,
+            storage: None,
+        },
+        ..WriteOptions::create()
+    }
+}
+
+async fn put(client: &Client, path: &str, bytes: &[u8], replicas: u16) -> Result<(), FsError> {
+    let mut w = FileWriter::open(client, path, &options(replicas)).await?;
+    w.write(bytes).await?;
+    w.close().await.map(drop)
+}
+
+async fn get(client: &Client, path: &str) -> Result<Vec<u8>, FsError> {
+    let mut r = FileReader::open(client, path).await?;
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await?;
+    Ok(out)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
+    let out = node.cli(args);
+    assert!(
+        out.status.success(),
+        "curvine-cli {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The cluster map as node `node` reports it: shard -> node id.
+fn shard_map(node: &NodeProcess) -> Vec<String> {
+    let out = cli_ok(node, &["--json", "admin", "shards"]);
+    let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+    map["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Node ids holding each block of `path`.
+fn block_nodes(node: &NodeProcess, path: &str) -> Vec<Vec<String>> {
+    let out = cli_ok(node, &["--json", "fs", "blocks", path]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            b["info"]["locs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l.as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+fn assert_consistent(node: &NodeProcess) {
+    let out = cli_ok(node, &["admin", "fsck"]);
+    assert!(out.contains("namespace is consistent"), "{out}");
+}
+
+#[test]
+fn three_nodes_join_and_serve_each_others_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let nodes = &cluster.nodes;
+    // The founder serves every shard; the others joined its cluster.
+    let map = shard_map(&nodes[2]);
+    assert!(map.iter().all(|n| *n == nodes[0].node_id), "{map:?}");
+    for n in &nodes[1..] {
+        assert!(n.log_text().contains("joined the cluster"));
+    }
+    runtime().block_on(async {
+        let clients = [
+            nodes[0].client().await,
+            nodes[1].client().await,
+            nodes[2].client().await,
+        ];
+        for (i, c) in clients.iter().enumerate() {
+            c.mkdir(&format!("/from-{i}"), false).await.unwrap();
+            put(
+                c,
+                &format!("/from-{i}/f"),
+                &data(3 * BS as usize + 7, i as u64),
+                1,
+            )
+            .await
+            .unwrap();
+        }
+        // A block is written on the node the writer talks to.
+        for (i, n) in nodes.iter().enumerate() {
+            let locs = block_nodes(n, &format!("/from-{i}/f"));
+            assert!(
+                locs.iter().all(|l| l == &vec![n.node_id.clone()]),
+                "{locs:?}"
+            );
+        }
+        for c in &clients {
+            for i in 0..3 {
+                let got = get(c, &format!("/from-{i}/f")).await.unwrap();
+                assert!(
+                    got == data(3 * BS as usize + 7, i as u64),
+                    "file {i} via {}",
+                    c.node_id
+                );
+            }
+        }
+    });
+    // Spread the shards; everything is still there, from every node.
+    let out = cli_ok(&nodes[1], &["admin", "rebalance"]);
+    assert!(out.contains("shard(s) moved"), "{out}");
+    let map = shard_map(&nodes[0]);
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in &map {
+        *per_node.entry(n.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_node.len(), 3, "{map:?}");
+    assert!(
+        per_node.values().all(|c| (5..=6).contains(c)),
+        "{per_node:?}"
+    );
+    runtime().block_on(async {
+        for n in nodes {
+            let c = n.client().await;
+            for i in 0..3 {
+                assert_eq!(
+                    get(&c, &format!("/from-{i}/f")).await.unwrap().len(),
+                    3 * BS as usize + 7
+                );
+            }
+            assert_eq!(c.list_all("/").await.unwrap().len(), 3);
+        }
+    });
+    let report = cli_ok(&nodes[2], &["report"]);
+    assert_eq!(report.matches("[up").count(), 3, "{report}");
+    assert_consistent(&nodes[0]);
+}
+
+#[test]
+fn shards_move_while_clients_keep_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let nodes = &cluster.nodes;
+    let rt = runtime();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4usize {
+        let conf = nodes[w % 3].client_conf();
+        let stop = stop.clone();
+        workers.push(rt.spawn(async move {
+            let c = Client::connect(&conf).await.unwrap();
+            let base = format!("/w{w}");
+            c.mkdir(&base, false).await.unwrap();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let d = format!("{base}/d{i}");
+                c.mkdir(&d, false)
+                    .await
+                    .map_err(|e| format!("mkdir {d}: {e}"))?;
+                let f = format!("{d}/f");
+                put(&c, &f, format!("{w}-{i}").as_bytes(), 1)
+                    .await
+                    .map_err(|e| format!("put {f}: {e}"))?;
+                done.push(i);
+                i += 1;
+            }
+            Ok::<_, String>((w, done))
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let second = nodes[1].node_id.clone();
+    let third = nodes[2].node_id.clone();
+    // Shard 0 holds the root and the map; move it, others, then spread all.
+    cli_ok(&nodes[2], &["admin", "move-shard", "0", &second]);
+    for shard in ["3", "7", "11"] {
+        cli_ok(&nodes[0], &["admin", "move-shard", shard, &third]);
+    }
+    cli_ok(&nodes[1], &["admin", "rebalance"]);
+    cli_ok(&nodes[0], &["admin", "move-shard", "0", &third]);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let results: Vec<_> = rt.block_on(async {
+        let mut out = Vec::new();
+        for w in workers {
+            out.push(w.await.unwrap());
+        }
+        out
+    });
+    let map = shard_map(&nodes[0]);
+    assert_eq!(map[0], third);
+    rt.block_on(async {
+        let c = nodes[1].client().await;
+        let mut total = 0;
+        for r in results {
+            // No request failed during the moves: they waited and retried.
+            let (w, done) = r.expect("a client request failed during a shard move");
+            assert!(!done.is_empty());
+            total += done.len();
+            let listed = c.list_all(&format!("/w{w}")).await.unwrap();
+            // Every acknowledged directory is there, and nothing more.
+            assert_eq!(listed.len(), done.len(), "worker {w}");
+            for i in done {
+                let got = get(&c, &format!("/w{w}/d{i}/f")).await.unwrap();
+                assert_eq!(got, format!("{w}-{i}").as_bytes());
+            }
+        }
+        assert!(
+            total > 20,
+            "the workers ran during the moves ({total} files)"
+        );
+    });
+    assert_consistent(&nodes[2]);
+}
+
+#[test]
+fn a_killed_node_fails_fast_and_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    cli_ok(&cluster.nodes[0], &["admin", "rebalance"]);
+    let victim = cluster.nodes[2].node_id.clone();
+    let rt = runtime();
+    let dirs: Vec<String> = (0..16).map(|i| format!("/d{i}")).collect();
+    rt.block_on(async {
+        let c = cluster.nodes[0].client().await;
+        for d in &dirs {
+            c.mkdir(d, false).await.unwrap();
+            c.touch(&format!("{d}/x")).await.unwrap();
+        }
+        // A file whose only copy is on the victim.
+        let v = cluster.nodes[2].client().await;
+        put(&v, "/d0/on-victim", &data(BS as usize, 9), 1)
+            .await
+            .unwrap();
+    });
+    cluster.nodes[2].kill();
+    cluster.wait_up(2);
+    let map = shard_map(&cluster.nodes[0]);
+    rt.block_on(async {
+        let c = cluster.nodes[0].client().await;
+        let mut failed = 0;
+        for d in &dirs {
+            let started = Instant::now();
+            let result = c.stat(&format!("{d}/x")).await;
+            match result {
+                Ok(_) => {}
+                Err(e) => {
+                    failed += 1;
+                    assert_eq!(e.errno(), libc::EIO, "{e}");
+                    assert!(e.to_string().contains(&victim), "{e}");
+                    // Not a hang until the request timeout.
+                    assert!(started.elapsed() < Duration::from_secs(10));
+                }
+            }
+        }
+        // The shards of the victim fail; the others still serve.
+        let victim_dirs = map.iter().filter(|n| **n == victim).count();
+        assert!(
+            victim_dirs > 0 && failed > 0 && failed < dirs.len(),
+            "{failed}"
+        );
+        let err = get(&c, "/d0/on-victim").await.err();
+        if let Some(e) = err {
+            assert_eq!(e.errno(), libc::EIO, "{e}");
+            assert!(e.to_string().contains(&victim), "{e}");
+        } else if map[0] != victim {
+            panic!("a block whose only copy is on a dead node was read");
+        }
+    });
+    let report = cli_ok(&cluster.nodes[1], &["report"]);
+    assert!(report.contains(&format!("node {victim} [down")), "{report}");
+    // Back again: everything is there.
+    cluster.nodes[2].start_again();
+    cluster.wait_up(3);
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        for d in &dirs {
+            c.stat(&format!("{d}/x")).await.unwrap();
+        }
+        assert_eq!(
+            get(&c, "/d0/on-victim").await.unwrap(),
+            data(BS as usize, 9)
+        );
+    });
+    assert_consistent(&cluster.nodes[0]);
+}
+
+#[test]
+fn replicas_keep_data_readable_and_are_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let bytes = data(3 * BS as usize + 100, 4);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        put(&c, "/two", &bytes, 2).await.unwrap();
+    });
+    let locs = block_nodes(&cluster.nodes[0], "/two");
+    assert_eq!(locs.len(), 4);
+    for l in &locs {
+        assert_eq!(l.len(), 2, "{locs:?}");
+        assert_eq!(l[0], cluster.nodes[1].node_id, "local copy first");
+        assert_ne!(l[0], l[1], "replicas on distinct nodes");
+    }
+    // The node that wrote it dies; reads go to the other copy.
+    let dead = cluster.nodes[1].node_id.clone();
+    cluster.nodes[1].kill();
+    rt.block_on(async {
+        let c = cluster.nodes[2].client().await;
+        assert!(get(&c, "/two").await.unwrap() == bytes);
+    });
+    // After cluster.rereplicate_after every block has two live copies again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let locs = block_nodes(&cluster.nodes[0], "/two");
+        if locs.iter().all(|l| l.len() == 2 && !l.contains(&dead)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not re-replicated: {locs:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Now a second node may die too.
+    let locs = block_nodes(&cluster.nodes[0], "/two");
+    let second = if locs[0][0] == cluster.nodes[2].node_id {
+        2
+    } else {
+        0
+    };
+    if second == 2 {
+        cluster.nodes[2].kill();
+        rt.block_on(async {
+            let c = cluster.nodes[0].client().await;
+            assert!(get(&c, "/two").await.unwrap() == bytes);
+        });
+    }
+}
+
+#[test]
+fn a_decommissioned_node_hands_over_shards_and_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    cli_ok(&cluster.nodes[0], &["admin", "rebalance"]);
+    let leaving = cluster.nodes[2].node_id.clone();
+    let rt = runtime();
+    rt.block_on(async {
+        let c = cluster.nodes[2].client().await;
+        for i in 0..6u64 {
+            c.mkdir(&format!("/k{i}"), false).await.unwrap();
+            put(&c, &format!("/k{i}/f"), &data(BS as usize / 2, i), 1)
+                .await
+                .unwrap();
+        }
+    });
+    let out = cli_ok(&cluster.nodes[0], &["admin", "decommission", &leaving[..6]]);
+    assert!(out.contains("has left the cluster"), "{out}");
+    assert!(shard_map(&cluster.nodes[1]).iter().all(|n| *n != leaving));
+    let report = cli_ok(&cluster.nodes[1], &["report"]);
+    assert!(
+        report.contains(&format!("node {leaving} [left")),
+        "{report}"
+    );
+    cluster.nodes[2].terminate();
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        for i in 0..6u64 {
+            assert!(get(&c, &format!("/k{i}/f")).await.unwrap() == data(BS as usize / 2, i));
+        }
+    });
+    for i in 0..6 {
+        let locs = block_nodes(&cluster.nodes[0], &format!("/k{i}/f"));
+        assert!(locs.iter().all(|l| !l.contains(&leaving)), "{locs:?}");
+    }
+    assert_consistent(&cluster.nodes[0]);
+}
+
+#[test]
+fn a_wrong_cookie_or_another_cluster_is_refused_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 1, &[]);
+    let seed = cluster.nodes[0].cluster_addr.clone();
+    // A new node with another cookie cannot join, and says why.
+    let out = std::process::Command::new(curvine_integration::bin("curvine-node"))
+        .args(["start", "--data-dir"])
+        .arg(dir.path().join("stranger"))
+        .args(["--listen", "127.0.0.5:0", "--seeds", &seed])
+        .args(["-c", "cluster.cookie=not-the-cookie"])
+        .args([
+            "-c",
+            "node.cluster_listen=127.0.0.5:0",
+            "-c",
+            "data.listen=127.0.0.5:0",
+        ])
+        .env_remove("CURVINE_CONF")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refused this node during authentication"),
+        "{err}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.nodes[0]
+        .log_text()
+        .contains("different cluster cookies")
+    {
+        assert!(Instant::now() < deadline, "{}", cluster.nodes[0].log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A node formatted for another cluster (same cookie) is refused too.
+    let other_dir = dir.path().join("other");
+    let mut other = NodeProcess::start_on(&other_dir, "127.0.0.6", FAST_CLUSTER);
+    other.terminate();
+    let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
+    args.extend_from_slice(&["--seeds", &seed]);
+    let other = NodeProcess::start_on(&other_dir, "127.0.0.6", &args);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(cluster.nodes[0]
+        .log_text()
+        .contains("refusing a node of another cluster")
+        && other
+            .log_text()
+            .contains("refusing a node of another cluster"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "founder:\n{}\nother:\n{}",
+            cluster.nodes[0].log_text(),
+            other.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(cluster.nodes[0].members_up(), 1);
+    assert_eq!(other.members_up(), 1);
+}
+
+#[test]
+fn nodes_in_one_process_form_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let cluster = curvine_integration::InProcessCluster::start(dir.path(), 3).await;
+        let a = cluster.client(1).await;
+        let b = cluster.client(2).await;
+        a.mkdir("/in", false).await.unwrap();
+        let bytes = data(2 * BS as usize + 3, 11);
+        put(&a, "/in/f", &bytes, 2).await.unwrap();
+        assert!(get(&b, "/in/f").await.unwrap() == bytes);
+        let moves = b.call(curvine_messages::rpc::Rebalance).await.unwrap();
+        assert!(moves.len() >= 10, "{moves:?}");
+        let c = cluster.client(0).await;
+        assert!(get(&c, "/in/f").await.unwrap() == bytes);
+        let report = c.report().await.unwrap();
+        assert_eq!(report.nodes.len(), 3);
+        assert!(report.nodes.iter().all(|n| n.state == "up"));
+        assert_eq!(report.map.version as usize, 1 + moves.len());
+        cluster.stop().await;
+    });
+}
