@@ -959,13 +959,61 @@ impl Namespace {
         let entry = self.lookup(src_parent.ino, &src_name).await?;
         let (dst_parent, dst_name) = self.resolve_parent(dst).await?;
         if entry.kind == FileKind::Dir && src_parent.ino != dst_parent.ino {
+            // Local requests queue here; the cluster-wide lock on shard 0
+            // orders them against other nodes' moves.
             let _guard = self.rename_lock.lock().await;
-            self.check_not_inside(entry.ino, dst_parent.ino).await?;
-            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
-                .await
+            let holder = self.lock_renames().await?;
+            let result = async {
+                self.check_not_inside(entry.ino, dst_parent.ino).await?;
+                self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
+                    .await
+            }
+            .await;
+            let h = holder.clone();
+            let _ = self
+                .call(0, move |reply| ShardMsg::UnlockRenames {
+                    holder: h.clone(),
+                    reply,
+                })
+                .await;
+            result
         } else {
             self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
                 .await
+        }
+    }
+
+    /// Takes the cluster's rename lock, waiting up to the request timeout.
+    async fn lock_renames(&self) -> FsResult<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let holder = format!(
+            "{}#{}",
+            self.cluster.node_id,
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let deadline = Instant::now() + self.timeout;
+        let lease_ms = self.timeout.as_millis().min(u32::MAX as u128) as u32;
+        let mut delay = Duration::from_millis(1);
+        loop {
+            let h = holder.clone();
+            let taken = self
+                .call(0, move |reply| ShardMsg::LockRenames {
+                    holder: h.clone(),
+                    lease_ms,
+                    reply,
+                })
+                .await?;
+            if taken {
+                return Ok(holder);
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Busy(
+                    "another directory move held the rename lock for the whole request timeout"
+                        .into(),
+                ));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
         }
     }
 

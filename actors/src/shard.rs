@@ -31,6 +31,8 @@ pub struct ShardArgs {
 pub struct ShardState {
     store: Arc<ShardStore>,
     writer: Writer,
+    /// The cluster's rename lock (used on shard 0): holder and lease end.
+    rename_lock: Option<(String, std::time::Instant)>,
 }
 
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
@@ -94,7 +96,11 @@ impl Actor for NamespaceShard {
             },
         );
         tracing::debug!(shard, "namespace shard started");
-        Ok(ShardState { store, writer })
+        Ok(ShardState {
+            store,
+            writer,
+            rename_lock: None,
+        })
     }
 
     /// Waits until every mutation queued before the stop is committed.
@@ -204,6 +210,32 @@ impl Actor for NamespaceShard {
                     .store
                     .frozen
                     .store(false, std::sync::atomic::Ordering::Release);
+                answer(reply, Ok(()));
+            }
+            ShardMsg::LockRenames {
+                holder,
+                lease_ms,
+                reply,
+            } => {
+                let now = std::time::Instant::now();
+                let free = match &state.rename_lock {
+                    None => true,
+                    Some((h, until)) => *h == holder || *until <= now,
+                };
+                if free {
+                    let lease = Duration::from_millis(lease_ms as u64);
+                    state.rename_lock = Some((holder, now + lease));
+                }
+                answer(reply, Ok(free));
+            }
+            ShardMsg::UnlockRenames { holder, reply } => {
+                if state
+                    .rename_lock
+                    .as_ref()
+                    .is_some_and(|(h, _)| *h == holder)
+                {
+                    state.rename_lock = None;
+                }
                 answer(reply, Ok(()));
             }
             ShardMsg::ScanBlocks {

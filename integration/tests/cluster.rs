@@ -497,3 +497,38 @@ fn nodes_in_one_process_form_a_cluster() {
         cluster.stop().await;
     });
 }
+
+#[test]
+fn crossing_directory_moves_through_different_nodes_never_make_a_cycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    cli_ok(&cluster.nodes[0], &["admin", "rebalance"]);
+    runtime().block_on(async {
+        let c1 = cluster.nodes[1].client().await;
+        let c2 = cluster.nodes[2].client().await;
+        for round in 0..15 {
+            let a = format!("/r{round}a");
+            let b = format!("/r{round}b");
+            c1.mkdir(&a, false).await.unwrap();
+            c1.mkdir(&b, false).await.unwrap();
+            let (x, y) = (a.clone(), b.clone());
+            let into_b = {
+                let c1 = c1.clone();
+                let (a, b) = (x.clone(), y.clone());
+                tokio::spawn(async move { c1.rename(&a, &format!("{b}/in")).await })
+            };
+            let into_a = {
+                let c2 = c2.clone();
+                tokio::spawn(async move { c2.rename(&y, &format!("{x}/in")).await })
+            };
+            let (r1, r2) = (into_b.await.unwrap(), into_a.await.unwrap());
+            // One wins; the other finds its target inside what it moves.
+            assert!(r1.is_ok() != r2.is_ok(), "{r1:?} {r2:?}");
+            let (top, inner) = if r1.is_ok() { (&b, &a) } else { (&a, &b) };
+            c1.stat(top).await.unwrap();
+            c1.stat(&format!("{top}/in")).await.unwrap();
+            assert!(c1.stat(inner).await.is_err());
+        }
+    });
+    assert_consistent(&cluster.nodes[0]);
+}

@@ -436,6 +436,12 @@ shard_messages! {
             /// Sets the nodes of block `index` of `ino` when it is still block
             /// `id`; `false` when the file has moved on (the copy is then an orphan).
             SetLocs { ino: Ino, index: u32, id: BlockId, locs: Vec<String> } -> bool;
+            /// Takes the cluster's lock for moving directories across
+            /// directories (shard 0 holds it, in memory, for `lease_ms`);
+            /// `false` while another holder's lease runs.
+            LockRenames { holder: String, lease_ms: u32 } -> bool;
+            /// Releases the rename lock if `holder` has it.
+            UnlockRenames { holder: String } -> ();
         }
         casts {
             /// Forget freed blocks once their nodes removed them. May be lost: they
@@ -506,6 +512,8 @@ impl ShardMsg {
             ShardMsg::Unfreeze { .. } => "unfreeze",
             ShardMsg::ScanBlocks { .. } => "scan_blocks",
             ShardMsg::SetLocs { .. } => "set_locs",
+            ShardMsg::LockRenames { .. } => "lock_renames",
+            ShardMsg::UnlockRenames { .. } => "unlock_renames",
         }
     }
 }
