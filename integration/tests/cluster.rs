@@ -142,7 +142,7 @@ fn three_nodes_join_and_serve_each_others_files() {
                 assert!(
                     got == data(3 * BS as usize + 7, i as u64),
                     "file {i} via {}",
-                    c.node_id
+                    c.node_id()
                 );
             }
         }
@@ -531,4 +531,30 @@ fn crossing_directory_moves_through_different_nodes_never_make_a_cycle() {
         }
     });
     assert_consistent(&cluster.nodes[0]);
+}
+
+#[test]
+fn a_client_moves_to_another_node_when_its_node_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let victim = cluster.nodes[2].node_id.clone();
+    let rt = runtime();
+    // The client is configured with the victim's address only.
+    let conf = cluster.nodes[2].client_conf();
+    let c = rt.block_on(async {
+        let c = Client::connect(&conf).await.unwrap();
+        c.mkdir("/kept", false).await.unwrap();
+        assert_eq!(c.node_id(), victim);
+        // It learns the other nodes in the background.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c
+    });
+    cluster.nodes[2].kill();
+    rt.block_on(async {
+        c.stat("/kept").await.unwrap();
+        c.mkdir("/after", false).await.unwrap();
+        assert_ne!(c.node_id(), victim);
+        let other = cluster.nodes[0].client().await;
+        other.stat("/after").await.unwrap();
+    });
 }

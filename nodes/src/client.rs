@@ -2,7 +2,11 @@
 //!
 //! It opens `client.connections` connections to the first node of
 //! `client.cluster` that answers, multiplexes requests over them (many in
-//! flight per connection) and matches replies by id.
+//! flight per connection) and matches replies by id. It learns the other
+//! nodes' client ports from the node it talks to; when that node goes away
+//! it moves to another. A request whose connection broke before it was sent
+//! is sent again on the new node; one that was in flight is retried only
+//! when it changes nothing (a read), since the lost node may have applied it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,16 +27,42 @@ use crate::server::{read_frame, write_frame};
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<FsResult<Response>>>>>;
 
+/// How far a failed request got.
+enum Sent {
+    /// Not sent: the connection was closed already.
+    Before(FsError),
+    /// Sent, and the connection broke before the reply.
+    During(FsError),
+}
+
 struct Conn {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     pending: Pending,
     closed: Arc<AtomicBool>,
 }
 
-struct Rpc {
+/// The connections to one node.
+struct Session {
     conns: Vec<Conn>,
     next_conn: AtomicUsize,
+    node_addr: String,
+    node_id: String,
+}
+
+impl Session {
+    fn alive(&self) -> bool {
+        self.conns.iter().any(|c| !c.closed.load(Ordering::SeqCst))
+    }
+}
+
+struct Rpc {
+    session: parking_lot::RwLock<Arc<Session>>,
     next_id: AtomicU64,
+    /// Client ports of the cluster's nodes: the configured ones, then those
+    /// learned from the nodes.
+    addrs: Mutex<Vec<String>>,
+    failover: tokio::sync::Mutex<()>,
+    conf: ClientConf,
 }
 
 /// A connection to a cluster. Cheap to clone: clones share connections.
@@ -40,12 +70,26 @@ struct Rpc {
 pub struct Client {
     rpc: Arc<Rpc>,
     timeout: Duration,
-    /// The node this client is connected to.
-    pub node_addr: String,
     pub cluster_id: String,
-    pub node_id: String,
     pub(crate) data: crate::io::DataPool,
     pub(crate) io: crate::io::IoConf,
+}
+
+/// Requests that change nothing, so retrying one on another node is safe.
+fn read_only(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Stat(_)
+            | Request::List(_)
+            | Request::Readlink(_)
+            | Request::GetXattr(_)
+            | Request::ListXattr(_)
+            | Request::Report(_)
+            | Request::Fsck(_)
+            | Request::OpenRead(_)
+            | Request::Blocks(_)
+            | Request::Members(_)
+    )
 }
 
 async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
@@ -149,6 +193,31 @@ impl Client {
     }
 
     async fn connect_to(addr: &str, conf: &ClientConf) -> FsResult<Client> {
+        let (session, hello) = Self::open_session(addr, conf).await?;
+        let mut addrs = conf.cluster.clone();
+        if !addrs.iter().any(|a| a == addr) {
+            addrs.insert(0, addr.to_string());
+        }
+        let client = Client {
+            rpc: Arc::new(Rpc {
+                session: parking_lot::RwLock::new(Arc::new(session)),
+                next_id: AtomicU64::new(1),
+                addrs: Mutex::new(addrs),
+                failover: tokio::sync::Mutex::new(()),
+                conf: conf.clone(),
+            }),
+            data: crate::io::DataPool::new(conf.connect_timeout.0),
+            io: crate::io::IoConf::from(conf),
+            timeout: conf.request_timeout.0,
+            cluster_id: hello.cluster_id,
+        };
+        // Learn the other nodes in the background, for a failover later.
+        let learner = client.clone();
+        tokio::spawn(async move { learner.learn_nodes().await });
+        Ok(client)
+    }
+
+    async fn open_session(addr: &str, conf: &ClientConf) -> FsResult<(Session, HelloReply)> {
         let mut conns = Vec::new();
         let mut hello = None;
         for _ in 0..conf.connections.max(1) {
@@ -158,59 +227,151 @@ impl Client {
         }
         let hello =
             hello.ok_or_else(|| FsError::InvalidArgument("client.connections is 0".into()))?;
-        Ok(Client {
-            rpc: Arc::new(Rpc {
+        Ok((
+            Session {
                 conns,
                 next_conn: AtomicUsize::new(0),
-                next_id: AtomicU64::new(1),
-            }),
-            data: crate::io::DataPool::new(conf.connect_timeout.0),
-            io: crate::io::IoConf::from(conf),
-            timeout: conf.request_timeout.0,
-            node_addr: addr.to_string(),
-            cluster_id: hello.cluster_id,
-            node_id: hello.node_id,
-        })
+                node_addr: addr.to_string(),
+                node_id: hello.node_id.clone(),
+            },
+            hello,
+        ))
+    }
+
+    /// The client port of the node this client talks to now.
+    pub fn node_addr(&self) -> String {
+        self.rpc.session.read().node_addr.clone()
+    }
+
+    /// The id of the node this client talks to now.
+    pub fn node_id(&self) -> String {
+        self.rpc.session.read().node_id.clone()
+    }
+
+    /// Adds the client ports of the nodes that are up to the failover list.
+    async fn learn_nodes(&self) {
+        // Straight on the current session: no failover from here.
+        let session = self.rpc.session.read().clone();
+        let members = match self.send(&session, &Request::Members(Members)).await {
+            Ok(Ok(Response::Members(m))) => m,
+            _ => return,
+        };
+        let mut addrs = self.rpc.addrs.lock();
+        for m in members {
+            if m.state == curvine_messages::cluster::MemberState::Up
+                && !m.info.rpc_addr.is_empty()
+                && !addrs.contains(&m.info.rpc_addr)
+            {
+                addrs.push(m.info.rpc_addr);
+            }
+        }
+    }
+
+    /// Moves to another node of the cluster after `dead` stopped answering.
+    async fn fail_over(&self, dead: &Arc<Session>) -> FsResult<()> {
+        let _one = self.rpc.failover.lock().await;
+        if !Arc::ptr_eq(&self.rpc.session.read(), dead) && self.rpc.session.read().alive() {
+            return Ok(()); // another request already moved on
+        }
+        let mut candidates = self.rpc.addrs.lock().clone();
+        // The node that went away is tried last (it may be back).
+        candidates.retain(|a| *a != dead.node_addr);
+        candidates.push(dead.node_addr.clone());
+        let mut last = FsError::Unavailable("no node to try".into());
+        for addr in &candidates {
+            match Self::open_session(addr, &self.rpc.conf).await {
+                Ok((session, hello)) if hello.cluster_id == self.cluster_id => {
+                    tracing::info!(from = %dead.node_addr, to = %addr, "moved to another node of the cluster");
+                    *self.rpc.session.write() = Arc::new(session);
+                    let learner = self.clone();
+                    tokio::spawn(async move { learner.learn_nodes().await });
+                    return Ok(());
+                }
+                Ok((_, hello)) => {
+                    last = FsError::Protocol(format!(
+                        "node {addr} belongs to cluster {}, not {}",
+                        hello.cluster_id, self.cluster_id
+                    ))
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(FsError::Unavailable(format!(
+            "no node of the cluster answers (tried {}; last: {last})",
+            candidates.join(", ")
+        )))
     }
 
     /// Sends a request and waits for its typed reply.
     pub async fn call<R: Call>(&self, request: R) -> FsResult<R::Reply> {
+        let request: Request = request.into();
+        let retry_in_flight = read_only(&request);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let session = self.rpc.session.read().clone();
+            match self.send(&session, &request).await {
+                Ok(response) => return R::reply(response?),
+                Err(Sent::Before(_)) if attempts < 3 => self.fail_over(&session).await?,
+                Err(Sent::During(_)) if attempts < 3 && retry_in_flight => {
+                    self.fail_over(&session).await?
+                }
+                Err(Sent::Before(e) | Sent::During(e)) => {
+                    // Later requests go to another node.
+                    let client = self.clone();
+                    tokio::spawn(async move {
+                        let _ = client.fail_over(&session).await;
+                    });
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn send(&self, session: &Session, request: &Request) -> Result<FsResult<Response>, Sent> {
         let rpc = &self.rpc;
         let id = rpc.next_id.fetch_add(1, Ordering::Relaxed);
-        let conn = &rpc.conns[rpc.next_conn.fetch_add(1, Ordering::Relaxed) % rpc.conns.len()];
-        if conn.closed.load(Ordering::SeqCst) {
-            return Err(FsError::Unavailable(format!(
+        let conn =
+            &session.conns[session.next_conn.fetch_add(1, Ordering::Relaxed) % session.conns.len()];
+        let closed = || {
+            Sent::Before(FsError::Unavailable(format!(
                 "connection to node {} is closed",
-                self.node_addr
-            )));
+                session.node_addr
+            )))
+        };
+        if conn.closed.load(Ordering::SeqCst) {
+            return Err(closed());
         }
         let frame = RequestFrame {
             id,
-            request: request.into(),
+            request: request.clone(),
         };
-        let bytes = to_bytes("request", &frame).map_err(FsError::from)?;
+        let bytes = match to_bytes("request", &frame) {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(FsError::from(e))),
+        };
         let (tx, rx) = oneshot::channel();
         conn.pending.lock().insert(id, tx);
         if conn.tx.send(bytes).is_err() {
             conn.pending.lock().remove(&id);
-            return Err(FsError::Unavailable(format!(
-                "connection to node {} is closed",
-                self.node_addr
-            )));
+            return Err(closed());
         }
         // The server answers within its own request timeout; allow a margin.
         match tokio::time::timeout(self.timeout + Duration::from_secs(5), rx).await {
-            Ok(Ok(result)) => R::reply(result?),
-            Ok(Err(_)) => Err(FsError::Unavailable(format!(
+            Ok(Ok(Err(FsError::Unavailable(reason)))) if conn.closed.load(Ordering::SeqCst) => {
+                Err(Sent::During(FsError::Unavailable(reason)))
+            }
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(_)) => Err(Sent::During(FsError::Unavailable(format!(
                 "connection to node {} lost",
-                self.node_addr
-            ))),
+                session.node_addr
+            )))),
             Err(_) => {
                 conn.pending.lock().remove(&id);
-                Err(FsError::TimedOut(format!(
+                Ok(Err(FsError::TimedOut(format!(
                     "no reply from node {} in {:?}",
-                    self.node_addr, self.timeout
-                )))
+                    session.node_addr, self.timeout
+                ))))
             }
         }
     }
