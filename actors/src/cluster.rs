@@ -176,6 +176,21 @@ impl ClusterView {
         }
     }
 
+    /// Returns once `node` is no longer up (never, while it stays up).
+    pub async fn wait_down(&self, node: &str) -> FsError {
+        let mut changes = self.subscribe();
+        loop {
+            if let Some(m) = self.member(node) {
+                if m.state != MemberState::Up {
+                    return FsError::NodeDown(describe(&m));
+                }
+            }
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     pub fn members(&self) -> Vec<MemberView> {
         let mut all: Vec<MemberView> = self.members.read().values().cloned().collect();
         all.sort_by(|a, b| a.info.node_id.cmp(&b.info.node_id));

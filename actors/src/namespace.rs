@@ -155,17 +155,26 @@ impl Namespace {
     ) -> FsResult<T> {
         let result = match self.cluster.route(shard)? {
             Route::Local(actor) => actor.call(build, Some(wait)).await.map_err(drop),
-            Route::Remote { gateway, .. } => gateway
-                .call(
+            // A node that goes down while it holds the request (a partition
+            // stalls its connection) fails the request then, not at the timeout.
+            Route::Remote { gateway, node } => tokio::select! {
+                r = gateway.call(
                     |reply| PeerMsg::Shard {
                         shard,
                         direct: false,
                         msg: build(reply),
                     },
                     Some(wait),
-                )
-                .await
-                .map_err(drop),
+                ) => r.map_err(drop),
+                e = self.cluster.wait_down(&node) => {
+                    return Err(match e {
+                        FsError::NodeDown(d) => {
+                            FsError::NodeDown(format!("shard {shard} is served by {d}"))
+                        }
+                        other => other,
+                    })
+                }
+            },
         };
         match result {
             Ok(CallResult::Success(result)) => result,
@@ -194,7 +203,13 @@ impl Namespace {
                 None => self.timeout,
             };
             match self.call_once(shard, &build, wait).await {
-                Err(e) if e.is_retryable() || matches!(e, FsError::TimedOut(_)) => {
+                // Without a deadline (intent steps) a node that is down is
+                // waited for: the step may still be applied there.
+                Err(e)
+                    if e.is_retryable()
+                        || matches!(e, FsError::TimedOut(_))
+                        || (deadline.is_none() && matches!(e, FsError::NodeDown(_))) =>
+                {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(e);
                     }
@@ -1161,14 +1176,60 @@ impl Namespace {
             .me
             .upgrade()
             .ok_or_else(|| FsError::Unavailable("the node is stopping".into()))?;
+        let nodes = self.intent_nodes(&intent);
         let task = tokio::spawn(async move { this.drive(intent).await });
-        match tokio::time::timeout(self.timeout, task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
-            Err(_) => Err(FsError::TimedOut(
-                "operation still in progress; it will complete".into(),
-            )),
+        // A step waits for a node that is down (it must not be rolled back
+        // while the node may still apply it); the caller learns at once.
+        let down = async {
+            let waits = nodes.iter().map(|n| Box::pin(self.cluster.wait_down(n)));
+            match waits.len() {
+                0 => std::future::pending().await,
+                _ => futures_select_all(waits.collect()).await,
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(self.timeout, task) => match r {
+                Ok(Ok(result)) => result,
+                Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
+                Err(_) => Err(FsError::TimedOut(
+                    "operation still in progress; it will complete".into(),
+                )),
+            },
+            e = down => Err(match e {
+                FsError::NodeDown(d) => FsError::NodeDown(format!(
+                    "{d}; the operation completes or is undone when that node is back"
+                )),
+                other => other,
+            }),
         }
+    }
+
+    /// The other nodes an intent's steps go to.
+    fn intent_nodes(&self, intent: &Intent) -> Vec<String> {
+        let shards: Vec<ShardId> = match &intent.action {
+            IntentOp::Mkdir {
+                parent,
+                child_shard,
+                ..
+            } => vec![shard_of(*parent), *child_shard],
+            IntentOp::Rmdir { parent, ino, .. } => vec![shard_of(*parent), shard_of(*ino)],
+            IntentOp::Rename {
+                src_parent,
+                dst_parent,
+                ino,
+                ..
+            } => vec![shard_of(*src_parent), shard_of(*dst_parent), shard_of(*ino)],
+            IntentOp::DropLink { ino } => vec![shard_of(*ino)],
+        };
+        let map = self.cluster.map();
+        let mut nodes: Vec<String> = shards
+            .into_iter()
+            .filter_map(|s| map.owner(s).map(str::to_string))
+            .filter(|n| *n != self.cluster.node_id)
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
     }
 
     /// Records a cross-shard operation in shard `home` and drives it.
@@ -1524,4 +1585,18 @@ pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
     }
     report.problems.sort();
     report
+}
+
+/// The first of several futures to finish.
+async fn futures_select_all<F: std::future::Future + Unpin>(futures: Vec<F>) -> F::Output {
+    let mut futures = futures;
+    std::future::poll_fn(move |cx| {
+        for f in futures.iter_mut() {
+            if let std::task::Poll::Ready(out) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready(out);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }

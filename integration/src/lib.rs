@@ -44,6 +44,8 @@ pub struct NodeProcess {
     pub host: String,
     /// Arguments given at start, used again by a restart.
     args: Vec<String>,
+    /// A command the node runs under (`ip netns exec NS`), if any.
+    wrapper: Vec<String>,
     child: Option<Child>,
 }
 
@@ -55,6 +57,16 @@ impl NodeProcess {
 
     /// Starts a node whose ports bind to `host` (a loopback address).
     pub fn start_on(data_dir: &Path, host: &str, extra: &[&str]) -> NodeProcess {
+        Self::start_wrapped(data_dir, host, extra, &[])
+    }
+
+    /// Starts a node under `wrapper` (for example `ip netns exec NS`).
+    pub fn start_wrapped(
+        data_dir: &Path,
+        host: &str,
+        extra: &[&str],
+        wrapper: &[&str],
+    ) -> NodeProcess {
         let log = data_dir.with_extension("log");
         let mut node = NodeProcess {
             data_dir: data_dir.to_path_buf(),
@@ -64,6 +76,7 @@ impl NodeProcess {
             log,
             host: host.to_string(),
             args: extra.iter().map(|s| s.to_string()).collect(),
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         node.spawn(extra);
@@ -86,7 +99,15 @@ impl NodeProcess {
             "data.tiers=[MEM:512MiB]{}",
             self.data_dir.with_extension("mem").display()
         );
-        let child = Command::new(bin("curvine-node"))
+        let mut command = match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin("curvine-node"));
+                c
+            }
+            None => Command::new(bin("curvine-node")),
+        };
+        let child = command
             .args(["start", "--data-dir"])
             .arg(&self.data_dir)
             .arg("--listen")

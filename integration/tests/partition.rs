@@ -1,0 +1,236 @@
+//! A node cut off from the others by a network partition: one node runs in
+//! its own network namespace behind a veth pair whose host end is taken
+//! down. Nothing hangs past the configured timeouts, nothing acknowledged
+//! is lost, and the cluster is whole again once the link is back.
+//!
+//! Needs root and `ip netns`; skipped (with a message) where they are missing.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use curvine_integration::{NodeProcess, FAST_CLUSTER};
+use curvine_messages::block::FileSpec;
+use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+use curvine_node::Client;
+
+/// A network namespace joined to the host by a veth pair.
+struct Netns {
+    name: String,
+    host_if: String,
+}
+
+impl Netns {
+    fn create(tag: &str) -> Option<Netns> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let name = format!("cvp{tag}");
+        let host_if = format!("cvh{tag}");
+        let ns_if = format!("cvn{tag}");
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let steps: Vec<Vec<&str>> = vec![
+            vec!["netns", "add", &name],
+            vec![
+                "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+            ],
+            vec!["link", "set", &ns_if, "netns", &name],
+            vec!["addr", "add", "10.77.0.1/24", "dev", &host_if],
+            vec!["link", "set", &host_if, "up"],
+            vec!["-n", &name, "addr", "add", "10.77.0.2/24", "dev", &ns_if],
+            vec!["-n", &name, "link", "set", &ns_if, "up"],
+            vec!["-n", &name, "link", "set", "lo", "up"],
+        ];
+        let ns = Netns {
+            name: name.clone(),
+            host_if: host_if.clone(),
+        };
+        for step in steps {
+            let ok = Command::new("ip")
+                .args(&step)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                eprintln!("skipping: `ip {}` failed", step.join(" "));
+                return None;
+            }
+        }
+        Some(ns)
+    }
+
+    fn link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args(["link", "set", &self.host_if, state])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip link set {} {state}", self.host_if);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
+    let out = node.cli(args);
+    assert!(
+        out.status.success(),
+        "curvine-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+async fn put(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
+    let options = WriteOptions {
+        spec: FileSpec {
+            block_size: 1 << 20,
+            replicas,
+            storage: None,
+        },
+        ..WriteOptions::create()
+    };
+    let mut w = FileWriter::open(c, path, &options).await.unwrap();
+    w.write(bytes).await.unwrap();
+    w.close().await.unwrap();
+}
+
+async fn get(c: &Client, path: &str) -> Vec<u8> {
+    let mut r = FileReader::open(c, path).await.unwrap();
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+#[test]
+fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
+    let tag = format!("{}", std::process::id() % 100_000);
+    let Some(ns) = Netns::create(&tag) else {
+        eprintln!("skipping the partition test: needs root and ip netns");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", FAST_CLUSTER);
+    let mut joined: Vec<&str> = FAST_CLUSTER.to_vec();
+    joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
+    let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
+    let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
+    let cut = NodeProcess::start_wrapped(&dir.path().join("c"), "10.77.0.2", &joined, &wrapper);
+    wait_for("three nodes up", || {
+        a.members_up() == 3 && cut.members_up() == 3
+    });
+    cli_ok(&a, &["admin", "rebalance"]);
+    let map: serde_json::Value =
+        serde_json::from_str(&cli_ok(&a, &["--json", "admin", "shards"])).unwrap();
+    let on_cut: Vec<usize> = map["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.as_str() == Some(cut.node_id.as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!on_cut.is_empty());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dirs: Vec<String> = (0..16).map(|i| format!("/p{i}")).collect();
+    let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    rt.block_on(async {
+        let c = a.client().await;
+        for d in &dirs {
+            c.mkdir(d, false).await.unwrap();
+        }
+        put(&c, "/p0/both", &bytes, 2).await;
+    });
+
+    ns.link(false);
+    rt.block_on(async {
+        let c = a.client().await;
+        // Until the node timeout passes requests to the cut node's shards
+        // may wait; after it they fail at once. None waits past the timeouts.
+        let mut failed = 0;
+        let mut served = Vec::new();
+        for d in &dirs {
+            let started = Instant::now();
+            let r = c.mkdir(&format!("{d}/during"), false).await;
+            assert!(
+                started.elapsed() < Duration::from_secs(40),
+                "{d}: {:?}",
+                started.elapsed()
+            );
+            match r {
+                Ok(_) => served.push(d.clone()),
+                Err(e) => {
+                    failed += 1;
+                    assert!(
+                        matches!(e.errno(), libc::EIO | libc::ETIMEDOUT | libc::EAGAIN),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        assert!(failed > 0 && !served.is_empty(), "failed {failed}");
+        // The replicated file reads from the side that is still connected.
+        assert!(get(&c, "/p0/both").await == bytes);
+        // What was acknowledged during the partition is kept after it.
+        ns.link(true);
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let up = c
+                .report()
+                .await
+                .map(|r| r.nodes.iter().filter(|n| n.state == "up").count());
+            if up.unwrap_or(0) == 3 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the cut node did not come back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for d in &served {
+            c.stat(&format!("{d}/during")).await.unwrap();
+        }
+        for d in &dirs {
+            c.stat(d).await.unwrap();
+        }
+        // Everything works again, on every shard.
+        for d in &dirs {
+            c.mkdir(&format!("{d}/after"), false).await.unwrap();
+        }
+    });
+    // Operations cut off mid-way finish (or roll back) once the shards
+    // meet again; then nothing dangles.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = a.cli(&["admin", "fsck"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            assert!(text.contains("namespace is consistent"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}\n{}", a.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(b);
+}
