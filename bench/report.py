@@ -151,6 +151,47 @@ def meta_section(rows, meta):
     print()
 
 
+def cluster_section(rows, meta):
+    print("## Cluster: 3 node processes on this machine beside one node\n")
+    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+          f"`bench/run-cluster.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
+          "`bench/results/cluster.jsonl`")
+    print(f"- 8 client tasks talking to the first node; metadata: {meta.get('entries', '?')} "
+          f"entries in 100 directories (`meta.all`); B1: {meta.get('files', '?')} files of "
+          f"{meta.get('file_size', '?')}, 128KiB buffers, checksums on; "
+          f"{meta.get('reps', '?')} repetitions, median shown")
+    print("- the cluster's 16 shards are spread 6/5/5 over its nodes, so about two")
+    print("  thirds of the metadata requests go from the node the client talks to")
+    print("  into another node over ractor_cluster; all processes share the same 2 cores\n")
+
+    def med(label, action):
+        xs = [r.get("ops_per_sec", r.get("gib_per_sec")) for r in rows
+              if r.get("label") == label and r["action"] == action]
+        return statistics.median(xs) if xs else None
+
+    print("| figure | one node | 3-node cluster | ratio |")
+    print("|---|---|---|---|")
+    for op in ["create", "stat", "ls", "rename", "unlink"]:
+        a, b = med("single", f"meta.{op}"), med("cluster", f"meta.{op}")
+        if a and b:
+            print(f"| {op} ops/s | {a:,.0f} | {b:,.0f} | {ratio(b, a)} |")
+    specs = [
+        ("write GiB/s (short-circuit)", "single", "cluster", "fs.write"),
+        ("read GiB/s (short-circuit)", "single", "cluster", "fs.read"),
+        ("read GiB/s (data port)", "single-remote", "cluster-remote", "fs.read"),
+        ("write GiB/s, 2 replicas (cluster) vs 1 (one node)", "single", "cluster-replicas2", "fs.write"),
+    ]
+    for title, la, lb, action in specs:
+        a, b = med(la, action), med(lb, action)
+        if a and b:
+            print(f"| {title} | {a:.2f} | {b:.2f} | {ratio(b, a)} |")
+    notes = os.path.join(HERE, "notes-cluster.md")
+    if os.path.exists(notes):
+        print()
+        print(open(notes).read().rstrip())
+    print()
+
+
 def main():
     header()
     rows, meta = load("data")
@@ -159,6 +200,9 @@ def main():
     rows, meta = load("meta")
     if rows:
         meta_section(rows, meta)
+    rows, meta = load("cluster")
+    if rows:
+        cluster_section(rows, meta)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ pub struct Params {
     pub file_size: u64,
     pub buf_size: usize,
     pub checksum: bool,
+    pub replicas: u16,
     pub delete: bool,
     pub json: bool,
     pub label: String,
@@ -259,7 +260,14 @@ async fn cluster_file(c: &Client, p: &Params, content: &Content, f: u64) -> Resu
     let mut done = 0u64;
     let mut k = 0;
     if p.action.writes() {
-        let mut w = FileWriter::open(c, &file, &WriteOptions::create())
+        let options = WriteOptions {
+            spec: curvine_messages::block::FileSpec {
+                replicas: p.replicas,
+                ..Default::default()
+            },
+            ..WriteOptions::create()
+        };
+        let mut w = FileWriter::open(c, &file, &options)
             .await
             .map_err(|e| format!("{file}: {e}"))?;
         while done < p.file_size {

@@ -64,6 +64,9 @@ struct Args {
     /// Checksum every buffer written and verify every buffer read (data actions).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     checksum: bool,
+    /// Copies of each block of the files written (fs.write); 0: the cluster default.
+    #[arg(long, default_value_t = 0)]
+    replicas: u16,
     /// Directories the entries are spread over.
     #[arg(long, default_value_t = 100)]
     dir_num: u64,
@@ -130,6 +133,9 @@ struct PhaseResult {
     entries: u64,
     seconds: f64,
     ops_per_sec: f64,
+    /// `--label`, when given.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    label: String,
 }
 
 /// One benchmark target: the cluster through the client, or a local directory.
@@ -286,6 +292,7 @@ async fn run_phase(
         entries: entries.load(Ordering::Relaxed),
         seconds,
         ops_per_sec: count as f64 / seconds,
+        label: args.label.clone(),
     })
 }
 
@@ -320,6 +327,7 @@ async fn run(args: Args) -> Result<(), String> {
             file_size: size("file-size", &args.file_size)?.0,
             buf_size: size("buf-size", &args.buf_size)?.0 as usize,
             checksum: args.checksum,
+            replicas: args.replicas,
             delete: args.delete_file,
             json: args.json,
             label: args.label.clone(),
