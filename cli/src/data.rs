@@ -436,16 +436,16 @@ pub async fn run(
                     "{:>6} {:>18} {:>12} {:>9}  replicas",
                     "index", "block", "bytes", "crc32c"
                 );
+                // The answering node knows the tiers of its own copies only.
+                let here = client.node_id();
                 for b in &fb.blocks {
                     let replicas: Vec<String> = b
                         .replicas
                         .iter()
-                        .map(|r| {
-                            format!(
-                                "{}:{}",
-                                r.node_id,
-                                r.tier.map(|t| t.name()).unwrap_or("missing")
-                            )
+                        .map(|r| match r.tier {
+                            Some(t) => format!("{}:{}", r.node_id, t.name()),
+                            None if r.node_id == here => format!("{}:missing", r.node_id),
+                            None => r.node_id.clone(),
                         })
                         .collect();
                     println!(

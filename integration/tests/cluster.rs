@@ -12,14 +12,11 @@ use curvine_messages::block::FileSpec;
 use curvine_messages::FsError;
 use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 use curvine_node::Client;
-use rand::{RngCore, SeedableRng};
 
 const BS: u64 = 1 << 20;
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
+    curvine_integration::random_bytes(len, seed)
 }
 
 fn options(replicas: u16) -> WriteOptions {
@@ -46,13 +43,7 @@ async fn get(client: &Client, path: &str) -> Result<Vec<u8>, FsError> {
     Ok(out)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use curvine_integration::runtime;
 
 fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
     let out = node.cli(args);

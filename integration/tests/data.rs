@@ -12,14 +12,12 @@ use curvine_messages::block::{FileSpec, CHECKSUM_UNIT, MAX_CHUNK};
 use curvine_messages::FsError;
 use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 use curvine_node::Client;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 
 const BS: u64 = 1 << 20;
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
+    curvine_integration::random_bytes(len, seed)
 }
 
 fn spec(block_size: u64) -> WriteOptions {
@@ -58,13 +56,7 @@ async fn get(client: &Client, path: &str) -> Vec<u8> {
     out
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use curvine_integration::runtime;
 
 #[test]
 fn round_trips_of_edge_sizes_both_ways() {

@@ -416,28 +416,39 @@ impl Service {
     pub async fn replicate_file(&self, ino: Ino) -> FsResult<()> {
         let (attr, blocks) = self.namespace.file_blocks_ino(ino).await?;
         let wanted = attr.replicas.max(1) as usize;
-        for block in blocks {
-            let mut locs = block.locs.clone();
-            while locs.len() < wanted {
-                let mut probe = block.clone();
-                probe.locs = locs.clone();
-                let Some(target) = self.replica_target(&probe, "") else {
-                    tracing::warn!(
-                        block = format!("{:#x}", block.id),
-                        have = locs.len(),
-                        wanted,
-                        "not enough live nodes with room for the replicas asked"
-                    );
-                    break;
-                };
-                self.copy_to(&probe, &target.node_id).await?;
-                locs.push(target.node_id);
+        // A few blocks at a time: copies of one file go to several nodes.
+        for group in blocks.chunks(4) {
+            let copies = group
+                .iter()
+                .map(|block| Box::pin(self.replicate_block(ino, block, wanted)));
+            for result in join_all(copies.collect()).await {
+                result?;
             }
-            if locs != block.locs {
-                self.namespace
-                    .set_locs(ino, block.index, block.id, locs)
-                    .await?;
-            }
+        }
+        Ok(())
+    }
+
+    async fn replicate_block(&self, ino: Ino, block: &BlockInfo, wanted: usize) -> FsResult<()> {
+        let mut locs = block.locs.clone();
+        while locs.len() < wanted {
+            let mut probe = block.clone();
+            probe.locs = locs.clone();
+            let Some(target) = self.replica_target(&probe, "") else {
+                tracing::warn!(
+                    block = format!("{:#x}", block.id),
+                    have = locs.len(),
+                    wanted,
+                    "not enough live nodes with room for the replicas asked"
+                );
+                break;
+            };
+            self.copy_to(&probe, &target.node_id).await?;
+            locs.push(target.node_id);
+        }
+        if locs != block.locs {
+            self.namespace
+                .set_locs(ino, block.index, block.id, locs)
+                .await?;
         }
         Ok(())
     }
@@ -620,4 +631,27 @@ impl AsyncBlockFn for Rereplicate {
             }
         }
     }
+}
+
+/// Runs futures concurrently and returns their outputs in order.
+async fn join_all<F: std::future::Future + Unpin>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut slots: Vec<(F, Option<F::Output>)> = futures.into_iter().map(|f| (f, None)).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in slots.iter_mut() {
+            if out.is_none() {
+                match std::pin::Pin::new(f).poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    slots.into_iter().filter_map(|(_, out)| out).collect()
 }
