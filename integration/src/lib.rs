@@ -284,7 +284,35 @@ impl ProcessCluster {
     }
 }
 
+impl ProcessCluster {
+    /// Waits until every live node reports node `id` as down.
+    pub fn wait_down(&self, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            while node.member_state(id).as_deref() != Some("down") {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} does not see {id} down",
+                    node.node_id
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
 impl NodeProcess {
+    /// The state this node reports for node `id` (`up`, `down`, ...).
+    pub fn member_state(&self, id: &str) -> Option<String> {
+        let out = self.cli(&["--json", "report"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        report["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node_id"] == id)
+            .and_then(|n| n["state"].as_str().map(str::to_string))
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }

@@ -266,7 +266,7 @@ fn a_killed_node_fails_fast_and_comes_back_whole() {
             .unwrap();
     });
     cluster.nodes[2].kill();
-    cluster.wait_up(2);
+    cluster.wait_down(&victim);
     let map = shard_map(&cluster.nodes[0]);
     rt.block_on(async {
         let c = cluster.nodes[0].client().await;

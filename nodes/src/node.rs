@@ -284,23 +284,35 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
     let mut data_dir = DataDir::open(&config.data_dir(), config)?;
 
     // The cluster port first: a new node learns its cluster through it.
-    let cluster_addr = resolve_port(&config.cluster_listen())?;
-    let (cluster_host, cluster_port) = split_addr(&cluster_addr);
-    let cluster_server = ractor_cluster::NodeServer::new(
-        cluster_port,
-        data_dir.identity.cookie.clone(),
-        data_dir.identity.node_id.clone(),
-        cluster_host,
-        None,
-        Some(ractor_cluster::node::NodeConnectionMode::Transitive),
-    );
-    let (cluster_server, _) =
-        Actor::spawn(None, cluster_server, ())
-            .await
-            .map_err(|e| StartError::Cluster {
-                addr: cluster_addr.clone(),
-                reason: e.to_string(),
-            })?;
+    // The port is opened on every interface (ractor_cluster's listener);
+    // with port 0 a free one is picked, again if another process takes it
+    // between the probe and the bind.
+    let configured = config.cluster_listen();
+    let any_port = split_addr(&configured).1 == 0;
+    let mut attempt = 0;
+    let (cluster_server, cluster_addr) = loop {
+        attempt += 1;
+        let cluster_addr = resolve_port(&configured)?;
+        let (cluster_host, cluster_port) = split_addr(&cluster_addr);
+        let server = ractor_cluster::NodeServer::new(
+            cluster_port,
+            data_dir.identity.cookie.clone(),
+            data_dir.identity.node_id.clone(),
+            cluster_host,
+            None,
+            Some(ractor_cluster::node::NodeConnectionMode::Transitive),
+        );
+        match Actor::spawn(None, server, ()).await {
+            Ok((server, _)) => break (server, cluster_addr),
+            Err(_) if any_port && attempt < 5 => continue,
+            Err(e) => {
+                return Err(StartError::Cluster {
+                    addr: cluster_addr,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    };
     let joined = if data_dir.joining {
         let info = crate::join::join(
             &cluster_server,
@@ -342,11 +354,11 @@ fn resolve_port(addr: &str) -> Result<String, StartError> {
     if port != 0 {
         return Ok(addr.to_string());
     }
-    let probe =
-        std::net::TcpListener::bind((host.as_str(), 0)).map_err(|e| StartError::Cluster {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
+    // Free on every interface, as the listener binds them all.
+    let probe = std::net::TcpListener::bind(("0.0.0.0", 0)).map_err(|e| StartError::Cluster {
+        addr: addr.to_string(),
+        reason: e.to_string(),
+    })?;
     let port = probe
         .local_addr()
         .map_err(|e| StartError::Cluster {
