@@ -480,12 +480,35 @@ impl Actor for Membership {
                             "lost the connection to a node; re-dialing"
                         );
                     } else {
-                        let direction = if incoming { "from" } else { "to" };
-                        tracing::error!(
-                            peer = ?peer_name,
-                            %peer_addr,
-                            "cluster connection {direction} {peer_addr} closed before it authenticated: the two nodes have different cluster cookies (cluster.cookie), or the peer is not a curvine node"
-                        );
+                        // ractor_cluster also closes the second of two
+                        // connections between the same nodes before it
+                        // authenticates; only a peer with no session left
+                        // after a moment was refused.
+                        let server = state.args.server.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            let node = peer_name.as_deref().map(node_of).unwrap_or_default();
+                            let connected = !node.is_empty()
+                                && ractor::call_t!(server, NodeServerMessage::GetSessions, 1000)
+                                    .map(|s| {
+                                        s.values().any(|x| {
+                                            x.peer_name
+                                                .as_ref()
+                                                .is_some_and(|n| node_of(&n.name) == node)
+                                        })
+                                    })
+                                    .unwrap_or(false);
+                            if connected {
+                                tracing::debug!(%peer_addr, "closed a duplicate cluster connection");
+                                return;
+                            }
+                            let direction = if incoming { "from" } else { "to" };
+                            tracing::error!(
+                                peer = ?peer_name,
+                                %peer_addr,
+                                "cluster connection {direction} {peer_addr} closed before it authenticated: the two nodes have different cluster cookies (cluster.cookie), or the peer is not a curvine node"
+                            );
+                        });
                     }
                 }
             },

@@ -93,6 +93,12 @@ impl NodeProcess {
     }
 
     fn spawn(&mut self, extra: &[&str]) {
+        self.launch(extra);
+        self.wait_started();
+    }
+
+    /// Starts the process without waiting for it to serve.
+    fn launch(&mut self, extra: &[&str]) {
         let log_file = std::fs::File::create(&self.log).expect("node log");
         // Blocks stay inside the test's directory unless the test names tiers.
         let tiers = format!(
@@ -124,6 +130,11 @@ impl NodeProcess {
             .spawn()
             .expect("start curvine-node");
         self.child = Some(child);
+    }
+
+    /// Waits until the launched process serves clients (its ports are read
+    /// from its log).
+    fn wait_started(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut text = String::new();
@@ -249,14 +260,27 @@ impl ProcessCluster {
         let first = NodeProcess::start_on(&dir.join("n0"), "127.0.0.1", &args);
         let seeds = first.cluster_addr.clone();
         let mut nodes = vec![first];
+        let mut with_seed = args.clone();
+        with_seed.extend_from_slice(&["--seeds", &seeds]);
+        // The others join at the same time, as a cluster starting up does.
         for i in 1..n {
-            let mut with_seed = args.clone();
-            with_seed.extend_from_slice(&["--seeds", &seeds]);
-            nodes.push(NodeProcess::start_on(
-                &dir.join(format!("n{i}")),
-                &format!("127.0.0.{}", i + 1),
-                &with_seed,
-            ));
+            let data_dir = dir.join(format!("n{i}"));
+            let mut node = NodeProcess {
+                log: data_dir.with_extension("log"),
+                data_dir,
+                addr: String::new(),
+                cluster_addr: String::new(),
+                node_id: String::new(),
+                host: format!("127.0.0.{}", i + 1),
+                args: with_seed.iter().map(|s| s.to_string()).collect(),
+                wrapper: Vec::new(),
+                child: None,
+            };
+            node.launch(&with_seed);
+            nodes.push(node);
+        }
+        for node in &mut nodes[1..] {
+            node.wait_started();
         }
         let cluster = ProcessCluster { nodes };
         cluster.wait_up(n);

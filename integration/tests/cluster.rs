@@ -392,6 +392,35 @@ fn a_decommissioned_node_hands_over_shards_and_blocks() {
         "{report}"
     );
     cluster.nodes[2].terminate();
+    // A node that left does not come back by accident.
+    let log = dir.path().join("left-again.log");
+    let mut again = std::process::Command::new(curvine_integration::bin("curvine-node"))
+        .args(["start", "--data-dir"])
+        .arg(&cluster.nodes[2].data_dir)
+        .args([
+            "--listen",
+            "127.0.0.3:0",
+            "-c",
+            "node.cluster_listen=127.0.0.3:0",
+        ])
+        .env_remove("CURVINE_CONF")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = again.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = again.kill();
+            panic!("a decommissioned node started again");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(err.contains("was decommissioned"), "{err}");
     rt.block_on(async {
         let c = cluster.nodes[1].client().await;
         for i in 0..6u64 {

@@ -277,6 +277,11 @@ impl Service {
             _ if node == self.view.node_id => {
                 self.view.update_me(|me| me.draining = draining || leave);
                 if leave {
+                    crate::identity::mark_left(
+                        std::path::Path::new(&self.info.data_dir),
+                        &self.view.cluster_id,
+                    )
+                    .map_err(|e| FsError::Io(format!("cannot record the decommission: {e}")))?;
                     if let Some(m) = self.membership.read().as_ref() {
                         let _ = m.cast(curvine_actors::membership::MembershipMsg::Leave);
                     }

@@ -11,7 +11,7 @@ use curvine_actors::cluster::ClusterView;
 use curvine_actors::membership::MembershipMsg;
 use curvine_messages::block::BlockMsg;
 use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
-use curvine_messages::FsError;
+use curvine_messages::{FsError, FsResult};
 
 use crate::service::Service;
 
@@ -24,6 +24,7 @@ pub struct GatewayArgs {
     pub service: Arc<OnceLock<Weak<Service>>>,
     pub membership: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>>,
     pub join: JoinInfo,
+    pub data_dir: std::path::PathBuf,
 }
 
 impl GatewayArgs {
@@ -128,18 +129,7 @@ impl Actor for Gateway {
                 leave,
                 reply,
             } => {
-                state.view.update_me(|me| me.draining = draining || leave);
-                if leave {
-                    if let Some(m) = state.membership.read().as_ref() {
-                        let _ = m.cast(MembershipMsg::Leave);
-                    }
-                    tracing::warn!(
-                        "this node was decommissioned and has left the cluster; it can be stopped"
-                    );
-                } else if draining {
-                    tracing::info!("this node is draining: it takes no new shards or blocks");
-                }
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(leave_or_drain(state, draining, leave));
             }
             PeerMsg::Invalid { reason, reply } => {
                 tracing::warn!(reason, "refused a message from another node");
@@ -148,4 +138,25 @@ impl Actor for Gateway {
         }
         Ok(())
     }
+}
+
+/// Marks this node draining, or gone for good: then it announces that it
+/// left and records it in its data directory, so it does not start again.
+pub fn leave_or_drain(state: &GatewayArgs, draining: bool, leave: bool) -> FsResult<()> {
+    state.view.update_me(|me| me.draining = draining || leave);
+    if leave {
+        crate::identity::mark_left(&state.data_dir, &state.view.cluster_id).map_err(|e| {
+            FsError::Io(format!(
+                "cannot record the decommission in {}: {e}",
+                state.data_dir.display()
+            ))
+        })?;
+        if let Some(m) = state.membership.read().as_ref() {
+            let _ = m.cast(MembershipMsg::Leave);
+        }
+        tracing::warn!("this node was decommissioned and has left the cluster; it can be stopped");
+    } else if draining {
+        tracing::info!("this node is draining: it takes no new shards or blocks");
+    }
+    Ok(())
 }

@@ -14,6 +14,22 @@ use curvine_conf::Config;
 /// Version of the identity file's layout.
 const IDENTITY_VERSION: u32 = 1;
 const IDENTITY_FILE: &str = "identity.toml";
+/// Present once the node was decommissioned: it does not start again.
+const LEFT_FILE: &str = "LEFT";
+
+/// Records in `data_dir` that the node left its cluster for good.
+pub fn mark_left(data_dir: &Path, cluster_id: &str) -> std::io::Result<()> {
+    let text = format!(
+        "left cluster {cluster_id} at {} (unix seconds) after a decommission\n",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    );
+    let tmp = data_dir.join(format!("{LEFT_FILE}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, data_dir.join(LEFT_FILE))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
@@ -49,6 +65,10 @@ pub enum IdentityError {
     Locked { path: String },
     #[error("{path} is not a valid identity file: {reason}")]
     Invalid { path: String, reason: String },
+    #[error(
+        "this node was decommissioned and left its cluster ({reason}); remove the data directory {path} to use this machine as a new node"
+    )]
+    Left { path: String, reason: String },
     #[error(
         "a new node joining the cluster of {seeds:?} needs the cluster's cookie: set cluster.cookie \
          (it is in identity.toml in the data directory of any member)"
@@ -101,6 +121,12 @@ impl DataDir {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(IdentityError::Locked {
                 path: path.display().to_string(),
+            });
+        }
+        if let Ok(reason) = std::fs::read_to_string(path.join(LEFT_FILE)) {
+            return Err(IdentityError::Left {
+                path: path.display().to_string(),
+                reason: reason.trim().to_string(),
             });
         }
         let file = path.join(IDENTITY_FILE);

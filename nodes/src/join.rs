@@ -17,8 +17,14 @@ use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
 #[derive(Default)]
 struct Watch {
     authenticated: Mutex<Vec<ractor::ActorId>>,
-    refused: Mutex<Option<String>>,
+    /// Sessions closed before they authenticated: the last peer, how many.
+    refused: Mutex<(Option<String>, u32)>,
 }
+
+/// Refusals, with no session authenticated, that mean a wrong cookie. One
+/// alone may be ractor_cluster closing a duplicate of a connection (two
+/// nodes joining at once dial each other).
+const REFUSALS: u32 = 3;
 
 struct Sub(Arc<Watch>);
 
@@ -29,7 +35,9 @@ impl NodeEventSubscription for Sub {
     }
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
         if !self.0.authenticated.lock().contains(&ses.actor.get_id()) {
-            *self.0.refused.lock() = Some(ses.peer_addr.clone());
+            let mut refused = self.0.refused.lock();
+            refused.0 = Some(ses.peer_addr.clone());
+            refused.1 += 1;
         }
     }
 }
@@ -63,10 +71,12 @@ async fn attempt(
     let mut last_error = String::from("no seed answered");
     let mut next_dial = Instant::now();
     loop {
-        if let Some(addr) = watch.refused.lock().clone() {
+        let (refused_by, refusals) = watch.refused.lock().clone();
+        if refusals >= REFUSALS && watch.authenticated.lock().is_empty() {
             return Err(format!(
-                "the cluster at {addr} refused this node during authentication: \
-                 cluster.cookie is not the cluster's cookie"
+                "the cluster at {} refused this node during authentication: \
+                 cluster.cookie is not the cluster's cookie",
+                refused_by.unwrap_or_default()
             ));
         }
         for node in connected_nodes() {

@@ -574,6 +574,7 @@ async fn start_with(
             map: ClusterMap::default(),
             node_id: identity.node_id.clone(),
         },
+        data_dir: data_dir.path.clone(),
     };
     let tier_store = block_store.clone();
     let map_ns = namespace.clone();
