@@ -325,6 +325,15 @@ impl ClusterView {
     }
 }
 
+/// The gateway of `node` as this process sees it (its own, or a proxy of
+/// another node's), whatever state the node is in.
+pub fn gateway_of(node: &str) -> Option<ActorRef<PeerMsg>> {
+    ractor::pg::get_members(&gateway_group(node))
+        .into_iter()
+        .next()
+        .map(ActorRef::from)
+}
+
 /// "node X (addr), down for 12s", for errors.
 pub fn describe(m: &MemberView) -> String {
     let for_s = (now_ns() - m.since_ns).max(0) / 1_000_000_000;

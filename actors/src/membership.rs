@@ -19,10 +19,10 @@ use ractor_cluster::NodeServerMessage;
 use serde::{Deserialize, Serialize};
 
 use curvine_messages::block::TierStats;
-use curvine_messages::cluster::{gateway_group, ClusterMap, Heartbeat, MemberState, PeerMsg};
+use curvine_messages::cluster::{ClusterMap, Heartbeat, MemberState, PeerMsg};
 use curvine_messages::now_ns;
 
-use crate::cluster::ClusterView;
+use crate::cluster::{gateway_of, ClusterView};
 
 /// Called with the old and the new map when a newer map is adopted.
 pub type OnMapChange = Arc<dyn Fn(&ClusterMap, &ClusterMap) + Send + Sync>;
@@ -168,7 +168,7 @@ pub fn connected_nodes() -> Vec<String> {
     ractor::pg::which_groups()
         .into_iter()
         .filter_map(|g| g.strip_prefix("curvine.gw.").map(str::to_string))
-        .filter(|n| !ractor::pg::get_members(&gateway_group(n)).is_empty())
+        .filter(|n| gateway_of(n).is_some())
         .collect()
 }
 
@@ -199,12 +199,7 @@ impl Membership {
             if node == view.node_id {
                 continue;
             }
-            if let Ok(gw) = ractor::pg::get_members(&gateway_group(&node))
-                .into_iter()
-                .next()
-                .map(ActorRef::<PeerMsg>::from)
-                .ok_or(())
-            {
+            if let Some(gw) = gateway_of(&node) {
                 let _ = gw.cast(PeerMsg::Heartbeat(Box::new(hb.clone())));
             }
         }
@@ -320,11 +315,7 @@ impl Membership {
         if hb.cluster_id != view.cluster_id || hb.shard_count != view.shard_count {
             // Tell the other side who we are before hanging up, so it can
             // say why too; then leave its address alone for a while.
-            if let Some(gw) = ractor::pg::get_members(&gateway_group(&node))
-                .into_iter()
-                .next()
-                .map(ActorRef::<PeerMsg>::from)
-            {
+            if let Some(gw) = gateway_of(&node) {
                 let _ = gw.cast(PeerMsg::Heartbeat(Box::new(Self::heartbeat(state))));
             }
             let until = Instant::now() + REFUSED_BACKOFF;

@@ -147,13 +147,33 @@ impl Namespace {
 
     // ---- calling shards ----------------------------------------------------
 
+    /// Where a call goes: the node serving `shard` by the map, or the copy
+    /// of the shard on node `at` whatever the map says (`direct`).
+    fn target(&self, shard: ShardId, at: Option<&str>) -> FsResult<(Route, bool)> {
+        match at {
+            None => Ok((self.cluster.route(shard)?, false)),
+            Some(node) if node == self.cluster.node_id => {
+                Ok((Route::Local(self.cluster.local().get(shard)?), true))
+            }
+            Some(node) => Ok((
+                Route::Remote {
+                    node: node.to_string(),
+                    gateway: self.cluster.gateway(node)?,
+                },
+                true,
+            )),
+        }
+    }
+
     async fn call_once<T: Send + 'static>(
         &self,
         shard: ShardId,
+        at: Option<&str>,
         build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync),
         wait: Duration,
     ) -> FsResult<T> {
-        let result = match self.cluster.route(shard)? {
+        let (route, direct) = self.target(shard, at)?;
+        let result = match route {
             Route::Local(actor) => actor.call(build, Some(wait)).await.map_err(drop),
             // A node that goes down while it holds the request (a partition
             // stalls its connection) fails the request then, not at the timeout.
@@ -161,7 +181,7 @@ impl Namespace {
                 r = gateway.call(
                     |reply| PeerMsg::Shard {
                         shard,
-                        direct: false,
+                        direct,
                         msg: build(reply),
                     },
                     Some(wait),
@@ -187,10 +207,12 @@ impl Namespace {
         }
     }
 
-    /// Calls a shard, retrying while it is busy or restarting, up to `deadline`.
+    /// Calls a shard (see [`Self::target`] for `at`), retrying while it is
+    /// busy or restarting, up to `deadline`.
     async fn call_until<T: Send + 'static>(
         &self,
         shard: ShardId,
+        at: Option<&str>,
         deadline: Option<Instant>,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
@@ -202,7 +224,7 @@ impl Namespace {
                     .max(Duration::from_millis(1)),
                 None => self.timeout,
             };
-            match self.call_once(shard, &build, wait).await {
+            match self.call_once(shard, at, &build, wait).await {
                 // Without a deadline (intent steps) a node that is down is
                 // waited for: the step may still be applied there.
                 Err(e)
@@ -227,7 +249,7 @@ impl Namespace {
         shard: ShardId,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
-        self.call_until(shard, Some(Instant::now() + self.timeout), build)
+        self.call_until(shard, None, Some(Instant::now() + self.timeout), build)
             .await
     }
 
@@ -240,7 +262,7 @@ impl Namespace {
         step_no: u8,
         step: Step,
     ) -> FsResult<StepResult> {
-        self.call_until(shard, None, move |reply| ShardMsg::ApplyStep {
+        self.call_until(shard, None, None, move |reply| ShardMsg::ApplyStep {
             op,
             step_no,
             step: step.clone(),
@@ -250,7 +272,7 @@ impl Namespace {
     }
 
     async fn end_intent(&self, op: OpId) -> FsResult<()> {
-        self.call_until(shard_of(op), None, |reply| ShardMsg::EndIntent {
+        self.call_until(shard_of(op), None, None, |reply| ShardMsg::EndIntent {
             op,
             reply,
         })
@@ -258,7 +280,7 @@ impl Namespace {
     }
 
     async fn abort_intent(&self, op: OpId) -> FsResult<()> {
-        self.call_until(shard_of(op), None, |reply| ShardMsg::AbortIntent {
+        self.call_until(shard_of(op), None, None, |reply| ShardMsg::AbortIntent {
             op,
             reply,
         })
@@ -815,50 +837,13 @@ impl Namespace {
         shard: ShardId,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
-        let deadline = Instant::now() + self.timeout;
-        let mut delay = Duration::from_millis(1);
-        loop {
-            let wait = deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1));
-            let result = if node == self.cluster.node_id {
-                match self.cluster.local().get(shard) {
-                    Ok(actor) => actor.call(&build, Some(wait)).await.map_err(drop),
-                    Err(e) => Ok(CallResult::Success(Err(e))),
-                }
-            } else {
-                match self.cluster.gateway(node) {
-                    Ok(gw) => gw
-                        .call(
-                            |reply| PeerMsg::Shard {
-                                shard,
-                                direct: true,
-                                msg: build(reply),
-                            },
-                            Some(wait),
-                        )
-                        .await
-                        .map_err(drop),
-                    Err(e) => Ok(CallResult::Success(Err(e))),
-                }
-            };
-            let result = match result {
-                Ok(CallResult::Success(r)) => r,
-                Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
-                    "shard {shard} on node {node} did not answer"
-                ))),
-                _ => Err(FsError::Unavailable(format!(
-                    "shard {shard} on node {node} stopped while handling the request"
-                ))),
-            };
-            match result {
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(100));
-                }
-                other => return other,
-            }
-        }
+        self.call_until(
+            shard,
+            Some(node),
+            Some(Instant::now() + self.timeout),
+            build,
+        )
+        .await
     }
 
     /// Freed blocks of a shard, to remove from their nodes.
@@ -1438,7 +1423,7 @@ impl Namespace {
     /// Drives every intent recorded in `shard` (after it started). Returns how many.
     pub async fn redrive(&self, shard: ShardId) -> FsResult<usize> {
         let intents = self
-            .call_until(shard, None, |reply| ShardMsg::ListIntents { reply })
+            .call_until(shard, None, None, |reply| ShardMsg::ListIntents { reply })
             .await?;
         let count = intents.len();
         for intent in intents {

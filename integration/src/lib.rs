@@ -223,6 +223,17 @@ impl NodeProcess {
             .expect("run curvine-cli")
     }
 
+    /// Runs the CLI and returns its stdout; panics with its stderr on failure.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "curvine-cli {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

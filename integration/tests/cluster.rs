@@ -46,13 +46,7 @@ async fn get(client: &Client, path: &str) -> Result<Vec<u8>, FsError> {
 use curvine_integration::runtime;
 
 fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
-    let out = node.cli(args);
-    assert!(
-        out.status.success(),
-        "curvine-cli {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    node.cli_ok(args)
 }
 
 /// The cluster map as node `node` reports it: shard -> node id.

@@ -82,13 +82,7 @@ impl Drop for Netns {
 }
 
 fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
-    let out = node.cli(args);
-    assert!(
-        out.status.success(),
-        "curvine-cli {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    node.cli_ok(args)
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {

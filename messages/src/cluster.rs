@@ -92,6 +92,15 @@ pub struct MemberInfo {
 }
 
 impl MemberInfo {
+    /// Its data port, as readers and writers reach it.
+    pub fn data_node(&self) -> crate::block::DataNode {
+        crate::block::DataNode {
+            node_id: self.node_id.clone(),
+            data_addr: self.data_addr.clone(),
+            host_key: self.host_key.clone(),
+        }
+    }
+
     /// Free bytes over all tiers (capacity minus used and reserved).
     pub fn free_bytes(&self) -> u64 {
         self.tiers

@@ -196,10 +196,10 @@ impl Service {
             let movable: usize = load.values().map(Vec::len).sum();
             let high = movable.div_ceil(nodes.len());
             let low = movable / nodes.len();
-            let (busiest, most) = load
+            let most = load
                 .iter()
                 .max_by_key(|(n, l)| (l.len(), std::cmp::Reverse(*n)))
-                .map(|(n, l)| (n.to_string(), l.clone()))
+                .map(|(_, l)| l.clone())
                 .unwrap_or_default();
             let (idlest, fewest) = load
                 .iter()
@@ -216,7 +216,6 @@ impl Service {
                 .copied()
                 .find(|s| *s != 0)
                 .unwrap_or(most[0]);
-            let _ = busiest;
             moves.push(self.move_shard(shard, &idlest).await?);
         }
         Ok(moves)
@@ -258,39 +257,31 @@ impl Service {
     }
 
     async fn drain(&self, node: &str, draining: bool, leave: bool) -> FsResult<()> {
-        let gw = self.view.gateway(node);
-        match gw {
-            Ok(gw) if node != self.view.node_id => match gw
-                .call(
-                    |reply| PeerMsg::Drain {
-                        draining,
-                        leave,
-                        reply,
-                    },
-                    Some(Duration::from_secs(10)),
-                )
-                .await
-            {
-                Ok(CallResult::Success(r)) => r,
-                _ => Err(FsError::Unavailable(format!("node {node} did not answer"))),
-            },
-            _ if node == self.view.node_id => {
-                self.view.update_me(|me| me.draining = draining || leave);
-                if leave {
-                    crate::identity::mark_left(
-                        std::path::Path::new(&self.info.data_dir),
-                        &self.view.cluster_id,
-                    )
-                    .map_err(|e| FsError::Io(format!("cannot record the decommission: {e}")))?;
-                    if let Some(m) = self.membership.read().as_ref() {
-                        let _ = m.cast(curvine_actors::membership::MembershipMsg::Leave);
-                    }
-                }
-                self.announce();
-                Ok(())
-            }
-            Ok(_) => unreachable!("handled above"),
-            Err(e) => Err(e),
+        if node == self.view.node_id {
+            crate::gateway::leave_or_drain(
+                &self.view,
+                std::path::Path::new(&self.info.data_dir),
+                &self.membership,
+                draining,
+                leave,
+            )?;
+            self.announce();
+            return Ok(());
+        }
+        let gw = self.view.gateway(node)?;
+        match gw
+            .call(
+                |reply| PeerMsg::Drain {
+                    draining,
+                    leave,
+                    reply,
+                },
+                Some(Duration::from_secs(10)),
+            )
+            .await
+        {
+            Ok(CallResult::Success(r)) => r,
+            _ => Err(FsError::Unavailable(format!("node {node} did not answer"))),
         }
     }
 
@@ -387,11 +378,7 @@ impl Service {
             id: block.id,
             len: block.stored,
             crc: block.crc,
-            from: curvine_messages::block::DataNode {
-                node_id: source.info.node_id.clone(),
-                data_addr: source.info.data_addr.clone(),
-                host_key: source.info.host_key.clone(),
-            },
+            from: source.info.data_node(),
             token: self.tokens.issue(block.id, Access::Read),
         };
         if target == self.view.node_id {

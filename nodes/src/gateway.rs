@@ -129,7 +129,13 @@ impl Actor for Gateway {
                 leave,
                 reply,
             } => {
-                let _ = reply.send(leave_or_drain(state, draining, leave));
+                let _ = reply.send(leave_or_drain(
+                    &state.view,
+                    &state.data_dir,
+                    &state.membership,
+                    draining,
+                    leave,
+                ));
             }
             PeerMsg::Invalid { reason, reply } => {
                 tracing::warn!(reason, "refused a message from another node");
@@ -142,16 +148,22 @@ impl Actor for Gateway {
 
 /// Marks this node draining, or gone for good: then it announces that it
 /// left and records it in its data directory, so it does not start again.
-pub fn leave_or_drain(state: &GatewayArgs, draining: bool, leave: bool) -> FsResult<()> {
-    state.view.update_me(|me| me.draining = draining || leave);
+pub fn leave_or_drain(
+    view: &ClusterView,
+    data_dir: &std::path::Path,
+    membership: &parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>,
+    draining: bool,
+    leave: bool,
+) -> FsResult<()> {
+    view.update_me(|me| me.draining = draining || leave);
     if leave {
-        crate::identity::mark_left(&state.data_dir, &state.view.cluster_id).map_err(|e| {
+        crate::identity::mark_left(data_dir, &view.cluster_id).map_err(|e| {
             FsError::Io(format!(
                 "cannot record the decommission in {}: {e}",
-                state.data_dir.display()
+                data_dir.display()
             ))
         })?;
-        if let Some(m) = state.membership.read().as_ref() {
+        if let Some(m) = membership.read().as_ref() {
             let _ = m.cast(MembershipMsg::Leave);
         }
         tracing::warn!("this node was decommissioned and has left the cluster; it can be stopped");

@@ -10,8 +10,9 @@ use ractor::ActorRef;
 use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
 use ractor_cluster::NodeServerMessage;
 
+use curvine_actors::cluster::gateway_of;
 use curvine_actors::membership::connected_nodes;
-use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
+use curvine_messages::cluster::{JoinInfo, PeerMsg};
 
 /// Remembers sessions that closed before they authenticated.
 #[derive(Default)]
@@ -80,13 +81,9 @@ async fn attempt(
             ));
         }
         for node in connected_nodes() {
-            let Some(cell) = ractor::pg::get_members(&gateway_group(&node))
-                .into_iter()
-                .next()
-            else {
+            let Some(gateway) = gateway_of(&node) else {
                 continue;
             };
-            let gateway: ActorRef<PeerMsg> = cell.into();
             match gateway
                 .call(PeerMsg::Join, Some(Duration::from_secs(5)))
                 .await

@@ -62,11 +62,7 @@ impl Service {
             .live()
             .into_iter()
             .filter(|m| !m.data_addr.is_empty())
-            .map(|m| DataNode {
-                node_id: m.node_id,
-                data_addr: m.data_addr,
-                host_key: m.host_key,
-            })
+            .map(|m| m.data_node())
             .collect()
     }
 
@@ -82,11 +78,7 @@ impl Service {
             .into_iter()
             .filter(|m| !m.draining && !m.data_addr.is_empty())
             .max_by_key(|m| m.free_bytes())
-            .map(|m| DataNode {
-                node_id: m.node_id,
-                data_addr: m.data_addr,
-                host_key: m.host_key,
-            })
+            .map(|m| m.data_node())
             .unwrap_or_else(|| self.data.clone())
     }
 
