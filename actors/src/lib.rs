@@ -18,4 +18,5 @@ pub mod shard;
 pub mod store;
 pub mod supervisor;
 pub mod token;
+pub mod ufs;
 pub mod writer;

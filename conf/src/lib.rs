@@ -31,6 +31,7 @@ pub struct Config {
     pub data: DataConf,
     pub client: ClientConf,
     pub supervisor: SupervisorConf,
+    pub ufs: UfsConf,
     pub log: LogConf,
 }
 
@@ -155,6 +156,39 @@ pub struct SupervisorConf {
     pub restart_window: Dur,
 }
 
+/// Under-file-systems (S3, local directories) mounted into the namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UfsConf {
+    /// Longest time one UFS request may take (a whole stat, list page or
+    /// part upload) before it is retried or fails.
+    pub timeout: Dur,
+    /// Longest wait for the next bytes of a UFS read or write.
+    pub io_timeout: Dur,
+    /// Retries of a UFS request that failed in a way worth retrying
+    /// (throttling, 5xx, a dropped connection), with exponential backoff.
+    pub retries: u32,
+    /// First retry delay; doubles per retry up to `retry_max_delay`.
+    pub retry_min_delay: Dur,
+    pub retry_max_delay: Dur,
+    /// Part size of multipart uploads (S3 needs at least 5MiB).
+    pub part_size: ByteSize,
+    /// Parts of one upload sent at once.
+    pub upload_concurrency: u32,
+    /// Entries asked for per UFS listing request.
+    pub list_page: u32,
+    /// How long cached metadata and data of a cache_mode file is trusted
+    /// before the UFS object is checked again (a mount's `--check-interval`
+    /// overrides it; 0 checks on every open).
+    pub check_interval: Dur,
+    /// Load or persist tasks a node's UFS loaders run at once.
+    pub loaders: u32,
+    /// First delay before a failed fs_mode persist is tried again; doubles
+    /// per attempt up to `persist_max_delay`.
+    pub persist_retry_delay: Dur,
+    pub persist_max_delay: Dur,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConf {
@@ -211,6 +245,25 @@ impl Default for ClientConf {
             connections: 2,
             short_circuit: true,
             read_ahead: 1,
+        }
+    }
+}
+
+impl Default for UfsConf {
+    fn default() -> Self {
+        UfsConf {
+            timeout: Dur(std::time::Duration::from_secs(60)),
+            io_timeout: Dur(std::time::Duration::from_secs(20)),
+            retries: 4,
+            retry_min_delay: Dur(std::time::Duration::from_millis(200)),
+            retry_max_delay: Dur(std::time::Duration::from_secs(5)),
+            part_size: ByteSize(8 << 20),
+            upload_concurrency: 4,
+            list_page: 1000,
+            check_interval: Dur(std::time::Duration::from_secs(60)),
+            loaders: 8,
+            persist_retry_delay: Dur(std::time::Duration::from_secs(1)),
+            persist_max_delay: Dur(std::time::Duration::from_secs(300)),
         }
     }
 }
@@ -829,6 +882,29 @@ impl Config {
                 "data.evict_interval",
                 "0s".into(),
                 "expected more than 0s",
+            ));
+        }
+        if self.ufs.part_size.0 < (5 << 20) || self.ufs.part_size.0 > (5 << 30) {
+            return Err(invalid(
+                "ufs.part_size",
+                self.ufs.part_size.to_string(),
+                "expected 5MiB to 5GiB (S3's limits for a part)",
+            ));
+        }
+        for (key, value) in [
+            ("ufs.upload_concurrency", self.ufs.upload_concurrency),
+            ("ufs.list_page", self.ufs.list_page),
+            ("ufs.loaders", self.ufs.loaders),
+        ] {
+            if !(1..=10_000).contains(&value) {
+                return Err(invalid(key, value.to_string(), "expected 1 to 10000"));
+            }
+        }
+        if self.ufs.timeout.0.is_zero() || self.ufs.io_timeout.0.is_zero() {
+            return Err(invalid(
+                "ufs.timeout",
+                format!("{} / {}", self.ufs.timeout, self.ufs.io_timeout),
+                "ufs.timeout and ufs.io_timeout must be above 0",
             ));
         }
         if self.data.token_ttl.0 < std::time::Duration::from_secs(60) {

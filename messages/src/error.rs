@@ -72,6 +72,14 @@ pub enum FsError {
     /// the caller learns at once instead of waiting for the node).
     #[error("input/output error: node down{}", detail(.0))]
     NodeDown(String),
+    /// The under-file-system (S3, a mounted directory) failed a request; the
+    /// text names the operation, the object and the S3 error code.
+    #[error("under-file-system error{}", detail(.0))]
+    Ufs(String),
+    /// The UFS object changed while it was read: nothing of it is kept, the
+    /// caller opens it again.
+    #[error("stale file handle{}", detail(.0))]
+    Stale(String),
 }
 
 /// Result of a file-system operation.
@@ -104,6 +112,8 @@ impl FsError {
             FsError::Protocol(_) => libc::EPROTO,
             FsError::Corrupt(_) => libc::EIO,
             FsError::NodeDown(_) => libc::EIO,
+            FsError::Ufs(_) => libc::EIO,
+            FsError::Stale(_) => libc::ESTALE,
         }
     }
 
@@ -133,6 +143,8 @@ impl FsError {
             FsError::Protocol(_) => "protocol",
             FsError::Corrupt(_) => "corrupt",
             FsError::NodeDown(_) => "node_down",
+            FsError::Ufs(_) => "ufs",
+            FsError::Stale(_) => "stale",
         }
     }
 
@@ -168,6 +180,10 @@ impl FsError {
             FsError::TimedOut(_) => FsError::TimedOut(text),
             FsError::Protocol(_) => FsError::Protocol(text),
             FsError::Corrupt(_) => FsError::Corrupt(text),
+            FsError::Stale(_) => FsError::Stale(text),
+            // Keep what the UFS said: it is the cause the user acts on.
+            FsError::Ufs(cause) if !text.is_empty() => FsError::Ufs(format!("{text}: {cause}")),
+            FsError::Ufs(cause) => FsError::Ufs(cause),
             // Keep which node is down: that is what the user must act on.
             FsError::NodeDown(node) if !text.is_empty() => {
                 FsError::NodeDown(format!("{text}: {node}"))
@@ -201,7 +217,9 @@ impl FsError {
             | FsError::TimedOut(s)
             | FsError::Protocol(s)
             | FsError::Corrupt(s)
-            | FsError::NodeDown(s) => s,
+            | FsError::NodeDown(s)
+            | FsError::Ufs(s)
+            | FsError::Stale(s) => s,
         }
     }
 
