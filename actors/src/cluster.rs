@@ -360,6 +360,7 @@ mod tests {
             map,
             known: vec![],
             leaving: false,
+            mounts_version: 0,
         }
     }
 

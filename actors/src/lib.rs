@@ -13,6 +13,7 @@ pub mod blocks;
 pub mod cluster;
 pub mod host;
 pub mod membership;
+pub mod mounts;
 pub mod namespace;
 pub mod shard;
 pub mod store;

@@ -41,6 +41,10 @@ pub struct MembershipArgs {
     /// This node's tiers right now.
     pub tiers: Arc<dyn Fn() -> Vec<TierStats> + Send + Sync>,
     pub on_map_change: OnMapChange,
+    /// The version of the mount table this node holds.
+    pub mounts_version: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// Called when a heartbeat carries a newer mount table version.
+    pub on_mounts_behind: Arc<dyn Fn(u64) + Send + Sync>,
 }
 
 /// What ractor_cluster reported about a session.
@@ -187,6 +191,7 @@ impl Membership {
                 .map(|m| (m.info.node_id, m.info.cluster_addr))
                 .collect(),
             leaving: state.leaving,
+            mounts_version: (state.args.mounts_version)(),
         }
     }
 
@@ -360,6 +365,9 @@ impl Membership {
             if view.know(id, addr, now_ns()) {
                 tracing::info!(node = %id, %addr, "learned of node");
             }
+        }
+        if hb.mounts_version > (state.args.mounts_version)() {
+            (state.args.on_mounts_behind)(hb.mounts_version);
         }
         if heard.map_changed {
             let new_map = view.map();

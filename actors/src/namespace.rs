@@ -243,8 +243,17 @@ impl Namespace {
         }
     }
 
+    /// Calls the node serving `shard` (retrying until the request timeout).
+    pub async fn call_shard<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        self.call(shard, build).await
+    }
+
     /// A request-scoped call: retries until the request timeout.
-    async fn call<T: Send + 'static>(
+    pub(crate) async fn call<T: Send + 'static>(
         &self,
         shard: ShardId,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,

@@ -183,6 +183,54 @@ impl Actor for NamespaceShard {
             ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
             ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),
             ShardMsg::GetMap { reply } => state.read(reply, |s, t| s.cluster_map(t)),
+            ShardMsg::GetMounts { reply } => state.read(reply, |s, t| s.mounts(t)),
+            ShardMsg::SetMounts {
+                expect,
+                table,
+                reply,
+            } => state.write(reply, move |s, t| s.set_mounts(t, expect, &table)),
+            ShardMsg::SetUfs { ino, ufs, reply } => {
+                state.write(reply, move |s, t| s.set_ufs(t, ino, ufs))
+            }
+            ShardMsg::UfsSync {
+                parent,
+                mount,
+                files,
+                owner,
+                spec,
+                reply,
+            } => state.write(reply, move |s, t| {
+                s.ufs_sync(t, parent, mount, &files, &owner, &spec)
+            }),
+            ShardMsg::UfsAbortBlock { ino, id, reply } => {
+                state.write(reply, move |s, t| s.ufs_abort_block(t, ino, id))
+            }
+            ShardMsg::UfsRefresh {
+                ino,
+                mount,
+                file,
+                now_ns,
+                reply,
+            } => state.write(reply, move |s, t| {
+                s.ufs_refresh(t, ino, mount, &file, now_ns)
+            }),
+            ShardMsg::UfsAddBlock {
+                ino,
+                index,
+                expect,
+                reply,
+            } => state.write(reply, move |s, t| s.ufs_add_block(t, ino, index, &expect)),
+            ShardMsg::UfsCommitBlock {
+                ino,
+                info,
+                expect,
+                reply,
+            } => state.write(reply, move |s, t| {
+                s.ufs_commit_block(t, ino, &info, &expect)
+            }),
+            ShardMsg::UfsEvict { ino, reply } => {
+                state.write(reply, move |s, t| s.ufs_evict(t, ino))
+            }
             ShardMsg::SetMap { expect, map, reply } => {
                 state.write(reply, move |s, t| s.set_cluster_map(t, expect, &map))
             }

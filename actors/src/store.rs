@@ -30,9 +30,10 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
-use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FreedBlock};
+use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FileSpec, FreedBlock};
 use curvine_messages::cluster::ClusterMap;
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
+use curvine_messages::mount::{MountTable, Persist, UfsFile, UfsState};
 use curvine_messages::shard::{
     DentryValue, ExportChunk, Intent, IntentOp, NameLock, NewFile, OpenForWrite, RenameOutcome,
     ShardMeta, ShardRecord, ShardScan, Step, StepResult, UnlinkOutcome, XattrValue,
@@ -301,6 +302,7 @@ impl ShardStore {
                         parent: ROOT_INO,
                         storage: None,
                         writing: None,
+                        ufs: None,
                     };
                     self.put_inode(&mut wtxn, &root)?;
                 }
@@ -688,6 +690,7 @@ impl ShardStore {
             parent: if is_dir { parent } else { 0 },
             storage: None,
             writing: None,
+            ufs: None,
         }
     }
 
@@ -1693,6 +1696,7 @@ impl ShardStore {
 /// xattrs, an operation's step records).
 /// The key of the cluster map in shard 0's `meta` table.
 const MAP_KEY: &[u8] = b"cluster_map";
+const MOUNTS_KEY: &[u8] = b"mount_table";
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
 const TABLE_COUNT: u8 = 11;
@@ -1724,7 +1728,10 @@ impl ShardStore {
     /// are inert.
     fn owns_record(&self, n: u8, key: &[u8]) -> bool {
         match n {
-            0 => key == self.meta_key.as_slice() || (self.shard == 0 && key == MAP_KEY),
+            0 => {
+                key == self.meta_key.as_slice()
+                    || (self.shard == 0 && (key == MAP_KEY || key == MOUNTS_KEY))
+            }
             OPS_TABLE => true,
             _ => key.first() == Some(&(self.shard as u8)),
         }
@@ -1788,6 +1795,267 @@ impl ShardStore {
             .put(wtxn, MAP_KEY, &encode_versioned(map))
             .map_err(lmdb_err)?;
         Ok(map.clone())
+    }
+
+    /// The mount table stored here (shard 0); empty before the first mount.
+    pub fn mounts(&self, txn: &RoTxn) -> FsResult<MountTable> {
+        match self.meta.get(txn, MOUNTS_KEY).map_err(lmdb_err)? {
+            Some(bytes) => decode(bytes),
+            None => Ok(MountTable::default()),
+        }
+    }
+
+    /// Stores `table` when the stored version is `expect`; returns what is
+    /// stored after (the winner, for a caller that lost a race).
+    pub fn set_mounts(
+        &self,
+        wtxn: &mut RwTxn,
+        expect: u64,
+        table: &MountTable,
+    ) -> FsResult<MountTable> {
+        if self.shard != 0 {
+            return Err(FsError::InvalidArgument(format!(
+                "the mount table lives in shard 0, not shard {}",
+                self.shard
+            )));
+        }
+        let current = self.mounts(wtxn)?;
+        if current.version != expect || table.version <= current.version {
+            return Err(FsError::Busy(format!(
+                "the mount table changed (version {}, expected {expect}); try again",
+                current.version
+            )));
+        }
+        self.meta
+            .put(wtxn, MOUNTS_KEY, &encode_versioned(table))
+            .map_err(lmdb_err)?;
+        Ok(table.clone())
+    }
+
+    /// Sets (or clears) what inode `ino` mirrors of its UFS object.
+    pub fn set_ufs(&self, wtxn: &mut RwTxn, ino: Ino, ufs: Option<UfsState>) -> FsResult<Attr> {
+        let mut attr = self.getattr(wtxn, ino)?;
+        attr.ufs = ufs;
+        self.put_inode(wtxn, &attr)?;
+        Ok(attr)
+    }
+
+    /// Brings the files named in `files` under directory `parent` in line
+    /// with their UFS objects: a missing name becomes a file of the
+    /// object's length (no blocks: its bytes are read from the UFS), a file
+    /// whose object changed gets the new length and time and loses its
+    /// cached blocks, an unchanged one is marked checked. Files open for
+    /// writing, files not from the UFS (being written in cache_mode, not yet
+    /// persisted in fs_mode) and names that are directories here are left
+    /// alone. Returns each file as it is afterwards.
+    pub fn ufs_sync(
+        &self,
+        wtxn: &mut RwTxn,
+        parent: Ino,
+        mount: u32,
+        files: &[UfsFile],
+        owner: &NewInode,
+        spec: &FileSpec,
+    ) -> FsResult<Vec<(String, Attr)>> {
+        self.dir(wtxn, parent)?;
+        let now = owner.now_ns;
+        let mut out = Vec::with_capacity(files.len());
+        let mut added = false;
+        for f in files {
+            curvine_messages::path::check_name(&f.name)?;
+            let state = UfsState::synced(mount, f.len, f.mtime_ns, f.etag.clone(), now);
+            match self.dentry(wtxn, parent, &f.name)? {
+                None => {
+                    if self.lock_holder(wtxn, parent, &f.name)?.is_some() {
+                        continue;
+                    }
+                    let ino = self.alloc_ino(wtxn)?;
+                    let mut attr = Self::new_attr(ino, owner, parent);
+                    attr.size = f.len;
+                    attr.block_size = spec.block_size;
+                    attr.replicas = spec.replicas;
+                    attr.storage = spec.storage;
+                    if f.mtime_ns > 0 {
+                        attr.mtime_ns = f.mtime_ns;
+                        attr.ctime_ns = f.mtime_ns;
+                    }
+                    attr.ufs = Some(state);
+                    self.put_inode(wtxn, &attr)?;
+                    self.put_dentry(wtxn, parent, &f.name, ino, FileKind::File)?;
+                    added = true;
+                    out.push((f.name.clone(), attr));
+                }
+                Some(d) if d.kind == FileKind::File && self.is_local(d.ino) => {
+                    let attr = self.ufs_refresh(wtxn, d.ino, mount, f, now)?;
+                    out.push((f.name.clone(), attr));
+                }
+                Some(_) => {}
+            }
+        }
+        if added {
+            self.touch_dir(wtxn, parent, 0, now)?;
+        }
+        Ok(out)
+    }
+
+    /// Compares UFS file `ino` with the UFS object `f` as it is now: a
+    /// changed object gives the file its length and time and drops its
+    /// cached blocks; either way the file is marked checked at `now`.
+    /// Files open for writing and files whose content is not (yet) the
+    /// UFS object's are left as they are.
+    pub fn ufs_refresh(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        mount: u32,
+        f: &UfsFile,
+        now: i64,
+    ) -> FsResult<Attr> {
+        let mut attr = self.getattr(wtxn, ino)?;
+        let mirrored = matches!(
+            &attr.ufs,
+            Some(u) if u.mount == mount && u.persist == Persist::Synced
+        );
+        if attr.kind != FileKind::File || attr.writing.is_some() || !mirrored {
+            return Ok(attr);
+        }
+        let unchanged = attr
+            .ufs
+            .as_ref()
+            .is_some_and(|u| u.matches(f.len, f.mtime_ns, &f.etag));
+        if !unchanged {
+            self.free_blocks_from(wtxn, ino, 0)?;
+            attr.size = f.len;
+            if f.mtime_ns > 0 {
+                attr.mtime_ns = f.mtime_ns;
+            }
+            attr.ctime_ns = now;
+        }
+        attr.ufs = Some(UfsState::synced(
+            mount,
+            f.len,
+            f.mtime_ns,
+            f.etag.clone(),
+            now,
+        ));
+        self.put_inode(wtxn, &attr)?;
+        Ok(attr)
+    }
+
+    /// Allocates a block for the cached copy of block `index` of UFS file
+    /// `ino`, when the file still mirrors the UFS object `expect` and has no
+    /// such block yet (`None` otherwise: the caller reads the UFS without
+    /// caching).
+    pub fn ufs_add_block(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        index: u32,
+        expect: &UfsFile,
+    ) -> FsResult<Option<BlockId>> {
+        let attr = self.getattr(wtxn, ino)?;
+        if !ufs_current(&attr, expect) {
+            return Ok(None);
+        }
+        if self
+            .blocks
+            .get(wtxn, &key_block(ino, index))
+            .map_err(lmdb_err)?
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let id = self.alloc_ino(wtxn)?;
+        let owner = BlockOwner {
+            ino,
+            index,
+            pending: true,
+        };
+        self.owners
+            .put(wtxn, &key_ino(id), &encode_versioned(&owner))
+            .map_err(lmdb_err)?;
+        self.pending
+            .put(wtxn, &key_pending(ino, id), &[])
+            .map_err(lmdb_err)?;
+        Ok(Some(id))
+    }
+
+    /// Records a cached block of a UFS file filled by `ufs_add_block`'s
+    /// grant. `false` (and the block freed) when the file no longer mirrors
+    /// `expect` or another copy got there first.
+    pub fn ufs_commit_block(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        info: &BlockInfo,
+        expect: &UfsFile,
+    ) -> FsResult<bool> {
+        let pending_key = key_pending(ino, info.id);
+        let was_pending = self
+            .pending
+            .get(wtxn, &pending_key)
+            .map_err(lmdb_err)?
+            .is_some();
+        if !was_pending {
+            return Err(FsError::InvalidArgument(format!(
+                "block {:#x} was not allocated to file {ino:#x}",
+                info.id
+            )));
+        }
+        self.pending.delete(wtxn, &pending_key).map_err(lmdb_err)?;
+        let key = key_block(ino, info.index);
+        let attr = self.inode(wtxn, ino)?;
+        let fits = attr.as_ref().is_some_and(|a| {
+            let bs = a.block_size.max(1);
+            ufs_current(a, expect)
+                && info.len <= bs
+                && (info.index as u64) * bs + info.len <= a.size
+        });
+        let taken = self.blocks.get(wtxn, &key).map_err(lmdb_err)?.is_some();
+        if !fits || taken {
+            self.free_block(wtxn, info.id, info.locs.clone())?;
+            return Ok(false);
+        }
+        self.blocks
+            .put(wtxn, &key, &encode_versioned(info))
+            .map_err(lmdb_err)?;
+        let owner = BlockOwner {
+            ino,
+            index: info.index,
+            pending: false,
+        };
+        self.owners
+            .put(wtxn, &key_ino(info.id), &encode_versioned(&owner))
+            .map_err(lmdb_err)?;
+        Ok(true)
+    }
+
+    /// Gives up block `id` allocated by `ufs_add_block` and never committed.
+    pub fn ufs_abort_block(&self, wtxn: &mut RwTxn, ino: Ino, id: BlockId) -> FsResult<()> {
+        let key = key_pending(ino, id);
+        if self.pending.get(wtxn, &key).map_err(lmdb_err)?.is_some() {
+            self.pending.delete(wtxn, &key).map_err(lmdb_err)?;
+            self.free_block(wtxn, id, Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Drops the cached blocks of a UFS-backed file (its bytes stay in the
+    /// UFS and are read from there again). Refused for a file whose content
+    /// is not in the UFS.
+    pub fn ufs_evict(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<u32> {
+        let attr = self.getattr(wtxn, ino)?;
+        match &attr.ufs {
+            Some(u) if u.persist == Persist::Synced && attr.writing.is_none() => {}
+            _ => {
+                return Err(FsError::Busy(
+                    "the file's content is not in the UFS yet".into(),
+                ))
+            }
+        }
+        let n = self.file_blocks(wtxn, ino)?.len() as u32;
+        self.free_blocks_from(wtxn, ino, 0)?;
+        Ok(n)
     }
 
     /// This shard's records from `from` on, up to about `max_bytes`.
@@ -1863,6 +2131,7 @@ impl ShardStore {
         self.meta.delete(wtxn, &self.meta_key).map_err(lmdb_err)?;
         if self.shard == 0 {
             self.meta.delete(wtxn, MAP_KEY).map_err(lmdb_err)?;
+            self.meta.delete(wtxn, MOUNTS_KEY).map_err(lmdb_err)?;
         }
         let start = [self.shard as u8];
         let end = (self.shard as u8).checked_add(1).map(|e| [e]);
@@ -1897,4 +2166,14 @@ pub fn check_rename_kinds(src: FileKind, dst: FileKind) -> FsResult<()> {
         (false, true) => Err(FsError::IsADirectory(String::new())),
         _ => Ok(()),
     }
+}
+
+/// Whether a file still mirrors the UFS object `expect`.
+fn ufs_current(attr: &Attr, expect: &UfsFile) -> bool {
+    attr.kind == FileKind::File
+        && attr.writing.is_none()
+        && attr.size == expect.len
+        && attr.ufs.as_ref().is_some_and(|u| {
+            u.persist == Persist::Synced && u.matches(expect.len, expect.mtime_ns, &expect.etag)
+        })
 }

@@ -41,13 +41,7 @@ pub const S3_KEYS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Mount properties whose values are never shown.
-pub fn is_secret(key: &str) -> bool {
-    matches!(
-        key,
-        "s3.credentials.secret" | "s3.credentials.session_token"
-    )
-}
+pub use curvine_messages::mount::is_secret;
 
 /// The properties with secret values replaced, for display.
 pub fn redacted(props: &BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -208,12 +202,13 @@ impl UfsObject {
     }
 }
 
-/// One page of a directory listing, in name order.
+/// One page of a directory listing.
 #[derive(Debug, Clone, Default)]
 pub struct UfsPage {
     pub entries: Vec<UfsObject>,
-    /// More entries follow the last one.
-    pub more: bool,
+    /// Where the next page starts (pass it back to `list_page`); `None`
+    /// after the last page.
+    pub next: Option<String>,
 }
 
 /// One mounted UFS location.
@@ -475,20 +470,22 @@ impl Ufs {
         }
     }
 
-    /// Up to `limit` entries of directory `rel` after the name `after`, in
-    /// name order. Stores that list in key order are asked one page at a
-    /// time; local directories are read and sorted.
+    /// Up to `limit` entries of directory `rel`, continuing after `cursor`
+    /// (the previous page's [`UfsPage::next`]). Stores that list in key
+    /// order (S3) are asked one page at a time and their order is kept;
+    /// local directories are read and sorted by name. Callers that need
+    /// name order sort what they gather.
     pub async fn list_page(
         &self,
         rel: &str,
-        after: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
     ) -> FsResult<UfsPage> {
         let dir = dir_key(rel);
         let limit = limit.max(1);
-        let start_after = match (after, self.sorted_listing) {
-            (Some(a), true) if rel.is_empty() => Some(a.to_string()),
-            (Some(a), true) => Some(format!("{rel}/{a}")),
+        let start_after = match (cursor, self.sorted_listing) {
+            (Some(c), true) if rel.is_empty() => Some(c.to_string()),
+            (Some(c), true) => Some(format!("{rel}/{c}")),
             _ => None,
         };
         let mut lister = match self
@@ -496,7 +493,7 @@ impl Ufs {
             .lister_options(
                 &dir,
                 ListOptions {
-                    limit: Some(self.opts.list_page.min(limit + 1)),
+                    limit: Some(self.opts.list_page.min(limit)),
                     start_after,
                     ..Default::default()
                 },
@@ -510,6 +507,7 @@ impl Ufs {
             Err(e) => return Err(self.error("list", rel, e)),
         };
         let mut entries = Vec::new();
+        let mut more = false;
         while let Some(entry) = lister.next().await {
             let entry = entry.map_err(|e| self.error("list", rel, e))?;
             if entry.path() == dir || entry.path() == "/" {
@@ -524,27 +522,34 @@ impl Ufs {
             {
                 continue;
             }
-            if let Some(a) = after {
-                if name.as_str() <= a {
-                    continue;
+            if !self.sorted_listing {
+                if let Some(c) = cursor {
+                    if name.as_str() <= c {
+                        continue;
+                    }
                 }
             }
-            let meta = entry.metadata();
-            let obj = object(name, meta);
-            entries.push(obj);
-            // Key order lists `a/` after `a.b`: read one page past the
-            // limit so the sort below sees every name that belongs in it.
-            if self.sorted_listing && entries.len() > limit + 1 {
+            if self.sorted_listing && entries.len() == limit {
+                more = true;
                 break;
             }
+            entries.push(object(name, entry.metadata()));
         }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        entries.dedup_by(|a, b| a.name == b.name);
-        let more = entries.len() > limit;
-        entries.truncate(limit);
-        // Listings give sizes but not always times or etags of files: a
-        // file without them is looked up.
-        Ok(UfsPage { entries, more })
+        if !self.sorted_listing {
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            more = entries.len() > limit;
+            entries.truncate(limit);
+        }
+        let next = match entries.last() {
+            Some(last) if more => Some(if self.sorted_listing && last.is_dir {
+                // Keys below a prefix sort after it: continue past all of them.
+                format!("{}/\u{10FFFF}", last.name)
+            } else {
+                last.name.clone()
+            }),
+            _ => None,
+        };
+        Ok(UfsPage { entries, next })
     }
 
     /// The bytes `[offset, offset + len)` of the object at `rel`, as they

@@ -182,10 +182,10 @@ fn listings_page_in_name_order() {
             names.push("f005".into());
             names.sort();
             let mut seen = Vec::new();
-            let mut after: Option<String> = None;
+            let mut cursor: Option<String> = None;
             let mut pages = 0;
             loop {
-                let page = ufs.list_page("d", after.as_deref(), 7).await.unwrap();
+                let page = ufs.list_page("d", cursor.as_deref(), 7).await.unwrap();
                 assert!(page.entries.len() <= 7);
                 pages += 1;
                 for e in &page.entries {
@@ -200,14 +200,28 @@ fn listings_page_in_name_order() {
                         assert_eq!(e.len, want, "{ufs:?}: {e:?}");
                     }
                 }
-                after = page.entries.last().map(|e| e.name.clone());
-                if !page.more {
+                cursor = page.next;
+                if cursor.is_none() {
                     break;
                 }
                 assert!(pages < 20);
             }
-            assert_eq!(seen, names, "{ufs:?}");
+            seen.sort();
+            assert_eq!(seen, names, "{ufs:?}: every name once");
             assert_eq!(pages, 4, "{ufs:?}: 25 entries in pages of 7");
+            // A page that ends on a directory continues after everything below it.
+            let mut cursor = None;
+            let mut all = Vec::new();
+            loop {
+                let page = ufs.list_page("d", cursor.as_deref(), 1).await.unwrap();
+                all.extend(page.entries.into_iter().map(|e| e.name));
+                cursor = page.next;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+            all.sort();
+            assert_eq!(all, names, "{ufs:?}: pages of one");
             // The root lists its directory; a missing directory lists empty or NotFound.
             let root = ufs.list_page("", None, 100).await.unwrap();
             assert_eq!(
@@ -217,6 +231,7 @@ fn listings_page_in_name_order() {
                     .collect::<Vec<_>>(),
                 ["d"]
             );
+            assert!(root.next.is_none());
             match ufs.list_page("nope", None, 10).await {
                 Ok(p) => assert!(p.entries.is_empty()),
                 Err(e) => assert!(matches!(e, FsError::NotFound(_)), "{e}"),

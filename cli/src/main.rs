@@ -53,6 +53,57 @@ enum Command {
     /// Administration.
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Mount a UFS location at a path; without arguments, list the mounts.
+    ///
+    /// Properties of the location are given with -c, e.g.
+    /// -c s3.endpoint_url=http://host:9000 -c s3.credentials.access=KEY
+    /// -c s3.credentials.secret=SECRET -c s3.region_name=us-east-1
+    /// -c s3.force.path.style=true. The mount is checked (bucket reachable,
+    /// credentials valid) before it is made.
+    Mount(MountArgs),
+    /// Remove the mount at a path (the UFS keeps its objects; what was
+    /// cached of them is dropped).
+    Umount { path: String },
+}
+
+#[derive(Args)]
+struct MountArgs {
+    /// UFS location: s3://bucket/prefix or file:///dir.
+    #[arg(requires = "path")]
+    ufs: Option<String>,
+    /// Mount point in the namespace (created if missing; must be empty).
+    path: Option<String>,
+    /// cache_mode: the UFS is the authority (writes reach it at close);
+    /// fs_mode: the cluster is (writes are persisted in the background).
+    #[arg(long, default_value = "cache_mode", value_name = "cache_mode|fs_mode")]
+    write_type: String,
+    /// Drop cached data not read for this long (e.g. 7d); the UFS keeps it.
+    #[arg(long, value_name = "DURATION")]
+    ttl: Option<String>,
+    /// Trust a cached file this long before checking its UFS object again
+    /// (default: the node's ufs.check_interval).
+    #[arg(long, value_name = "DURATION")]
+    check_interval: Option<String>,
+    /// Check the UFS object on every open (cache_mode).
+    #[arg(long)]
+    read_verify_ufs: bool,
+    /// Do not keep what is read from the UFS in the cache.
+    #[arg(long)]
+    no_auto_cache: bool,
+    /// Replicas of cached blocks of files under the mount.
+    #[arg(long)]
+    replicas: Option<u16>,
+    /// Block size of files under the mount (e.g. 64MiB).
+    #[arg(long, value_name = "SIZE")]
+    block_size: Option<String>,
+    /// Tier for cached blocks of files under the mount: MEM, SSD or HDD.
+    #[arg(long, value_name = "TIER")]
+    storage_type: Option<String>,
+}
+
+/// Whether a `-c` key names a UFS mount property rather than a config key.
+fn is_mount_property(key: &str) -> bool {
+    key.starts_with("s3.")
 }
 
 #[derive(Subcommand)]
@@ -196,8 +247,14 @@ fn show_value(value: &[u8]) -> String {
 }
 
 fn config(global: &Global) -> Result<(Loader, Config), String> {
+    let overrides: Vec<String> = global
+        .overrides
+        .iter()
+        .filter(|kv| !is_mount_property(kv.split('=').next().unwrap_or("")))
+        .cloned()
+        .collect();
     let mut loader =
-        Loader::standard(global.conf.as_deref(), &global.overrides).map_err(|e| e.to_string())?;
+        Loader::standard(global.conf.as_deref(), &overrides).map_err(|e| e.to_string())?;
     if let Some(c) = &global.cluster {
         loader
             .flag("client.cluster", c, "--cluster")
@@ -325,8 +382,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         code: 1,
     })?;
     let abs = |p: &str| normalize(p, "/").map_err(|e| fail("path", p, e));
+    let props: std::collections::BTreeMap<String, String> = cli
+        .global
+        .overrides
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| is_mount_property(k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     match command {
         Command::Conf(_) => unreachable!("handled above"),
+        Command::Mount(args) => run_mount(&client, args, props, json_out).await?,
+        Command::Umount { path } => {
+            let path = abs(&path)?;
+            let m = client
+                .call(curvine_messages::rpc::Umount { path: path.clone() })
+                .await
+                .map_err(|e| fail("umount", &path, e))?;
+            if json_out {
+                print_json(&mount_json(&m));
+            } else {
+                println!("unmounted {} from {}", m.ufs, m.path);
+            }
+        }
         Command::Report => {
             let report = client.report().await.map_err(|e| fail("report", "", e))?;
             if json_out {
@@ -816,6 +894,139 @@ fn print_json<T: serde::Serialize>(value: &T) {
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
     );
+}
+
+fn mount_json(m: &curvine_messages::mount::MountInfo) -> serde_json::Value {
+    json!({
+        "id": m.id, "path": m.path, "ufs": m.ufs, "write_type": m.write_type.to_string(),
+        "properties": m.redacted().props, "ttl_ms": m.ttl_ms,
+        "check_interval_ms": m.check_interval_ms, "read_verify_ufs": m.read_verify_ufs,
+        "auto_cache": m.auto_cache, "replicas": m.replicas, "block_size": m.block_size,
+        "storage_type": m.storage.map(|t| t.name()), "created_ns": m.created_ns,
+    })
+}
+
+fn mount_line(m: &curvine_messages::mount::MountInfo) -> String {
+    let shown = m.redacted();
+    let mut line = format!("{} on {} ({}", shown.ufs, shown.path, shown.write_type);
+    for (k, v) in &shown.props {
+        line.push_str(&format!(", {k}={v}"));
+    }
+    if m.ttl_ms > 0 {
+        line.push_str(&format!(", ttl={}ms", m.ttl_ms));
+    }
+    if let Some(ms) = m.check_interval_ms {
+        line.push_str(&format!(", check_interval={ms}ms"));
+    }
+    if m.read_verify_ufs {
+        line.push_str(", read_verify_ufs");
+    }
+    if !m.auto_cache {
+        line.push_str(", no_auto_cache");
+    }
+    if let Some(r) = m.replicas {
+        line.push_str(&format!(", replicas={r}"));
+    }
+    if let Some(bs) = m.block_size {
+        line.push_str(&format!(
+            ", block_size={}",
+            curvine_messages::human_bytes(bs)
+        ));
+    }
+    if let Some(t) = m.storage {
+        line.push_str(&format!(", storage_type={}", t.name()));
+    }
+    line.push(')');
+    line
+}
+
+async fn run_mount(
+    client: &Client,
+    args: MountArgs,
+    props: std::collections::BTreeMap<String, String>,
+    json_out: bool,
+) -> Result<(), Failure> {
+    let (Some(ufs), Some(path)) = (args.ufs, args.path) else {
+        if !props.is_empty() {
+            return Err(fail(
+                "mount",
+                "",
+                FsError::InvalidArgument("properties (-c) need a UFS location and a path".into()),
+            ));
+        }
+        let mounts = client
+            .call(curvine_messages::rpc::ListMounts)
+            .await
+            .map_err(|e| fail("mount", "", e))?;
+        if json_out {
+            print_json(&mounts.iter().map(mount_json).collect::<Vec<_>>());
+        } else {
+            for m in &mounts {
+                println!("{}", mount_line(m));
+            }
+        }
+        return Ok(());
+    };
+    let path = normalize(&path, "/").map_err(|e| fail("mount", &path, e))?;
+    let bad = |what: &str, e: String| {
+        fail(
+            "mount",
+            &path,
+            FsError::InvalidArgument(format!("{what}: {e}")),
+        )
+    };
+    let dur = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Failure> {
+        v.as_deref()
+            .map(|t| {
+                curvine_conf::Dur::parse(t)
+                    .map(|d| d.0.as_millis() as u64)
+                    .map_err(|e| bad(flag, e))
+            })
+            .transpose()
+    };
+    let write_type = curvine_messages::mount::WriteType::parse(&args.write_type)
+        .map_err(|e| fail("mount", &path, e))?;
+    let block_size = args
+        .block_size
+        .as_deref()
+        .map(|t| {
+            curvine_conf::ByteSize::parse(t)
+                .map(|b| b.0)
+                .map_err(|e| bad("--block-size", e))
+        })
+        .transpose()?;
+    let storage = args
+        .storage_type
+        .as_deref()
+        .map(curvine_messages::block::TierKind::parse)
+        .transpose()
+        .map_err(|e| fail("mount", &path, e))?;
+    let (uid, gid) = curvine_node::client::current_owner();
+    let request = curvine_messages::rpc::Mount {
+        ufs: ufs.clone(),
+        path: path.clone(),
+        write_type,
+        props,
+        ttl_ms: dur("--ttl", &args.ttl)?.unwrap_or(0),
+        check_interval_ms: dur("--check-interval", &args.check_interval)?,
+        read_verify_ufs: args.read_verify_ufs,
+        auto_cache: !args.no_auto_cache,
+        replicas: args.replicas,
+        block_size,
+        storage,
+        uid,
+        gid,
+    };
+    let m = client
+        .call(request)
+        .await
+        .map_err(|e| fail("mount", &format!("{ufs} {path}"), e))?;
+    if json_out {
+        print_json(&mount_json(&m));
+    } else {
+        println!("mounted {}", mount_line(&m));
+    }
+    Ok(())
 }
 
 fn print_entries(entries: &[ListEntry], long: bool) {

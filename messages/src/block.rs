@@ -25,6 +25,9 @@ pub type BlockId = u64;
 pub const CHECKSUM_UNIT: usize = 64 * 1024;
 /// Largest run of bytes in one data-port frame.
 pub const MAX_CHUNK: usize = 1 << 20;
+/// A chunk length that announces an error instead of bytes: a
+/// [`DataReply::Error`] frame follows and the stream ends.
+pub const ERROR_CHUNK: u32 = u32::MAX;
 /// Default block size of new files.
 pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 20;
 /// Smallest block size a file may have.
@@ -214,6 +217,9 @@ impl Versioned for BlockOwner {
 pub enum Access {
     Read,
     Write,
+    /// Fill a UFS file's blocks from its object (the token's `block` is
+    /// the file's inode).
+    Fill,
 }
 
 /// Proof that a shard allowed `access` to `block` until `expires_s` (Unix
@@ -234,6 +240,7 @@ impl Token {
         b[8] = match access {
             Access::Read => b'r',
             Access::Write => b'w',
+            Access::Fill => b'f',
         };
         b[9..].copy_from_slice(&expires_s.to_be_bytes());
         b
@@ -298,6 +305,17 @@ pub enum DataRequest {
     },
     /// Drop a block being written (the writer gives up).
     Abort { token: Token },
+    /// Stream bytes `[offset, offset + len)` of block `index` of the UFS
+    /// file at `path` (the token names its inode) from the UFS object,
+    /// caching the block on this node as it passes (when the mount caches).
+    /// Answered like [`DataRequest::Read`].
+    Fill {
+        token: Token,
+        path: String,
+        index: u32,
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// A reply on the data port.

@@ -123,6 +123,9 @@ pub struct Heartbeat {
     pub known: Vec<(String, String)>,
     /// The node is leaving the cluster for good (after a decommission).
     pub leaving: bool,
+    /// Version of the mount table the sender holds: a receiver with an
+    /// older one fetches the table from shard 0.
+    pub mounts_version: u64,
 }
 
 /// What a node knows about another.

@@ -8,6 +8,7 @@ pub mod block;
 pub mod cluster;
 pub mod codec;
 pub mod error;
+pub mod mount;
 pub mod path;
 pub mod remote;
 pub mod rpc;

@@ -199,6 +199,11 @@ pub struct BlockGrant {
 /// Close a written file: its new blocks and final size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompleteFile {
+    /// The path the file was opened at (a file under a mount is written to
+    /// its UFS object there).
+    pub path: String,
+    /// The writer gave up: the content stays as it was.
+    pub abort: bool,
     pub ino: u64,
     pub handle: u64,
     pub size: u64,
@@ -216,6 +221,16 @@ pub struct ReadOpen {
     pub attr: Attr,
     pub blocks: Vec<ReadBlock>,
     pub nodes: Vec<DataNode>,
+    /// For a file whose content is in a UFS: blocks not cached are read
+    /// through this node from the object (`DataRequest::Fill`).
+    pub ufs: Option<UfsRead>,
+}
+
+/// How a reader gets the blocks of a UFS file that are not cached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UfsRead {
+    pub token: Token,
+    pub node: DataNode,
 }
 
 /// Drop cached blocks of a file or tree that have another copy.
@@ -249,6 +264,35 @@ pub struct FileBlocks {
     pub attr: Attr,
     pub blocks: Vec<BlockDetail>,
 }
+
+/// Mount a UFS location at a namespace path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mount {
+    /// `s3://bucket/prefix` or `file:///dir`.
+    pub ufs: String,
+    pub path: String,
+    pub write_type: crate::mount::WriteType,
+    pub props: std::collections::BTreeMap<String, String>,
+    pub ttl_ms: u64,
+    pub check_interval_ms: Option<u64>,
+    pub read_verify_ufs: bool,
+    pub auto_cache: bool,
+    pub replicas: Option<u16>,
+    pub block_size: Option<u64>,
+    pub storage: Option<TierKind>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Remove the mount at a path (the UFS keeps its objects).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Umount {
+    pub path: String,
+}
+
+/// Every mount, secrets redacted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListMounts;
 
 /// Nodes, shards and counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -420,6 +464,9 @@ calls! {
     MoveShard => ShardMove, Moved;
     Rebalance => Vec<ShardMove>, Moves;
     Decommission => DecommissionReport, Decommissioned;
+    Mount => crate::mount::MountInfo, Mounted;
+    Umount => crate::mount::MountInfo, Mounted;
+    ListMounts => Vec<crate::mount::MountInfo>, MountList;
 }
 
 /// Every reply.
@@ -443,6 +490,8 @@ pub enum Response {
     Moved(ShardMove),
     Moves(Vec<ShardMove>),
     Decommissioned(DecommissionReport),
+    Mounted(crate::mount::MountInfo),
+    MountList(Vec<crate::mount::MountInfo>),
 }
 
 impl Response {
@@ -466,6 +515,8 @@ impl Response {
             Response::Moved(_) => "Moved",
             Response::Moves(_) => "Moves",
             Response::Decommissioned(_) => "Decommissioned",
+            Response::Mounted(_) => "Mounted",
+            Response::MountList(_) => "MountList",
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::cluster::ClusterMap;
 use crate::codec::Versioned;
 use crate::error::FsError;
 use crate::error::FsResult;
+use crate::mount::{MountTable, UfsFile, UfsState};
 use crate::types::{
     Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
 };
@@ -170,11 +171,13 @@ impl Versioned for DentryValue {
 }
 
 impl Versioned for Attr {
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
     const WHAT: &'static str = "inode record";
     fn migrate(version: u8, payload: &[u8]) -> Result<Self, crate::codec::CodecError> {
         match version {
             1 => crate::codec::from_bytes::<crate::types::AttrV1>(Self::WHAT, payload)
+                .map(Attr::from),
+            2 => crate::codec::from_bytes::<crate::types::AttrV2>(Self::WHAT, payload)
                 .map(Attr::from),
             other => Err(crate::codec::CodecError::UnknownVersion {
                 what: Self::WHAT,
@@ -442,6 +445,29 @@ shard_messages! {
             LockRenames { holder: String, lease_ms: u32 } -> bool;
             /// Releases the rename lock if `holder` has it.
             UnlockRenames { holder: String } -> ();
+            /// The mount table (shard 0 holds it).
+            GetMounts {} -> MountTable;
+            /// Stores `table` if the stored table's version is `expect`
+            /// (`Busy` otherwise, so a caller re-reads and tries again).
+            SetMounts { expect: u64, table: MountTable } -> MountTable;
+            /// Sets or clears what inode `ino` mirrors of its UFS object.
+            SetUfs { ino: Ino, ufs: Option<UfsState> } -> Attr;
+            /// Brings files of directory `parent` in line with their UFS
+            /// objects (see `ShardStore::ufs_sync`); new files get `owner`.
+            UfsSync { parent: Ino, mount: u32, files: Vec<UfsFile>, owner: NewInode, spec: FileSpec } -> Vec<(String, Attr)>;
+            /// Compares UFS file `ino` with its object as the UFS has it now
+            /// (see `ShardStore::ufs_refresh`).
+            UfsRefresh { ino: Ino, mount: u32, file: UfsFile, now_ns: i64 } -> Attr;
+            /// Allocates the cached copy of block `index` of UFS file `ino`
+            /// while the file mirrors `expect`; `None`: read without caching.
+            UfsAddBlock { ino: Ino, index: u32, expect: UfsFile } -> Option<BlockId>;
+            /// Records a cached block allocated by `UfsAddBlock`; `false` when
+            /// the file changed or another copy got there first.
+            UfsCommitBlock { ino: Ino, info: BlockInfo, expect: UfsFile } -> bool;
+            /// Gives up a block allocated by `UfsAddBlock` (the fill failed).
+            UfsAbortBlock { ino: Ino, id: BlockId } -> ();
+            /// Drops the cached blocks of a file whose content is in the UFS.
+            UfsEvict { ino: Ino } -> u32;
         }
         casts {
             /// Forget freed blocks once their nodes removed them. May be lost: they
@@ -514,6 +540,15 @@ impl ShardMsg {
             ShardMsg::SetLocs { .. } => "set_locs",
             ShardMsg::LockRenames { .. } => "lock_renames",
             ShardMsg::UnlockRenames { .. } => "unlock_renames",
+            ShardMsg::GetMounts { .. } => "get_mounts",
+            ShardMsg::SetMounts { .. } => "set_mounts",
+            ShardMsg::SetUfs { .. } => "set_ufs",
+            ShardMsg::UfsSync { .. } => "ufs_sync",
+            ShardMsg::UfsRefresh { .. } => "ufs_refresh",
+            ShardMsg::UfsAddBlock { .. } => "ufs_add_block",
+            ShardMsg::UfsCommitBlock { .. } => "ufs_commit_block",
+            ShardMsg::UfsEvict { .. } => "ufs_evict",
+            ShardMsg::UfsAbortBlock { .. } => "ufs_abort_block",
         }
     }
 }

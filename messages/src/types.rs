@@ -100,6 +100,53 @@ pub struct Attr {
     /// Set while a writer has the file open: its size and blocks are those of
     /// the last close until the writer closes it.
     pub writing: Option<crate::block::WriteLease>,
+    /// Set on inodes under a UFS mount: what they mirror of the UFS.
+    pub ufs: Option<crate::mount::UfsState>,
+}
+
+/// The inode record as release 2 stored it (before UFS mounts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrV2 {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub nlink: u32,
+    pub symlink: Option<String>,
+    pub block_size: u64,
+    pub replicas: u16,
+    pub parent: Ino,
+    pub storage: Option<crate::block::TierKind>,
+    pub writing: Option<crate::block::WriteLease>,
+}
+
+impl From<AttrV2> for Attr {
+    fn from(a: AttrV2) -> Attr {
+        Attr {
+            ino: a.ino,
+            kind: a.kind,
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            atime_ns: a.atime_ns,
+            mtime_ns: a.mtime_ns,
+            ctime_ns: a.ctime_ns,
+            nlink: a.nlink,
+            symlink: a.symlink,
+            block_size: a.block_size,
+            replicas: a.replicas,
+            parent: a.parent,
+            storage: a.storage,
+            writing: a.writing,
+            ufs: None,
+        }
+    }
 }
 
 /// The inode record as release 1 stored it (before file data).
@@ -140,6 +187,7 @@ impl From<AttrV1> for Attr {
             parent: a.parent,
             storage: None,
             writing: None,
+            ufs: None,
         }
     }
 }

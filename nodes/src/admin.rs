@@ -47,13 +47,6 @@ impl Service {
         }
     }
 
-    /// Tells the other nodes about a change now rather than at the next heartbeat.
-    fn announce(&self) {
-        if let Some(m) = self.membership.read().as_ref() {
-            let _ = m.cast(curvine_actors::membership::MembershipMsg::Tick);
-        }
-    }
-
     /// Moves `shard` to node `to`.
     pub async fn move_shard(&self, shard: ShardId, to: &str) -> FsResult<ShardMove> {
         let _one_at_a_time = self.moves.lock().await;

@@ -36,6 +36,8 @@ pub struct DataContext {
     pub tokens: TokenKey,
     pub node_id: String,
     pub host_key: String,
+    /// The node's service (fills of UFS blocks need the namespace and mounts).
+    pub service: Arc<std::sync::OnceLock<std::sync::Weak<crate::service::Service>>>,
 }
 
 /// The host's identity for short-circuit decisions: host name and boot id.
@@ -274,6 +276,21 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
         }
         .await
         .map(Some)),
+        DataRequest::Fill {
+            token,
+            path,
+            index,
+            offset,
+            len,
+        } => {
+            if let Err(e) = ctx.tokens.check(&token, Access::Fill) {
+                return Ok(Err(e));
+            }
+            let Some(service) = ctx.service.get().and_then(|w| w.upgrade()) else {
+                return Ok(Err(FsError::Unavailable("the node is starting".into())));
+            };
+            fill(stream, &service, token.block, &path, index, offset, len).await
+        }
         DataRequest::Abort { token } => Ok(async {
             ctx.tokens.check(&token, Access::Write)?;
             ctx.manager.cast(BlockMsg::Abort { block: token.block });
@@ -282,6 +299,66 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
         .await
         .map(Some)),
     }
+}
+
+/// Streams a block of a UFS file from its object (see `Service::start_fill`).
+async fn fill(
+    stream: &mut Stream,
+    service: &Arc<crate::service::Service>,
+    ino: u64,
+    path: &str,
+    index: u32,
+    offset: u64,
+    len: u64,
+) -> Handled {
+    let mut fill = match service
+        .start_fill(ino, path, index, offset, len, false)
+        .await
+    {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(e)),
+    };
+    let fatal = |e: std::io::Error| Fatal(format!("sending {path} block {index}: {e}"));
+    reply(
+        stream,
+        &DataReply::Reading {
+            offset: fill.offset,
+            len: fill.len,
+        },
+    )
+    .await
+    .map_err(fatal)?;
+    let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
+    let mut sent = 0u64;
+    while sent < fill.len {
+        match fill.chunks.recv().await {
+            Some(Ok((_, data, crcs))) => {
+                curvine_messages::block::chunk_header(data.len(), &crcs, &mut header);
+                let s = stream.get_mut();
+                send_more(s, &header).await.map_err(fatal)?;
+                s.write_all(&data).await.map_err(fatal)?;
+                sent += data.len() as u64;
+            }
+            Some(Err(e)) => {
+                let s = stream.get_mut();
+                s.write_all(&curvine_messages::block::ERROR_CHUNK.to_be_bytes())
+                    .await
+                    .map_err(fatal)?;
+                reply(stream, &DataReply::Error(e.clone()))
+                    .await
+                    .map_err(fatal)?;
+                return Err(Fatal(format!("{path} block {index}: {e}")));
+            }
+            None => {
+                return Err(Fatal(format!(
+                    "{path} block {index}: the fill ended after {sent} of {} bytes",
+                    fill.len
+                )))
+            }
+        }
+    }
+    stream.get_mut().flush().await.map_err(fatal)?;
+    Ok(Ok(None))
 }
 
 /// `Ok(Ok(None))`: the reply was sent with the bytes.

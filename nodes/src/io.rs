@@ -176,7 +176,18 @@ impl DataConn {
         what: &str,
     ) -> FsResult<Vec<u8>> {
         let addr = self.addr.clone();
-        let n = self.stream.read_u32().await.map_err(|e| lost(&addr, e))? as usize;
+        let n = self.stream.read_u32().await.map_err(|e| lost(&addr, e))?;
+        if n == curvine_messages::block::ERROR_CHUNK {
+            // The node failed part way (a UFS read): its error follows.
+            return Err(match self.recv().await {
+                Ok(other) => FsError::Protocol(format!(
+                    "data port {addr} sent {} after an error mark",
+                    other.kind_name()
+                )),
+                Err(e) => e,
+            });
+        }
+        let n = n as usize;
         if n == 0 || n > MAX_CHUNK {
             return Err(FsError::Protocol(format!(
                 "data port {addr} sent a chunk of {n} bytes"
@@ -329,6 +340,9 @@ struct Source {
     token: Token,
     /// File bytes in the block.
     len: u64,
+    /// Read through the node from the file's UFS object (the block is not
+    /// cached): the file's path and the block's index.
+    fill: Option<(Arc<str>, u32)>,
 }
 
 /// Streams bytes `[offset, offset + len)` of a block (`len` capped at the block's end).
@@ -344,13 +358,22 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64, len: u64
                 "block {:#x} from node {}",
                 src.token.block, src.node.node_id
             );
-            let reply = conn
-                .call(&DataRequest::Read {
+            let len = len.min(src.len.saturating_sub(offset));
+            let request = match &src.fill {
+                None => DataRequest::Read {
                     token: src.token.clone(),
                     offset,
-                    len: len.min(src.len.saturating_sub(offset)),
-                })
-                .await?;
+                    len,
+                },
+                Some((path, index)) => DataRequest::Fill {
+                    token: src.token.clone(),
+                    path: path.to_string(),
+                    index: *index,
+                    offset,
+                    len,
+                },
+            };
+            let reply = conn.call(&request).await?;
             let DataReply::Reading { offset: start, len } = reply else {
                 return Err(FsError::Protocol(format!(
                     "{what}: unexpected reply {}",
@@ -439,6 +462,7 @@ pub async fn copy_block(
         node: node.clone(),
         token: token.clone(),
         len,
+        fill: None,
     };
     let what = format!("copy of block {:#x} into {}", token.block, dst.display());
     let mut file = OpenOptions::new()
@@ -467,6 +491,57 @@ pub async fn copy_block(
     }
     file.sync_data().map_err(|e| io_err(&what, e))?;
     Ok(crcs)
+}
+
+/// A whole block read from a node's data port, chunk by chunk, verified.
+pub struct BlockChunks {
+    stream: RemoteStream,
+    len: u64,
+    done: u64,
+}
+
+impl BlockChunks {
+    /// Streams the first `len` bytes of the block `token` names from `node`.
+    pub fn start(pool: &DataPool, node: &DataNode, token: &Token, len: u64) -> BlockChunks {
+        let src = Source {
+            node: node.clone(),
+            token: token.clone(),
+            len,
+            fill: None,
+        };
+        BlockChunks {
+            stream: start_stream(pool, &src, 0, 0, len),
+            len,
+            done: 0,
+        }
+    }
+
+    /// The next chunk, `None` after the last byte.
+    pub async fn next(&mut self) -> Option<FsResult<Vec<u8>>> {
+        if self.done >= self.len {
+            return None;
+        }
+        match self.stream.rx.recv().await {
+            Some(Ok((start, data))) => {
+                if start != self.done {
+                    return Some(Err(FsError::Protocol(format!(
+                        "block {:#x}: a chunk at {start} where {} was expected",
+                        self.stream.index, self.done
+                    ))));
+                }
+                let keep = ((self.len - self.done) as usize).min(data.len());
+                self.done += keep as u64;
+                let mut data = data;
+                data.truncate(keep);
+                Some(Ok(data))
+            }
+            Some(Err(e)) => Some(Err(e)),
+            None => Some(Err(FsError::Io(format!(
+                "block stream ended after {} of {} bytes",
+                self.done, self.len
+            )))),
+        }
+    }
 }
 
 /// Reads `buf.len()` bytes of a block at `off` with one data-port request.
@@ -510,16 +585,19 @@ pub struct FileReader {
     since_yield: usize,
     /// (block, node) reads that failed; other replicas are used instead.
     failed: std::collections::HashSet<(u32, String)>,
+    /// A UFS file: blocks that are not cached are read through this node.
+    ufs: Option<(curvine_messages::rpc::UfsRead, Arc<str>)>,
 }
 
 impl FileReader {
     pub async fn open(client: &Client, path: &str) -> FsResult<FileReader> {
         let open: ReadOpen = client.call(OpenRead { path: path.into() }).await?;
-        Ok(Self::from_open(client, open))
+        Ok(Self::from_open(client, open, path))
     }
 
-    fn from_open(client: &Client, open: ReadOpen) -> FileReader {
+    fn from_open(client: &Client, open: ReadOpen, path: &str) -> FileReader {
         FileReader {
+            ufs: open.ufs.map(|u| (u, Arc::from(path))),
             client: client.clone(),
             bs: open.attr.block_size.max(1),
             attr: open.attr,
@@ -555,7 +633,7 @@ impl FileReader {
     /// host first, skipping nodes that failed this reader.
     fn source(&self, index: u32) -> FsResult<Option<Source>> {
         let Some(block) = self.blocks.get(&index) else {
-            return Ok(None);
+            return Ok(self.fill_source(index));
         };
         let candidates = || {
             block
@@ -593,10 +671,29 @@ impl FileReader {
             node: node.clone(),
             token: block.token.clone(),
             len: block.info.len,
+            fill: None,
         }))
     }
 
+    /// A block of a UFS file that is not cached: read through a node.
+    fn fill_source(&self, index: u32) -> Option<Source> {
+        let (ufs, path) = self.ufs.as_ref()?;
+        let start = index as u64 * self.bs;
+        if start >= self.attr.size {
+            return None;
+        }
+        Some(Source {
+            node: ufs.node.clone(),
+            token: ufs.token.clone(),
+            len: self.bs.min(self.attr.size - start),
+            fill: Some((path.clone(), index)),
+        })
+    }
+
     async fn open_local(&mut self, index: u32, src: &Source) -> Option<Arc<LocalBlock>> {
+        if src.fill.is_some() {
+            return None;
+        }
         if self.no_local.contains(&index) {
             return None;
         }
@@ -652,6 +749,10 @@ impl FileReader {
                     let Ok(Some(src)) = self.source(index) else {
                         return Err(e);
                     };
+                    if src.fill.is_some() {
+                        // Read from the UFS through a node: nothing else to try.
+                        return Err(e);
+                    }
                     self.failed.insert((index, src.node.node_id.clone()));
                     if !matches!(self.source(index), Ok(Some(_))) {
                         return Err(match e {
@@ -684,6 +785,7 @@ impl FileReader {
             .min(self.bs - off) as usize;
         let len = match self.blocks.get(&index) {
             Some(block) if off < block.info.len => block.info.len,
+            None if self.ufs.is_some() => self.bs.min(self.attr.size - index as u64 * self.bs),
             // A hole, or past the block's bytes up to the size: zeros.
             _ => {
                 buf[..n].fill(0);
@@ -739,7 +841,9 @@ impl FileReader {
                     continue;
                 }
                 if let Ok(Some(nsrc)) = self.source(next) {
-                    if !(self.client.io.short_circuit && self.client.data.is_local(&nsrc.node)) {
+                    if nsrc.fill.is_some()
+                        || !(self.client.io.short_circuit && self.client.data.is_local(&nsrc.node))
+                    {
                         self.ahead.push_back(start_stream(
                             &self.client.data,
                             &nsrc,
@@ -869,6 +973,8 @@ pub struct FileWriter {
     failed: bool,
     /// Bytes written since the last yield (see [`yield_sometimes`]).
     since_yield: usize,
+    /// The path the file was opened at.
+    path: String,
 }
 
 impl FileWriter {
@@ -915,6 +1021,7 @@ impl FileWriter {
             old,
             failed: false,
             since_yield: 0,
+            path: path.to_string(),
         })
     }
 
@@ -954,6 +1061,7 @@ impl FileWriter {
                     node: grant.node.clone(),
                     token: grant.token.clone(),
                     len: info.len,
+                    fill: None,
                 };
                 read_once(&self.client, &src, off, &mut out[..have as usize]).await?;
             }
@@ -1249,6 +1357,8 @@ impl FileWriter {
         let size = self.attr.size;
         self.client
             .call(CompleteFile {
+                path: self.path.clone(),
+                abort: true,
                 ino: self.attr.ino,
                 handle: self.handle,
                 size,
@@ -1283,6 +1393,8 @@ impl FileWriter {
         }
         self.client
             .call(CompleteFile {
+                path: self.path.clone(),
+                abort: false,
                 ino: self.attr.ino,
                 handle: self.handle,
                 size: self.size,

@@ -11,5 +11,6 @@ pub mod join;
 pub mod node;
 pub mod server;
 pub mod service;
+pub mod ufs;
 
 pub use client::Client;

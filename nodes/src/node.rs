@@ -23,6 +23,7 @@ use std::sync::{OnceLock, Weak};
 
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::membership::{read_members_file, Membership, MembershipArgs, MembershipMsg};
+use curvine_actors::mounts::Mounts;
 use curvine_messages::cluster::{ClusterMap, JoinInfo, MemberInfo};
 
 use crate::data::{DataContext, DataServer, DataServerArgs};
@@ -528,12 +529,14 @@ async fn start_with(
         data_addr: data_addr.clone(),
         host_key: host_key.clone(),
     };
+    let service_slot: Arc<OnceLock<Weak<Service>>> = Arc::new(OnceLock::new());
     let data_ctx = DataContext {
         store: block_store.clone(),
         manager: block_ref.clone(),
         tokens: tokens.clone(),
         node_id: identity.node_id.clone(),
         host_key,
+        service: service_slot.clone(),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -559,7 +562,6 @@ async fn start_with(
             }),
         }
     });
-    let service_slot: Arc<OnceLock<Weak<Service>>> = Arc::new(OnceLock::new());
     let membership_slot: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>> =
         Default::default();
     let gateway_args = GatewayArgs {
@@ -578,6 +580,9 @@ async fn start_with(
     };
     let tier_store = block_store.clone();
     let map_ns = namespace.clone();
+    let mounts = Mounts::new(&config.ufs);
+    let mounts_seen = mounts.clone();
+    let mounts_behind = (mounts.clone(), namespace.clone());
     let me_id = identity.node_id.clone();
     let membership_args = MembershipArgs {
         view: view.clone(),
@@ -593,6 +598,10 @@ async fn start_with(
                     redrive(map_ns.clone(), shard);
                 }
             }
+        }),
+        mounts_version: Arc::new(move || mounts_seen.version()),
+        on_mounts_behind: Arc::new(move |_| {
+            refresh_mounts(mounts_behind.0.clone(), mounts_behind.1.clone());
         }),
     };
     // Names carry the node id: several nodes may share a process (tests).
@@ -630,7 +639,9 @@ async fn start_with(
         pool: crate::io::DataPool::new(config.client.connect_timeout.0),
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),
+        mounts: mounts.clone(),
     });
+    refresh_mounts(mounts, service.namespace.clone());
     let _ = service_slot.set(Arc::downgrade(&service));
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
     let replicator = tokio::spawn(replicate_loop(
@@ -666,6 +677,35 @@ async fn replicate_loop(service: Weak<Service>, after: Duration) {
             Err(e) => tracing::debug!(error = %e, "re-replication pass stopped early"),
         }
     }
+}
+
+/// Fetches the mount table from shard 0 in a task (retrying while shard
+/// 0 cannot be reached yet); one refresh runs at a time.
+fn refresh_mounts(mounts: Arc<Mounts>, ns: Arc<Namespace>) {
+    if !mounts.begin_refresh() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..30 {
+            match mounts.refresh(&ns).await {
+                Ok(t) => {
+                    tracing::debug!(
+                        version = t.version,
+                        mounts = t.mounts.len(),
+                        "mount table loaded"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "loading the mount table; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        mounts.end_refresh();
+    });
 }
 
 /// Drives the intents a shard recorded, in a task.

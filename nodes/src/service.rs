@@ -9,15 +9,17 @@ use ractor::rpc::CallResult;
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::membership::MembershipMsg;
+use curvine_actors::mounts::NewMount;
 use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
-use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary, ReadBlock};
+use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary};
 use curvine_messages::cluster::{MemberState, PeerMsg};
+use curvine_messages::mount::MountInfo;
 use curvine_messages::rpc::{
-    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, ReadOpen,
-    Request, Response, WriteOpen,
+    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, Request,
+    Response, WriteOpen,
 };
-use curvine_messages::{FileKind, FsResult};
+use curvine_messages::{FileKind, FsError, FsResult};
 
 /// What the node tells about itself in reports.
 #[derive(Debug, Clone)]
@@ -44,6 +46,8 @@ pub struct Service {
     pub membership: Arc<parking_lot::RwLock<Option<ractor::ActorRef<MembershipMsg>>>>,
     /// Shard moves driven by this node run one at a time.
     pub moves: tokio::sync::Mutex<()>,
+    /// The mount table and a UFS client per mount.
+    pub mounts: Arc<curvine_actors::mounts::Mounts>,
 }
 
 impl Service {
@@ -57,7 +61,7 @@ impl Service {
 
     /// The data ports of the nodes that are up. A block whose nodes are all
     /// missing here is on nodes that are down.
-    fn live_nodes(&self) -> Vec<DataNode> {
+    pub(crate) fn live_nodes(&self) -> Vec<DataNode> {
         self.view
             .live()
             .into_iter()
@@ -68,7 +72,7 @@ impl Service {
 
     /// Where a new block goes: this node while it has room for a block,
     /// else the live node with the most free space.
-    fn place(&self, block_size: u64) -> DataNode {
+    pub(crate) fn place(&self, block_size: u64) -> DataNode {
         let me = self.view.me();
         if !me.draining && me.free_bytes() >= block_size {
             return self.data.clone();
@@ -90,6 +94,57 @@ impl Service {
             token: self.tokens.issue(id, Access::Write),
             node: self.place(block_size),
         }
+    }
+
+    /// Tells the other nodes at once (a heartbeat) that something they
+    /// cache changed: the cluster map or the mount table.
+    pub fn announce(&self) {
+        if let Some(m) = self.membership.read().as_ref() {
+            let _ = m.cast(MembershipMsg::Tick);
+        }
+    }
+
+    async fn mount(&self, r: curvine_messages::rpc::Mount) -> FsResult<MountInfo> {
+        if let Some(bs) = r.block_size {
+            if bs == 0 || bs % (64 << 10) != 0 {
+                return Err(FsError::InvalidArgument(format!(
+                    "block size {bs}: expected a multiple of 64KiB"
+                )));
+            }
+        }
+        if r.replicas == Some(0) {
+            return Err(FsError::InvalidArgument(
+                "replicas must be at least 1".into(),
+            ));
+        }
+        let info = MountInfo {
+            id: 0,
+            path: r.path,
+            ufs: r.ufs,
+            write_type: r.write_type,
+            props: r.props,
+            ttl_ms: r.ttl_ms,
+            check_interval_ms: r.check_interval_ms,
+            read_verify_ufs: r.read_verify_ufs,
+            auto_cache: r.auto_cache,
+            replicas: r.replicas,
+            block_size: r.block_size,
+            storage: r.storage,
+            created_ns: 0,
+        };
+        let m = self
+            .mounts
+            .mount(
+                &self.namespace,
+                NewMount {
+                    info,
+                    uid: r.uid,
+                    gid: r.gid,
+                },
+            )
+            .await?;
+        self.announce();
+        Ok(m)
     }
 
     /// This node's part of the cluster report.
@@ -210,34 +265,43 @@ impl Service {
         Ok(FileBlocks { attr, blocks: out })
     }
 
-    pub async fn handle(&self, request: Request) -> FsResult<Response> {
+    pub async fn handle(self: &Arc<Self>, request: Request) -> FsResult<Response> {
         let ns = &self.namespace;
         Ok(match request {
-            Request::Stat(r) => Response::Attr(ns.stat(&r.path, false).await?),
-            Request::Mkdir(r) => {
-                Response::Attr(ns.mkdir(&r.path, r.parents, r.mode, r.uid, r.gid).await?)
-            }
-            Request::List(r) => Response::Listing(ns.list(&r.path, r.after, r.limit).await?),
-            Request::Touch(r) => {
-                Response::Attr(ns.touch(&r.path, r.mode, r.exclusive, r.uid, r.gid).await?)
-            }
+            Request::Stat(r) => Response::Attr(self.ufs_stat(&r.path).await?),
+            Request::Mkdir(r) => Response::Attr(self.ufs_mkdir(&r).await?),
+            Request::List(r) => Response::Listing(self.ufs_list(&r.path, r.after, r.limit).await?),
+            Request::Touch(r) => Response::Attr(self.ufs_touch(&r).await?),
             Request::Symlink(r) => {
-                Response::Attr(ns.symlink(&r.target, &r.link, r.uid, r.gid).await?)
+                Response::Attr(self.ufs_symlink(&r.target, &r.link, r.uid, r.gid).await?)
             }
             Request::Readlink(r) => Response::Target(ns.readlink(&r.path).await?),
-            Request::Rename(r) => Response::Done(ns.rename(&r.src, &r.dst).await?),
-            Request::Remove(r) => Response::Removed(ns.remove(&r.path, r.recursive, r.dir).await?),
-            Request::SetAttrs(r) => Response::Attr(ns.setattr(&r.path, r.set).await?),
-            Request::SetXattr(r) => {
-                Response::Done(ns.set_xattr(&r.path, &r.name, r.value, r.mode).await?)
+            Request::Rename(r) => Response::Done(self.ufs_rename(&r.src, &r.dst).await?),
+            Request::Remove(r) => {
+                Response::Removed(self.ufs_remove(&r.path, r.recursive, r.dir).await?)
             }
-            Request::GetXattr(r) => Response::Bytes(ns.get_xattr(&r.path, &r.name).await?),
-            Request::ListXattr(r) => Response::Names(ns.list_xattr(&r.path).await?),
-            Request::RemoveXattr(r) => Response::Done(ns.remove_xattr(&r.path, &r.name).await?),
+            Request::SetAttrs(r) => Response::Attr(self.ufs_setattr(&r.path, r.set).await?),
+            Request::SetXattr(r) => Response::Done(
+                self.through_ufs(&r.path, || {
+                    ns.set_xattr(&r.path, &r.name, r.value.clone(), r.mode)
+                })
+                .await?,
+            ),
+            Request::GetXattr(r) => Response::Bytes(
+                self.through_ufs(&r.path, || ns.get_xattr(&r.path, &r.name))
+                    .await?,
+            ),
+            Request::ListXattr(r) => {
+                Response::Names(self.through_ufs(&r.path, || ns.list_xattr(&r.path)).await?)
+            }
+            Request::RemoveXattr(r) => Response::Done(
+                self.through_ufs(&r.path, || ns.remove_xattr(&r.path, &r.name))
+                    .await?,
+            ),
             Request::Report(_) => Response::Report(self.cluster_report().await?),
             Request::Fsck(_) => Response::Fsck(ns.fsck().await?),
             Request::OpenFile(r) => {
-                let opened = ns.open_write(&r).await?;
+                let opened = self.ufs_open_write(&r).await?;
                 Response::WriteOpen(WriteOpen {
                     first: opened
                         .first
@@ -252,7 +316,7 @@ impl Service {
                 Response::Grant(self.grant(id, r.index, self.namespace.default_block_size()))
             }
             Request::CompleteFile(r) => {
-                let attr = ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?;
+                let attr = self.ufs_complete(r).await?;
                 if attr.replicas > 1 {
                     // Close returns once the replicas exist; a failure leaves
                     // the file whole with fewer copies (topped up later).
@@ -262,27 +326,28 @@ impl Service {
                 }
                 Response::Attr(attr)
             }
-            Request::OpenRead(r) => {
-                let (attr, blocks) = ns.file_blocks(&r.path).await?;
-                let blocks = blocks
-                    .into_iter()
-                    .map(|info| ReadBlock {
-                        token: self.tokens.issue(info.id, Access::Read),
-                        info,
-                    })
-                    .collect();
-                Response::ReadOpen(ReadOpen {
-                    attr,
-                    blocks,
-                    nodes: self.live_nodes(),
-                })
-            }
+            Request::OpenRead(r) => Response::ReadOpen(self.ufs_open_read(&r.path).await?),
             Request::FreePath(r) => Response::Freed(self.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.file_blocks(&r.path).await?),
             Request::Members(_) => Response::Members(self.view.members()),
             Request::MoveShard(r) => Response::Moved(self.move_shard(r.shard, &r.to).await?),
             Request::Rebalance(_) => Response::Moves(self.rebalance().await?),
             Request::Decommission(r) => Response::Decommissioned(self.decommission(&r.node).await?),
+            Request::Mount(r) => Response::Mounted(self.mount(r).await?.redacted()),
+            Request::Umount(r) => {
+                let m = self.mounts.umount(&self.namespace, &r.path).await?;
+                self.announce();
+                Response::Mounted(m.redacted())
+            }
+            Request::ListMounts(_) => Response::MountList(
+                self.mounts
+                    .refresh(&self.namespace)
+                    .await?
+                    .mounts
+                    .iter()
+                    .map(|m| m.redacted())
+                    .collect(),
+            ),
         })
     }
 }

@@ -1,0 +1,327 @@
+//! The mount table: which UFS location is mounted at which namespace path,
+//! how, and with which properties. Shard 0 stores it; every node caches it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::block::TierKind;
+use crate::codec::Versioned;
+use crate::error::{FsError, FsResult};
+
+/// Which side is the authority for a mount's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteType {
+    /// The UFS is the authority: the namespace caches it, writes go to the
+    /// UFS when a file is closed.
+    CacheMode,
+    /// The cluster is the authority: writes land in the cache and are
+    /// persisted to the UFS in the background.
+    FsMode,
+}
+
+impl WriteType {
+    pub fn parse(text: &str) -> FsResult<WriteType> {
+        match text {
+            "cache_mode" | "cache" => Ok(WriteType::CacheMode),
+            "fs_mode" | "fs" => Ok(WriteType::FsMode),
+            other => Err(FsError::InvalidArgument(format!(
+                "write type {other:?}: expected cache_mode or fs_mode"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for WriteType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WriteType::CacheMode => "cache_mode",
+            WriteType::FsMode => "fs_mode",
+        })
+    }
+}
+
+/// Mount properties whose values are never shown (logs, reports, listings).
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("secret") || k.contains("token") || k.contains("password")
+}
+
+/// One mount.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountInfo {
+    /// Never reused within a cluster: inodes remember the mount they came from.
+    pub id: u32,
+    /// The mount point in the namespace (absolute, normalized).
+    pub path: String,
+    /// The UFS location (`s3://bucket/prefix`, `file:///dir`).
+    pub ufs: String,
+    pub write_type: WriteType,
+    /// `-c key=value` properties (credentials, endpoint).
+    pub props: BTreeMap<String, String>,
+    /// Cached data not read for this long is dropped (kept in the UFS); 0: never.
+    pub ttl_ms: u64,
+    /// How long a cache_mode file is trusted before the UFS object is
+    /// checked again; `None`: the node's `ufs.check_interval`.
+    pub check_interval_ms: Option<u64>,
+    /// Check the UFS object on every open (cache_mode).
+    pub read_verify_ufs: bool,
+    /// Keep what is read from the UFS in the cache.
+    pub auto_cache: bool,
+    /// File settings for files under the mount (`None`: the cluster's).
+    pub replicas: Option<u16>,
+    pub block_size: Option<u64>,
+    pub storage: Option<TierKind>,
+    pub created_ns: i64,
+}
+
+impl MountInfo {
+    /// The same mount with secret property values replaced.
+    pub fn redacted(&self) -> MountInfo {
+        let mut m = self.clone();
+        for (k, v) in m.props.iter_mut() {
+            if is_secret(k) {
+                *v = "<redacted>".into();
+            }
+        }
+        m
+    }
+
+    /// The path below the mount point of `path` (`""` for the point
+    /// itself), or `None` when `path` is not under this mount.
+    pub fn relative<'a>(&self, path: &'a str) -> Option<&'a str> {
+        if self.path == "/" {
+            return Some(path.trim_start_matches('/'));
+        }
+        let rest = path.strip_prefix(self.path.as_str())?;
+        if rest.is_empty() {
+            Some("")
+        } else {
+            rest.strip_prefix('/')
+        }
+    }
+}
+
+/// Never prints secret property values.
+impl fmt::Debug for MountInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = self.redacted();
+        f.debug_struct("MountInfo")
+            .field("id", &shown.id)
+            .field("path", &shown.path)
+            .field("ufs", &shown.ufs)
+            .field("write_type", &shown.write_type)
+            .field("props", &shown.props)
+            .field("ttl_ms", &shown.ttl_ms)
+            .field("check_interval_ms", &shown.check_interval_ms)
+            .field("read_verify_ufs", &shown.read_verify_ufs)
+            .field("auto_cache", &shown.auto_cache)
+            .field("replicas", &shown.replicas)
+            .field("block_size", &shown.block_size)
+            .field("storage", &shown.storage)
+            .finish()
+    }
+}
+
+/// Whether a file's content is in its UFS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Persist {
+    /// The UFS holds what the cache holds.
+    Synced,
+    /// Written in the cache, not yet in the UFS (fs_mode).
+    Pending { since_ns: i64 },
+    /// Persisting failed; it is tried again at `next_ns`.
+    Failed {
+        attempts: u32,
+        error: String,
+        next_ns: i64,
+    },
+}
+
+/// What an inode under a mount knows of its UFS object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UfsState {
+    /// The mount it belongs to ([`MountInfo::id`]).
+    pub mount: u32,
+    /// The UFS object's length, mtime and etag when the cache last matched it.
+    pub len: u64,
+    pub mtime_ns: i64,
+    pub etag: String,
+    /// When the UFS object was last compared (files) or the directory last
+    /// listed whole (directories); 0: never.
+    pub checked_ns: i64,
+    pub persist: Persist,
+}
+
+impl UfsState {
+    /// A name just read from the UFS.
+    pub fn synced(mount: u32, len: u64, mtime_ns: i64, etag: String, now_ns: i64) -> UfsState {
+        UfsState {
+            mount,
+            len,
+            mtime_ns,
+            etag,
+            checked_ns: now_ns,
+            persist: Persist::Synced,
+        }
+    }
+
+    /// Whether the UFS object `(len, mtime_ns, etag)` is the one cached.
+    pub fn matches(&self, len: u64, mtime_ns: i64, etag: &str) -> bool {
+        self.len == len && self.mtime_ns == mtime_ns && self.etag == etag
+    }
+
+    /// Words for `stat`: persisted, pending or failed.
+    pub fn describe(&self) -> String {
+        match &self.persist {
+            Persist::Synced => "persisted".into(),
+            Persist::Pending { .. } => "pending".into(),
+            Persist::Failed {
+                attempts, error, ..
+            } => format!("failed ({attempts} attempts): {error}"),
+        }
+    }
+}
+
+/// A UFS object as the namespace records it: name, length, mtime, etag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UfsFile {
+    pub name: String,
+    pub len: u64,
+    pub mtime_ns: i64,
+    pub etag: String,
+}
+
+/// Every mount, with a version that grows with each change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountTable {
+    pub version: u64,
+    /// The id the next mount gets.
+    pub next_id: u32,
+    pub mounts: Vec<MountInfo>,
+}
+
+impl Versioned for MountTable {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "mount table";
+}
+
+impl MountTable {
+    /// The mount `path` is under (the deepest one), with the path below it.
+    pub fn find<'a>(&self, path: &'a str) -> Option<(&MountInfo, &'a str)> {
+        self.mounts
+            .iter()
+            .filter_map(|m| m.relative(path).map(|rel| (m, rel)))
+            .max_by_key(|(m, _)| m.path.len())
+    }
+
+    pub fn by_id(&self, id: u32) -> Option<&MountInfo> {
+        self.mounts.iter().find(|m| m.id == id)
+    }
+
+    /// Whether a mount point lies strictly below `path` (such a path cannot
+    /// be renamed or removed while mounted).
+    pub fn has_mount_below(&self, path: &str) -> Option<&MountInfo> {
+        let prefix = if path == "/" {
+            "/".to_string()
+        } else {
+            format!("{path}/")
+        };
+        self.mounts
+            .iter()
+            .find(|m| m.path != path && m.path.starts_with(&prefix))
+    }
+
+    pub fn redacted(&self) -> MountTable {
+        MountTable {
+            version: self.version,
+            next_id: self.next_id,
+            mounts: self.mounts.iter().map(MountInfo::redacted).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(id: u32, path: &str) -> MountInfo {
+        MountInfo {
+            id,
+            path: path.into(),
+            ufs: "s3://b/p".into(),
+            write_type: WriteType::CacheMode,
+            props: [
+                ("s3.credentials.access".to_string(), "AKID".to_string()),
+                (
+                    "s3.credentials.secret".to_string(),
+                    "SUPERSECRET".to_string(),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            ttl_ms: 0,
+            check_interval_ms: None,
+            read_verify_ufs: false,
+            auto_cache: true,
+            replicas: None,
+            block_size: None,
+            storage: None,
+            created_ns: 0,
+        }
+    }
+
+    #[test]
+    fn paths_resolve_to_the_deepest_mount() {
+        let t = MountTable {
+            version: 1,
+            next_id: 3,
+            mounts: vec![mount(1, "/data"), mount(2, "/data/deep")],
+        };
+        assert_eq!(
+            t.find("/data/x/y").map(|(m, r)| (m.id, r)),
+            Some((1, "x/y"))
+        );
+        assert_eq!(t.find("/data").map(|(m, r)| (m.id, r)), Some((1, "")));
+        assert_eq!(
+            t.find("/data/deep/z").map(|(m, r)| (m.id, r)),
+            Some((2, "z"))
+        );
+        assert_eq!(t.find("/database").map(|(m, _)| m.id), None);
+        assert_eq!(t.find("/").map(|(m, _)| m.id), None);
+        assert_eq!(t.has_mount_below("/data").map(|m| m.id), Some(2));
+        assert_eq!(t.has_mount_below("/").map(|m| m.id), Some(1));
+        assert!(t.has_mount_below("/data/deep").is_none());
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let m = mount(1, "/m");
+        let shown = format!(
+            "{m:?} {:?}",
+            MountTable {
+                version: 1,
+                next_id: 2,
+                mounts: vec![m.clone()]
+            }
+        );
+        assert!(!shown.contains("SUPERSECRET"), "{shown}");
+        assert!(shown.contains("AKID"));
+        assert_eq!(m.redacted().props["s3.credentials.secret"], "<redacted>");
+        assert!(is_secret("s3.credentials.session_token"));
+    }
+
+    #[test]
+    fn write_types_parse() {
+        assert_eq!(
+            WriteType::parse("cache_mode").unwrap(),
+            WriteType::CacheMode
+        );
+        assert_eq!(WriteType::parse("fs_mode").unwrap(), WriteType::FsMode);
+        assert!(WriteType::parse("through")
+            .unwrap_err()
+            .to_string()
+            .contains("through"));
+    }
+}
