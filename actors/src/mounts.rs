@@ -169,12 +169,12 @@ impl Mounts {
         let uri = UfsUri::parse(&info.ufs)?;
         info.ufs = uri.to_string();
         let ufs = Ufs::new(&uri, &info.props, &self.opts)?;
+        let table = self.refresh(ns).await?;
+        check_placement(&table, &info.path)?;
         ufs.check().await.map_err(|e| match e {
             FsError::Ufs(text) => FsError::Ufs(format!("mount refused: {text}")),
             other => other,
         })?;
-        let table = self.refresh(ns).await?;
-        check_placement(&table, &info.path)?;
         // The mount point: an empty directory, made when missing.
         let point = match ns.stat(&info.path, true).await {
             Ok(attr) if attr.kind != FileKind::Dir => {

@@ -351,7 +351,12 @@ impl Ufs {
     /// An error of `what` on `rel`, with the store's answer.
     fn error(&self, what: &str, rel: &str, e: opendal::Error) -> FsError {
         let location = self.uri.join(rel);
-        let cause = describe(&e);
+        let mut cause = describe(&e);
+        if cause.contains("signing credential") {
+            cause.push_str(
+                " (no credentials: give -c s3.credentials.access=... -c s3.credentials.secret=...)",
+            );
+        }
         match e.kind() {
             ErrorKind::NotFound if cause.contains("NoSuchBucket") => {
                 FsError::Ufs(format!("{what} {location}: {cause}"))

@@ -321,6 +321,29 @@ fn attr_json(attr: &Attr) -> serde_json::Value {
         "symlink": attr.symlink, "block_size": attr.block_size, "replicas": attr.replicas,
         "storage": attr.storage.map(|t| t.name()),
         "writing": attr.writing.as_ref().map(|l| l.client.clone()),
+        "ufs": attr.ufs.as_ref().map(ufs_json),
+    })
+}
+
+/// Whether a file under a mount is in its UFS: `persisted`, `pending` or `failed`.
+fn ufs_state_word(u: &curvine_messages::mount::UfsState) -> &'static str {
+    match u.persist {
+        curvine_messages::mount::Persist::Synced => "persisted",
+        curvine_messages::mount::Persist::Pending { .. } => "pending",
+        curvine_messages::mount::Persist::Failed { .. } => "failed",
+    }
+}
+
+fn ufs_json(u: &curvine_messages::mount::UfsState) -> serde_json::Value {
+    let (attempts, error) = match &u.persist {
+        curvine_messages::mount::Persist::Failed {
+            attempts, error, ..
+        } => (Some(*attempts), Some(error.clone())),
+        _ => (None, None),
+    };
+    json!({
+        "mount": u.mount, "state": ufs_state_word(u), "len": u.len, "mtime_ns": u.mtime_ns,
+        "etag": u.etag, "checked_ns": u.checked_ns, "attempts": attempts, "error": error,
     })
 }
 
@@ -667,6 +690,14 @@ async fn run_fs(
                             " State: being written by {} (the size is that of the last close)",
                             lease.client
                         );
+                    }
+                    if let (Some(u), FileKind::File) = (&attr.ufs, attr.kind) {
+                        let etag = if u.etag.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", etag {}", u.etag)
+                        };
+                        println!("   UFS: {}{etag}", u.describe());
                     }
                     println!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
                     println!(

@@ -454,3 +454,82 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// The test S3 server the test command started (`integration/s3-server.sh`):
+/// its endpoint, credentials and bucket. Under `CI` it must be there;
+/// elsewhere tests that need it are skipped with a message.
+pub struct TestS3 {
+    pub endpoint: String,
+    pub access: String,
+    pub secret: String,
+    pub bucket: String,
+}
+
+impl TestS3 {
+    pub fn get() -> Option<TestS3> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        match (
+            var("UFS_TEST_S3_ENDPOINT"),
+            var("UFS_TEST_S3_ACCESS"),
+            var("UFS_TEST_S3_SECRET"),
+            var("UFS_TEST_S3_BUCKET"),
+        ) {
+            (Some(endpoint), Some(access), Some(secret), Some(bucket)) => Some(TestS3 {
+                endpoint,
+                access,
+                secret,
+                bucket,
+            }),
+            _ => {
+                assert!(
+                    std::env::var("CI").is_err(),
+                    "CI runs the S3 tests: start the test S3 server (integration/s3-server.sh)"
+                );
+                eprintln!("no test S3 server (UFS_TEST_S3_*): skipping");
+                None
+            }
+        }
+    }
+
+    /// A fresh prefix in the test bucket: `s3://bucket/<name>-<random>`.
+    pub fn location(&self, name: &str) -> String {
+        format!("s3://{}/{name}-{:08x}", self.bucket, rand::random::<u32>())
+    }
+
+    /// The `-c` properties of a mount, with `secret` as the secret key.
+    pub fn props_with(&self, secret: &str) -> Vec<String> {
+        [
+            format!("s3.endpoint_url={}", self.endpoint),
+            format!("s3.credentials.access={}", self.access),
+            format!("s3.credentials.secret={secret}"),
+            "s3.region_name=us-east-1".to_string(),
+            "s3.force.path.style=true".to_string(),
+        ]
+        .into_iter()
+        .flat_map(|p| ["-c".to_string(), p])
+        .collect()
+    }
+
+    pub fn props(&self) -> Vec<String> {
+        self.props_with(&self.secret)
+    }
+
+    /// A client of the location, to change objects behind the cluster's back.
+    pub fn ufs(&self, location: &str) -> curvine_actors::ufs::Ufs {
+        let props: std::collections::BTreeMap<String, String> = [
+            ("s3.endpoint_url", self.endpoint.as_str()),
+            ("s3.credentials.access", self.access.as_str()),
+            ("s3.credentials.secret", self.secret.as_str()),
+            ("s3.region_name", "us-east-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        curvine_actors::ufs::Ufs::new(
+            &curvine_actors::ufs::UfsUri::parse(location).expect("location"),
+            &props,
+            &curvine_actors::ufs::UfsOptions::default(),
+        )
+        .expect("UFS client")
+    }
+}

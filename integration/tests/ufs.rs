@@ -1,0 +1,314 @@
+//! UFS mounts on real node processes against the real test S3 server:
+//! cache_mode read-through and write-through, objects changing underneath,
+//! mount errors, and secrets kept out of every output.
+
+use std::time::Duration;
+
+use curvine_integration::{random_bytes, runtime, NodeProcess, TestS3};
+use curvine_messages::FsError;
+use curvine_node::io::FileReader;
+
+fn node(dir: &std::path::Path) -> NodeProcess {
+    NodeProcess::start(&dir.join("n"), &[])
+}
+
+fn mount(node: &NodeProcess, s3: &TestS3, location: &str, path: &str, extra: &[&str]) -> String {
+    let mut args: Vec<String> = vec!["mount".into(), location.into(), path.into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(s3.props());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    node.cli_ok(&args)
+}
+
+#[test]
+fn cache_mode_reads_through_and_keeps_what_it_read() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let loc = s3.location("readthrough");
+    let ufs = s3.ufs(&loc);
+    let big = random_bytes(5 * 1024 * 1024 + 123, 7);
+    runtime().block_on(async {
+        ufs.write_all("hello.txt", b"hello from s3\n".to_vec())
+            .await
+            .unwrap();
+        ufs.write_all("data/big.bin", big.clone()).await.unwrap();
+        for i in 0..30 {
+            ufs.write_all(&format!("many/f{i:02}"), vec![b'x'; i])
+                .await
+                .unwrap();
+        }
+    });
+    let out = mount(&node, &s3, &loc, "/s3", &["--block-size", "1MiB"]);
+    assert!(out.contains("cache_mode"), "{out}");
+
+    // Names appear on first access, with the objects' sizes.
+    assert_eq!(
+        node.cli_ok(&["fs", "cat", "/s3/hello.txt"]),
+        "hello from s3\n"
+    );
+    let ls = node.cli_ok(&["fs", "ls", "/s3"]);
+    let names: Vec<&str> = ls.lines().collect();
+    assert_eq!(names, ["data", "hello.txt", "many"], "{ls}");
+    let many = node.cli_ok(&["fs", "ls", "-l", "/s3/many"]);
+    assert_eq!(many.lines().count(), 30, "{many}");
+    let f29 = many
+        .lines()
+        .find(|l| l.ends_with(" f29"))
+        .expect("f29 listed");
+    assert_eq!(
+        f29.split_whitespace().nth(4),
+        Some("29"),
+        "size of f29: {f29}"
+    );
+    let stat = node.cli_ok(&["--json", "fs", "stat", "/s3/data/big.bin"]);
+    let v: serde_json::Value = serde_json::from_str(stat.trim()).unwrap();
+    assert_eq!(v["size"], big.len() as u64, "{stat}");
+    assert_eq!(v["ufs"]["state"], "persisted", "{stat}");
+
+    // A read streams from the UFS and leaves every block cached.
+    let before = node.cli_ok(&["fs", "blocks", "/s3/data/big.bin"]);
+    assert!(
+        before.contains("in 0 blocks"),
+        "nothing cached yet: {before}"
+    );
+    let got = dir.path().join("big.out");
+    node.cli_ok(&["fs", "get", "/s3/data/big.bin", got.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&got).unwrap() == big,
+        "read-through content differs"
+    );
+    let after = node.cli_ok(&["fs", "blocks", "/s3/data/big.bin"]);
+    assert!(
+        after.contains("in 6 blocks"),
+        "cached after the read: {after}"
+    );
+
+    // Cached reads no longer need the UFS object (within the check interval).
+    runtime().block_on(async {
+        let client = node.client().await;
+        let mut r = FileReader::open(&client, "/s3/data/big.bin").await.unwrap();
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        assert!(out == big);
+    });
+}
+
+#[test]
+fn an_object_changed_underneath_is_read_anew_never_mixed() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let loc = s3.location("changed");
+    let ufs = s3.ufs(&loc);
+    let first = random_bytes(3 * 1024 * 1024, 1);
+    let second = random_bytes(2 * 1024 * 1024 + 5, 2);
+    runtime()
+        .block_on(ufs.write_all("obj", first.clone()))
+        .unwrap();
+    mount(
+        &node,
+        &s3,
+        &loc,
+        "/m",
+        &["--block-size", "1MiB", "--check-interval", "0s"],
+    );
+    let got = dir.path().join("out");
+    node.cli_ok(&["fs", "get", "/m/obj", got.to_str().unwrap()]);
+    assert!(std::fs::read(&got).unwrap() == first);
+    std::thread::sleep(Duration::from_millis(1100));
+    runtime()
+        .block_on(ufs.write_all("obj", second.clone()))
+        .unwrap();
+    // The next open sees the new object: new size, new bytes.
+    node.cli_ok(&["fs", "get", "/m/obj", got.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&got).unwrap() == second,
+        "the new content is read"
+    );
+    let blocks = node.cli_ok(&["fs", "blocks", "/m/obj"]);
+    assert!(
+        blocks.contains(&format!("{} bytes in 3 blocks", second.len())),
+        "{blocks}"
+    );
+
+    // A reader that opened the old object and reads on after it changed
+    // gets ESTALE, not a mix of both.
+    runtime().block_on(async {
+        std::thread::sleep(Duration::from_millis(1100));
+        ufs.write_all("obj", first.clone()).await.unwrap();
+        let client = node.client().await;
+        let mut r = FileReader::open(&client, "/m/obj").await.unwrap();
+        let mut buf = vec![0u8; 1024 * 1024];
+        let n = r.read_full_at(0, &mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &first[..n]);
+        std::thread::sleep(Duration::from_millis(1100));
+        ufs.write_all("obj", second.clone()).await.unwrap();
+        let e = r.read_full_at(2 * 1024 * 1024, &mut buf).await.unwrap_err();
+        assert!(matches!(e, FsError::Stale(_)), "{e}");
+        assert_eq!(e.errno(), libc::ESTALE);
+    });
+
+    // An object deleted in the UFS disappears here too.
+    runtime().block_on(ufs.delete("obj")).unwrap();
+    let out = node.cli(&["fs", "cat", "/m/obj"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no such file"), "{err}");
+    assert!(!node.cli_ok(&["fs", "ls", "/m"]).contains("obj"));
+}
+
+#[test]
+fn cache_mode_writes_deletes_and_renames_reach_the_ufs() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let loc = s3.location("writes");
+    let ufs = s3.ufs(&loc);
+    mount(&node, &s3, &loc, "/w", &["--block-size", "1MiB"]);
+    // A large file goes up in parts (ufs.part_size is 8MiB).
+    let big = random_bytes(18 * 1024 * 1024 + 77, 3);
+    let src = dir.path().join("big");
+    std::fs::write(&src, &big).unwrap();
+    node.cli_ok(&["fs", "mkdir", "-p", "/w/a/b"]);
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/w/a/b/big"]);
+    runtime().block_on(async {
+        let obj = ufs.stat("a/b/big").await.unwrap().expect("uploaded");
+        assert_eq!(obj.len, big.len() as u64);
+        assert!(ufs.read_all("a/b/big").await.unwrap() == big);
+        assert!(ufs.stat("a/b").await.unwrap().unwrap().is_dir);
+    });
+    let stat = node.cli_ok(&["--json", "fs", "stat", "/w/a/b/big"]);
+    assert!(stat.contains("\"persisted\""), "{stat}");
+    node.cli_ok(&["fs", "touch", "/w/empty"]);
+    node.cli_ok(&["fs", "mv", "/w/a/b/big", "/w/moved"]);
+    node.cli_ok(&["fs", "mv", "/w/a", "/w/c"]);
+    node.cli_ok(&["fs", "rm", "/w/empty"]);
+    runtime().block_on(async {
+        assert_eq!(ufs.stat("a/b/big").await.unwrap(), None);
+        assert_eq!(
+            ufs.stat("moved").await.unwrap().unwrap().len,
+            big.len() as u64
+        );
+        assert_eq!(ufs.stat("a").await.unwrap(), None, "the directory moved");
+        assert!(ufs.stat("c/b").await.unwrap().unwrap().is_dir);
+        assert_eq!(ufs.stat("empty").await.unwrap(), None);
+    });
+    // The moved file still reads from the cache.
+    let got = dir.path().join("got");
+    node.cli_ok(&["fs", "get", "/w/moved", got.to_str().unwrap()]);
+    assert!(std::fs::read(&got).unwrap() == big);
+    // A name the UFS already has is not created anew: it is that object.
+    runtime()
+        .block_on(ufs.write_all("preexisting", b"old".to_vec()))
+        .unwrap();
+    let out = node.cli(&["fs", "mkdir", "/w/preexisting"]);
+    assert!(!out.status.success(), "mkdir over an object must fail");
+    assert_eq!(node.cli_ok(&["fs", "cat", "/w/preexisting"]), "old");
+    // Mount points are not renamed or removed while mounted.
+    let out = node.cli(&["fs", "rm", "-r", "/w"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("umount"),
+        "{out:?}"
+    );
+    let out = node.cli(&["fs", "mv", "/w/moved", "/elsewhere"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not in the same mount"),
+        "{out:?}"
+    );
+    node.cli_ok(&["umount", "/w"]);
+    assert_eq!(node.cli_ok(&["fs", "ls", "/w"]), "");
+    assert_eq!(node.cli_ok(&["mount"]), "");
+    runtime().block_on(async {
+        assert!(
+            ufs.stat("moved").await.unwrap().is_some(),
+            "umount keeps the objects"
+        );
+    });
+}
+
+#[test]
+fn mounts_are_checked_and_secrets_never_shown() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let loc = s3.location("secrets");
+    // Wrong secret, missing bucket, unknown property, nested mount: refused, clearly.
+    let mut args: Vec<String> = vec!["mount".into(), loc.clone(), "/bad".into()];
+    args.extend(s3.props_with("not-the-secret"));
+    let out = node.cli(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(err.contains("SignatureDoesNotMatch"), "{err}");
+    assert!(!err.contains("not-the-secret"), "{err}");
+    let mut args: Vec<String> = vec![
+        "mount".into(),
+        "s3://curvine-missing-bucket/x".into(),
+        "/bad".into(),
+    ];
+    args.extend(s3.props());
+    let err = String::from_utf8_lossy(
+        &node
+            .cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .stderr,
+    )
+    .to_string();
+    assert!(err.contains("NoSuchBucket"), "{err}");
+    let out = node.cli(&["mount", &loc, "/bad", "-c", "s3.nonsense=1"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("s3.nonsense"),
+        "{out:?}"
+    );
+    assert!(
+        node.cli_ok(&["fs", "ls", "/"]).trim().is_empty(),
+        "a refused mount leaves nothing"
+    );
+
+    mount(
+        &node,
+        &s3,
+        &loc,
+        "/ok",
+        &["--write-type", "fs_mode", "--ttl", "7d"],
+    );
+    let out = node.cli(&[
+        "mount",
+        &loc,
+        "/ok/inner",
+        "-c",
+        &format!("s3.endpoint_url={}", s3.endpoint),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("do not nest"),
+        "{out:?}"
+    );
+
+    // The secret appears nowhere a user or operator looks.
+    let outputs = [
+        node.cli_ok(&["mount"]),
+        node.cli_ok(&["--json", "mount"]),
+        node.cli_ok(&["report"]),
+        node.cli_ok(&["--json", "report"]),
+        node.cli_ok(&["conf", "show"]),
+        node.log_text(),
+    ];
+    for text in &outputs {
+        assert!(!text.contains(&s3.secret), "secret shown: {text}");
+    }
+    assert!(
+        outputs[0].contains("s3.credentials.secret=<redacted>"),
+        "{}",
+        outputs[0]
+    );
+    assert!(
+        outputs[0].contains("fs_mode") && outputs[0].contains(&loc),
+        "{}",
+        outputs[0]
+    );
+    // The table survives a restart of the node.
+    let mut node = node;
+    node.restart(&[]);
+    let listed = node.cli_ok(&["mount"]);
+    assert!(listed.contains(&loc) && listed.contains("/ok"), "{listed}");
+    assert!(!node.log_text().contains(&s3.secret));
+}
