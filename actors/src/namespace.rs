@@ -754,11 +754,26 @@ impl Namespace {
         size: u64,
         blocks: Vec<BlockInfo>,
     ) -> FsResult<Attr> {
+        self.complete_file_ufs(ino, handle, size, blocks, None)
+            .await
+    }
+
+    /// Closes a written file and, in the same commit, records what it now
+    /// is to its UFS (persisted, or waiting to be).
+    pub async fn complete_file_ufs(
+        &self,
+        ino: Ino,
+        handle: u64,
+        size: u64,
+        blocks: Vec<BlockInfo>,
+        ufs: Option<curvine_messages::mount::UfsState>,
+    ) -> FsResult<Attr> {
         self.call(shard_of(ino), move |reply| ShardMsg::CompleteFile {
             ino,
             handle,
             size,
             blocks: blocks.clone(),
+            ufs: ufs.clone(),
             reply,
         })
         .await
@@ -1257,7 +1272,7 @@ impl Namespace {
                     .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
                     .await
                 {
-                    Ok(StepResult::Created(attr)) => attr,
+                    Ok(StepResult::Created(attr)) => *attr,
                     Ok(other) => {
                         return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}")))
                     }

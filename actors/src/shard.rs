@@ -202,6 +202,21 @@ impl Actor for NamespaceShard {
             } => state.write(reply, move |s, t| {
                 s.ufs_sync(t, parent, mount, &files, &owner, &spec)
             }),
+            ShardMsg::UfsPersisted {
+                ino,
+                since_ns,
+                state: ufs,
+                reply,
+            } => state.write(reply, move |s, t| s.ufs_persisted(t, ino, since_ns, &ufs)),
+            ShardMsg::JournalAppend { mount, ops, reply } => {
+                state.write(reply, move |s, t| s.journal_append(t, mount, &ops))
+            }
+            ShardMsg::JournalRead { limit, reply } => {
+                state.read(reply, move |s, t| s.journal_read(t, limit))
+            }
+            ShardMsg::JournalTrim { upto, reply } => {
+                state.write(reply, move |s, t| s.journal_trim(t, upto))
+            }
             ShardMsg::UfsAbortBlock { ino, id, reply } => {
                 state.write(reply, move |s, t| s.ufs_abort_block(t, ino, id))
             }
@@ -330,9 +345,10 @@ impl Actor for NamespaceShard {
                 handle,
                 size,
                 blocks,
+                ufs,
                 reply,
             } => state.write(reply, move |s, t| {
-                s.complete_file(t, ino, handle, size, &blocks)
+                s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())
             }),
             ShardMsg::FileBlocks { ino, reply } => {
                 state.read(reply, |s, t| s.file_with_blocks(t, ino))

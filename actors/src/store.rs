@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FileSpec, FreedBlock};
 use curvine_messages::cluster::ClusterMap;
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
-use curvine_messages::mount::{MountTable, Persist, UfsFile, UfsState};
+use curvine_messages::mount::{JournalEntry, MountTable, Persist, UfsFile, UfsOp, UfsState};
 use curvine_messages::shard::{
     DentryValue, ExportChunk, Intent, IntentOp, NameLock, NewFile, OpenForWrite, RenameOutcome,
     ShardMeta, ShardRecord, ShardScan, Step, StepResult, UnlinkOutcome, XattrValue,
@@ -1048,6 +1048,19 @@ impl ShardStore {
         size: u64,
         blocks: &[BlockInfo],
     ) -> FsResult<Attr> {
+        self.complete_file_with(wtxn, ino, handle, size, blocks, None)
+    }
+
+    /// `complete_file` that also sets the file's UFS state (when `Some`).
+    pub fn complete_file_with(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        handle: u64,
+        size: u64,
+        blocks: &[BlockInfo],
+        ufs: Option<UfsState>,
+    ) -> FsResult<Attr> {
         let mut attr = self.leased_file(wtxn, ino, handle)?;
         let bs = attr.block_size.max(1);
         for b in blocks {
@@ -1103,6 +1116,9 @@ impl ShardStore {
         attr.writing = None;
         attr.mtime_ns = now;
         attr.ctime_ns = now;
+        if ufs.is_some() {
+            attr.ufs = ufs;
+        }
         self.put_inode(wtxn, &attr)?;
         Ok(attr)
     }
@@ -1611,7 +1627,7 @@ impl ShardStore {
                     *parent,
                 );
                 self.put_inode(wtxn, &attr)?;
-                StepResult::Created(attr)
+                StepResult::Created(Box::new(attr))
             }
             Step::RemoveDirIfEmpty { ino } => {
                 if self.inode(wtxn, *ino)?.is_some() {
@@ -1697,6 +1713,9 @@ impl ShardStore {
 /// The key of the cluster map in shard 0's `meta` table.
 const MAP_KEY: &[u8] = b"cluster_map";
 const MOUNTS_KEY: &[u8] = b"mount_table";
+/// Journal entries of fs_mode mounts: this prefix ++ sequence (big-endian).
+const JOURNAL_PREFIX: &[u8] = b"ufsj/";
+const JOURNAL_SEQ_KEY: &[u8] = b"ufsj_seq";
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
 const TABLE_COUNT: u8 = 11;
@@ -1730,7 +1749,11 @@ impl ShardStore {
         match n {
             0 => {
                 key == self.meta_key.as_slice()
-                    || (self.shard == 0 && (key == MAP_KEY || key == MOUNTS_KEY))
+                    || (self.shard == 0
+                        && (key == MAP_KEY
+                            || key == MOUNTS_KEY
+                            || key == JOURNAL_SEQ_KEY
+                            || key.starts_with(JOURNAL_PREFIX)))
             }
             OPS_TABLE => true,
             _ => key.first() == Some(&(self.shard as u8)),
@@ -2030,6 +2053,104 @@ impl ShardStore {
         Ok(true)
     }
 
+    /// Stores the outcome of persisting `ino` while it still waits with
+    /// content written at `since_ns`.
+    pub fn ufs_persisted(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        since_ns: i64,
+        state: &UfsState,
+    ) -> FsResult<bool> {
+        let Some(mut attr) = self.inode(wtxn, ino)? else {
+            return Ok(false);
+        };
+        let waiting = attr
+            .ufs
+            .as_ref()
+            .and_then(|u| u.persist.since_ns())
+            .is_some_and(|s| s == since_ns);
+        if !waiting || attr.writing.is_some() {
+            return Ok(false);
+        }
+        attr.ufs = Some(state.clone());
+        self.put_inode(wtxn, &attr)?;
+        Ok(true)
+    }
+
+    fn journal_check(&self) -> FsResult<()> {
+        if self.shard != 0 {
+            return Err(FsError::InvalidArgument(format!(
+                "the UFS journal lives in shard 0, not shard {}",
+                self.shard
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn journal_append(&self, wtxn: &mut RwTxn, mount: u32, ops: &[UfsOp]) -> FsResult<u64> {
+        self.journal_check()?;
+        let mut seq = match self.meta.get(wtxn, JOURNAL_SEQ_KEY).map_err(lmdb_err)? {
+            Some(b) if b.len() == 8 => u64::from_be_bytes(b.try_into().expect("8 bytes")),
+            _ => 0,
+        };
+        let now = now_ns();
+        for op in ops {
+            seq += 1;
+            let entry = JournalEntry {
+                seq,
+                mount,
+                op: op.clone(),
+                at_ns: now,
+            };
+            let mut key = JOURNAL_PREFIX.to_vec();
+            key.extend_from_slice(&seq.to_be_bytes());
+            self.meta
+                .put(wtxn, &key, &encode_versioned(&entry))
+                .map_err(lmdb_err)?;
+        }
+        self.meta
+            .put(wtxn, JOURNAL_SEQ_KEY, &seq.to_be_bytes())
+            .map_err(lmdb_err)?;
+        Ok(seq)
+    }
+
+    pub fn journal_read(&self, txn: &RoTxn, limit: u32) -> FsResult<Vec<JournalEntry>> {
+        self.journal_check()?;
+        let mut out = Vec::new();
+        for item in self
+            .meta
+            .prefix_iter(txn, JOURNAL_PREFIX)
+            .map_err(lmdb_err)?
+        {
+            let (_, v) = item.map_err(lmdb_err)?;
+            out.push(decode(v)?);
+            if out.len() >= limit as usize {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn journal_trim(&self, wtxn: &mut RwTxn, upto: u64) -> FsResult<()> {
+        self.journal_check()?;
+        let keys: Vec<Vec<u8>> = self
+            .meta
+            .prefix_iter(wtxn, JOURNAL_PREFIX)
+            .map_err(lmdb_err)?
+            .map(|item| item.map(|(k, _)| k.to_vec()).map_err(lmdb_err))
+            .collect::<FsResult<_>>()?;
+        for k in keys {
+            let seq = u64::from_be_bytes(k[JOURNAL_PREFIX.len()..].try_into().unwrap_or([0xff; 8]));
+            if seq <= upto {
+                self.meta.delete(wtxn, &k).map_err(lmdb_err)?;
+            } else {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Gives up block `id` allocated by `ufs_add_block` and never committed.
     pub fn ufs_abort_block(&self, wtxn: &mut RwTxn, ino: Ino, id: BlockId) -> FsResult<()> {
         let key = key_pending(ino, id);
@@ -2132,6 +2253,16 @@ impl ShardStore {
         if self.shard == 0 {
             self.meta.delete(wtxn, MAP_KEY).map_err(lmdb_err)?;
             self.meta.delete(wtxn, MOUNTS_KEY).map_err(lmdb_err)?;
+            self.meta.delete(wtxn, JOURNAL_SEQ_KEY).map_err(lmdb_err)?;
+            let keys: Vec<Vec<u8>> = self
+                .meta
+                .prefix_iter(wtxn, JOURNAL_PREFIX)
+                .map_err(lmdb_err)?
+                .map(|item| item.map(|(k, _)| k.to_vec()).map_err(lmdb_err))
+                .collect::<FsResult<_>>()?;
+            for k in keys {
+                self.meta.delete(wtxn, &k).map_err(lmdb_err)?;
+            }
         }
         let start = [self.shard as u8];
         let end = (self.shard as u8).checked_add(1).map(|e| [e]);

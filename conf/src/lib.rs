@@ -187,6 +187,9 @@ pub struct UfsConf {
     /// per attempt up to `persist_max_delay`.
     pub persist_retry_delay: Dur,
     pub persist_max_delay: Dur,
+    /// How often fs_mode mounts are walked for files still waiting to be
+    /// persisted (the journal normally persists them within a second).
+    pub persist_sweep: Dur,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -264,6 +267,7 @@ impl Default for UfsConf {
             loaders: 8,
             persist_retry_delay: Dur(std::time::Duration::from_secs(1)),
             persist_max_delay: Dur(std::time::Duration::from_secs(300)),
+            persist_sweep: Dur(std::time::Duration::from_secs(30)),
         }
     }
 }

@@ -312,3 +312,156 @@ fn mounts_are_checked_and_secrets_never_shown() {
     assert!(listed.contains(&loc) && listed.contains("/ok"), "{listed}");
     assert!(!node.log_text().contains(&s3.secret));
 }
+
+/// Polls `fs stat --json` until the file's UFS state is `want`.
+fn wait_state(node: &NodeProcess, path: &str, want: &str, within: Duration) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let out = node.cli(&["--json", "fs", "stat", path]);
+        if out.status.success() {
+            let v: serde_json::Value =
+                serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+            if v["ufs"]["state"] == want {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{path} never became {want}: {v}"
+            );
+        } else {
+            assert!(std::time::Instant::now() < deadline, "stat {path}: {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn fs_mode_writes_at_cache_speed_and_persists_in_order() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let loc = s3.location("fsmode");
+    let ufs = s3.ufs(&loc);
+    mount(
+        &node,
+        &s3,
+        &loc,
+        "/fs",
+        &["--write-type", "fs_mode", "--block-size", "1MiB"],
+    );
+    let content = random_bytes(3 * 1024 * 1024 + 11, 5);
+    let src = dir.path().join("src");
+    std::fs::write(&src, &content).unwrap();
+    node.cli_ok(&["fs", "mkdir", "-p", "/fs/d"]);
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/fs/d/file"]);
+    let v = wait_state(&node, "/fs/d/file", "persisted", Duration::from_secs(20));
+    runtime().block_on(async {
+        let obj = ufs.stat("d/file").await.unwrap().expect("persisted object");
+        assert_eq!(obj.len, content.len() as u64);
+        assert_eq!(v["ufs"]["etag"], obj.etag.as_str());
+        assert!(ufs.read_all("d/file").await.unwrap() == content);
+    });
+
+    // Renames and deletes are replayed in order; a name reused after a
+    // delete keeps its new content.
+    node.cli_ok(&["fs", "mv", "/fs/d/file", "/fs/moved"]);
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/fs/gone"]);
+    node.cli_ok(&["fs", "rm", "/fs/gone"]);
+    std::fs::write(&src, b"second life").unwrap();
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/fs/gone"]);
+    wait_state(&node, "/fs/gone", "persisted", Duration::from_secs(20));
+    runtime().block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let old = ufs.stat("d/file").await.unwrap();
+            let new = ufs.stat("moved").await.unwrap();
+            if old.is_none() && new.is_some() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "rename not replayed: {old:?} {new:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ufs.read_all("moved").await.unwrap() == content);
+        assert_eq!(ufs.read_all("gone").await.unwrap(), b"second life");
+    });
+
+    // A persisted file whose cached blocks were dropped reads back from the UFS.
+    node.cli_ok(&["fs", "free", "/fs/moved"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !node
+        .cli_ok(&["fs", "blocks", "/fs/moved"])
+        .contains("in 0 blocks")
+    {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let got = dir.path().join("got");
+    node.cli_ok(&["fs", "get", "/fs/moved", got.to_str().unwrap()]);
+    assert!(std::fs::read(&got).unwrap() == content);
+    // The blocks read are cached again (recorded just after they were sent).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !node
+        .cli_ok(&["fs", "blocks", "/fs/moved"])
+        .contains("in 4 blocks")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            node.cli_ok(&["fs", "blocks", "/fs/moved"])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    node.cli_ok(&["fs", "rm", "-r", "/fs/d"]);
+}
+
+#[test]
+fn fs_mode_failed_uploads_retry_and_survive_a_restart() {
+    // A local directory as the UFS, so the test can make uploads fail:
+    // a file where the upload needs a directory.
+    let dir = tempfile::tempdir().unwrap();
+    let ufs_dir = dir.path().join("ufs");
+    std::fs::create_dir_all(&ufs_dir).unwrap();
+    let mut node = NodeProcess::start(
+        &dir.path().join("n"),
+        &[
+            "-c",
+            "ufs.persist_retry_delay=200ms",
+            "-c",
+            "ufs.persist_max_delay=1s",
+            "-c",
+            "ufs.persist_sweep=1s",
+        ],
+    );
+    let loc = format!("file://{}", ufs_dir.display());
+    node.cli_ok(&["mount", &loc, "/local", "--write-type", "fs_mode"]);
+    std::fs::write(ufs_dir.join("blocker"), b"not a directory").unwrap();
+    node.cli_ok(&["fs", "mkdir", "/local/blocker"]);
+    let src = dir.path().join("src");
+    std::fs::write(&src, b"persist me").unwrap();
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/local/blocker/f"]);
+    let v = wait_state(&node, "/local/blocker/f", "failed", Duration::from_secs(20));
+    assert!(v["ufs"]["attempts"].as_u64().unwrap() >= 1, "{v}");
+    let text = node.cli_ok(&["fs", "stat", "/local/blocker/f"]);
+    assert!(text.contains("UFS: failed"), "{text}");
+    // The node dies with the file not persisted; its cached content stays.
+    node.kill();
+    std::fs::remove_file(ufs_dir.join("blocker")).unwrap();
+    node.restart(&[]);
+    assert_eq!(
+        node.cli_ok(&["fs", "cat", "/local/blocker/f"]),
+        "persist me"
+    );
+    wait_state(
+        &node,
+        "/local/blocker/f",
+        "persisted",
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        std::fs::read(ufs_dir.join("blocker/f")).unwrap(),
+        b"persist me"
+    );
+}

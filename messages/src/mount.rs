@@ -133,10 +133,49 @@ pub enum Persist {
     Pending { since_ns: i64 },
     /// Persisting failed; it is tried again at `next_ns`.
     Failed {
+        since_ns: i64,
         attempts: u32,
         error: String,
         next_ns: i64,
     },
+}
+
+impl Persist {
+    /// When the content waiting to be persisted was written (`None` once persisted).
+    pub fn since_ns(&self) -> Option<i64> {
+        match self {
+            Persist::Synced => None,
+            Persist::Pending { since_ns } | Persist::Failed { since_ns, .. } => Some(*since_ns),
+        }
+    }
+}
+
+/// A change to replay on an fs_mode mount's UFS, in order. Each is checked
+/// against the namespace when it is applied, so a replay that comes late
+/// (or twice) never undoes a later change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UfsOp {
+    /// A file was closed: upload it if `path` still names inode `ino`.
+    Put { path: String, ino: u64 },
+    /// Delete the object (or the tree, for a directory) if the namespace no
+    /// longer has `path`.
+    Delete { path: String, dir: bool },
+    /// Move the object (or tree) if the namespace now has `to`, not `from`.
+    Rename { from: String, to: String, dir: bool },
+}
+
+/// One journal record (kept in shard 0 until applied).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    pub seq: u64,
+    pub mount: u32,
+    pub op: UfsOp,
+    pub at_ns: i64,
+}
+
+impl Versioned for JournalEntry {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "UFS journal entry";
 }
 
 /// What an inode under a mount knows of its UFS object.
@@ -179,7 +218,7 @@ impl UfsState {
             Persist::Pending { .. } => "pending".into(),
             Persist::Failed {
                 attempts, error, ..
-            } => format!("failed ({attempts} attempts): {error}"),
+            } => format!("failed ({attempts} attempts, retrying): {error}"),
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::cluster::ClusterMap;
 use crate::codec::Versioned;
 use crate::error::FsError;
 use crate::error::FsResult;
-use crate::mount::{MountTable, UfsFile, UfsState};
+use crate::mount::{JournalEntry, MountTable, UfsFile, UfsOp, UfsState};
 use crate::types::{
     Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
 };
@@ -107,7 +107,7 @@ impl Step {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StepResult {
     Done,
-    Created(Attr),
+    Created(Box<Attr>),
     Existing(Option<DirEntry>),
 }
 
@@ -373,7 +373,7 @@ shard_messages! {
             /// Close a file after writing: `blocks` replace the blocks at their
             /// indexes, `size` becomes the file's size (blocks past it are dropped),
             /// allocated blocks not listed are freed, and the lease is released.
-            CompleteFile { ino: Ino, handle: u64, size: u64, blocks: Vec<BlockInfo> } -> Attr;
+            CompleteFile { ino: Ino, handle: u64, size: u64, blocks: Vec<BlockInfo>, ufs: Option<UfsState> } -> Attr;
             /// Attributes and committed blocks of a file owned here.
             FileBlocks { ino: Ino } -> (Attr, Vec<BlockInfo>);
             /// What each of these block ids (allocated by this shard) is used for.
@@ -464,6 +464,17 @@ shard_messages! {
             /// Records a cached block allocated by `UfsAddBlock`; `false` when
             /// the file changed or another copy got there first.
             UfsCommitBlock { ino: Ino, info: BlockInfo, expect: UfsFile } -> bool;
+            /// Records the outcome of persisting file `ino`: `state` is stored
+            /// only while the file still waits with content from `since_ns`
+            /// (a newer write is persisted by its own turn); `false` otherwise.
+            UfsPersisted { ino: Ino, since_ns: i64, state: UfsState } -> bool;
+            /// Appends changes to replay on mount `mount`'s UFS (shard 0
+            /// keeps the journal); replies with the last sequence number.
+            JournalAppend { mount: u32, ops: Vec<UfsOp> } -> u64;
+            /// Up to `limit` journal entries in order.
+            JournalRead { limit: u32 } -> Vec<JournalEntry>;
+            /// Drops the journal entries up to `upto` (applied).
+            JournalTrim { upto: u64 } -> ();
             /// Gives up a block allocated by `UfsAddBlock` (the fill failed).
             UfsAbortBlock { ino: Ino, id: BlockId } -> ();
             /// Drops the cached blocks of a file whose content is in the UFS.
@@ -549,6 +560,10 @@ impl ShardMsg {
             ShardMsg::UfsCommitBlock { .. } => "ufs_commit_block",
             ShardMsg::UfsEvict { .. } => "ufs_evict",
             ShardMsg::UfsAbortBlock { .. } => "ufs_abort_block",
+            ShardMsg::UfsPersisted { .. } => "ufs_persisted",
+            ShardMsg::JournalAppend { .. } => "journal_append",
+            ShardMsg::JournalRead { .. } => "journal_read",
+            ShardMsg::JournalTrim { .. } => "journal_trim",
         }
     }
 }

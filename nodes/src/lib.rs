@@ -9,6 +9,7 @@ pub mod identity;
 pub mod io;
 pub mod join;
 pub mod node;
+pub mod persist;
 pub mod server;
 pub mod service;
 pub mod ufs;

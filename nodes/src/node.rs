@@ -43,15 +43,17 @@ pub enum Child {
     DataServer,
     Gateway,
     Membership,
+    UfsLoader,
 }
 
 impl Child {
-    const ALL: [Child; 5] = [
+    const ALL: [Child; 6] = [
         Child::ShardHost,
         Child::BlockManager,
         Child::DataServer,
         Child::Gateway,
         Child::Membership,
+        Child::UfsLoader,
     ];
 
     fn name(self) -> &'static str {
@@ -61,6 +63,7 @@ impl Child {
             Child::DataServer => "data-server",
             Child::Gateway => "gateway",
             Child::Membership => "membership",
+            Child::UfsLoader => "ufs-loader",
         }
     }
 }
@@ -72,6 +75,7 @@ pub struct NodeArgs {
     pub data_args: Arc<dyn Fn() -> DataServerArgs + Send + Sync>,
     pub gateway_args: GatewayArgs,
     pub membership_args: MembershipArgs,
+    pub loader_args: crate::persist::UfsLoaderArgs,
     pub policy: RestartPolicy,
 }
 
@@ -147,6 +151,15 @@ impl NodeSupervisor {
                 *state.args.gateway_args.membership.write() = Some(actor.clone());
                 actor.get_cell()
             }
+            Child::UfsLoader => Actor::spawn_linked(
+                None,
+                crate::persist::UfsLoader,
+                state.args.loader_args.clone(),
+                myself.get_cell(),
+            )
+            .await?
+            .0
+            .get_cell(),
         };
         state.children.retain(|(c, _)| *c != child);
         state.children.push((child, cell));
@@ -615,6 +628,14 @@ async fn start_with(
             data_args,
             gateway_args,
             membership_args,
+            loader_args: crate::persist::UfsLoaderArgs {
+                service: service_slot.clone(),
+                tick: Duration::from_millis(500),
+                sweep: config.ufs.persist_sweep.0,
+                loaders: config.ufs.loaders as usize,
+                retry_delay: config.ufs.persist_retry_delay.0,
+                retry_max: config.ufs.persist_max_delay.0,
+            },
             policy,
         },
     )

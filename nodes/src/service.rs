@@ -211,11 +211,30 @@ impl Service {
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
         let mut ids: Vec<BlockId> = Vec::new();
         let mut stack = vec![path.to_string()];
+        // Files whose content is in their UFS lose every cached block.
+        let mut from_ufs = FreeSummary::default();
         while let Some(p) = stack.pop() {
             let attr = self.namespace.stat(&p, false).await?;
             match attr.kind {
                 FileKind::File => {
                     let (_, blocks) = self.namespace.file_blocks_ino(attr.ino).await?;
+                    let in_ufs = attr.writing.is_none()
+                        && attr
+                            .ufs
+                            .as_ref()
+                            .is_some_and(|u| u.persist == curvine_messages::mount::Persist::Synced);
+                    if in_ufs {
+                        let ino = attr.ino;
+                        let n = self
+                            .namespace
+                            .call_shard(curvine_messages::shard_of(ino), move |reply| {
+                                curvine_messages::shard::ShardMsg::UfsEvict { ino, reply }
+                            })
+                            .await?;
+                        from_ufs.freed += n as u64;
+                        from_ufs.freed_bytes += blocks.iter().map(|b| b.stored).sum::<u64>();
+                        continue;
+                    }
                     ids.extend(blocks.iter().map(|b| b.id));
                 }
                 FileKind::Dir => {
@@ -234,12 +253,16 @@ impl Service {
                 FileKind::Symlink => {}
             }
         }
-        self.manager
+        let mut summary = self
+            .manager
             .call(move |reply| BlockMsg::Free {
                 ids: ids.clone(),
                 reply,
             })
-            .await
+            .await?;
+        summary.freed += from_ufs.freed;
+        summary.freed_bytes += from_ufs.freed_bytes;
+        Ok(summary)
     }
 
     async fn file_blocks(&self, path: &str) -> FsResult<FileBlocks> {

@@ -15,7 +15,7 @@ use curvine_actors::ufs::{Ufs, UfsObject};
 use curvine_messages::block::{
     block_crc, unit_crcs, Access, BlockInfo, BlockMsg, CHECKSUM_UNIT, MAX_CHUNK,
 };
-use curvine_messages::mount::{MountInfo, Persist, UfsFile, UfsState, WriteType};
+use curvine_messages::mount::{MountInfo, Persist, UfsFile, UfsOp, UfsState, WriteType};
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::{now_ns, shard_of, Attr, FileKind, FsError, FsResult, Ino};
 
@@ -651,7 +651,18 @@ impl Service {
         let (m, src_rel) = sm.expect("checked above");
         let dst_rel = dm.expect("checked above").1;
         if m.write_type != WriteType::CacheMode {
-            return self.namespace.rename(src, dst).await;
+            let attr = self.namespace.stat(&src_n, false).await?;
+            self.namespace.rename(src, dst).await?;
+            self.journal(
+                m.id,
+                vec![UfsOp::Rename {
+                    from: src_n,
+                    to: dst_n,
+                    dir: attr.kind == FileKind::Dir,
+                }],
+            )
+            .await;
+            return Ok(());
         }
         let attr = self
             .through_ufs(src, || self.namespace.stat(src, false))
@@ -680,7 +691,22 @@ impl Service {
     ) -> FsResult<curvine_messages::rpc::RemoveSummary> {
         self.check_not_mount_point(path, "removing it")?;
         let Some((m, rel)) = self.cache_mount(path) else {
-            return self.namespace.remove(path, recursive, dir).await;
+            let norm = curvine_messages::path::normalize(path, "/")?;
+            let Some((m, _)) = self.mount_of(&norm) else {
+                return self.namespace.remove(path, recursive, dir).await;
+            };
+            // fs_mode: the cluster first, the UFS in the background.
+            let attr = self.namespace.stat(&norm, false).await?;
+            let summary = self.namespace.remove(path, recursive, dir).await?;
+            self.journal(
+                m.id,
+                vec![UfsOp::Delete {
+                    path: norm,
+                    dir: attr.kind == FileKind::Dir,
+                }],
+            )
+            .await;
+            return Ok(summary);
         };
         let attr = self
             .through_ufs(path, || self.namespace.stat(path, false))
@@ -732,7 +758,23 @@ impl Service {
         self: &Arc<Self>,
         r: &curvine_messages::rpc::OpenFile,
     ) -> FsResult<curvine_actors::namespace::Opened> {
-        if self.cache_mount(&r.path).is_some() {
+        let norm = curvine_messages::path::normalize(&r.path, "/")?;
+        let Some((m, _)) = self.mount_of(&norm) else {
+            return self.namespace.open_write(r).await;
+        };
+        // New files under a mount take the mount's layout unless asked otherwise.
+        let mut r = r.clone();
+        if r.spec.block_size == 0 {
+            r.spec.block_size = m.block_size.unwrap_or(0);
+        }
+        if r.spec.replicas == 0 {
+            r.spec.replicas = m.replicas.unwrap_or(0);
+        }
+        if r.spec.storage.is_none() {
+            r.spec.storage = m.storage;
+        }
+        let r = &r;
+        if m.write_type == WriteType::CacheMode {
             self.ufs_before_create(&r.path).await?;
             if !r.truncate {
                 if let Ok(attr) = self.namespace.stat(&r.path, true).await {
@@ -781,7 +823,8 @@ impl Service {
             return ns.complete_file(r.ino, r.handle, r.size, r.blocks).await;
         };
         if m.write_type == WriteType::FsMode {
-            let attr = ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?;
+            // Waiting to be persisted, recorded with the close itself: a
+            // crash right after still leaves the file to persist.
             let state = UfsState {
                 mount: m.id,
                 len: 0,
@@ -790,7 +833,18 @@ impl Service {
                 checked_ns: 0,
                 persist: Persist::Pending { since_ns: now_ns() },
             };
-            return self.set_ufs(attr.ino, Some(state)).await;
+            let attr = ns
+                .complete_file_ufs(r.ino, r.handle, r.size, r.blocks, Some(state))
+                .await?;
+            self.journal(
+                m.id,
+                vec![UfsOp::Put {
+                    path: curvine_messages::path::normalize(&r.path, "/")?,
+                    ino: attr.ino,
+                }],
+            )
+            .await;
+            return Ok(attr);
         }
         // The content after the close: the new blocks over the old ones.
         let (current, old) = ns.file_blocks_ino(r.ino).await?;
@@ -819,9 +873,14 @@ impl Service {
                 )));
             }
         };
-        let attr = ns.complete_file(r.ino, r.handle, r.size, r.blocks).await?;
-        self.set_ufs(attr.ino, Some(Self::synced_state(&m, &obj)))
-            .await
+        ns.complete_file_ufs(
+            r.ino,
+            r.handle,
+            r.size,
+            r.blocks,
+            Some(Self::synced_state(&m, &obj)),
+        )
+        .await
     }
 
     /// Opens a file for reading. A cache_mode file whose check interval

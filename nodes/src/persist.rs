@@ -1,0 +1,425 @@
+//! fs_mode persistence: the `UfsLoader` actor of each node, and the work it
+//! drives. The node serving shard 0 replays the UFS journal in order
+//! (uploads of closed files, deletes, renames); every node's loader also
+//! sweeps fs_mode mounts now and then for files still waiting (a journal
+//! record lost with a crash, a failed upload due for another try).
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use curvine_messages::mount::{JournalEntry, MountInfo, Persist, UfsOp, UfsState, WriteType};
+use curvine_messages::shard::ShardMsg;
+use curvine_messages::{now_ns, shard_of, FileKind, FsError, FsResult, Ino};
+
+use crate::service::Service;
+
+/// Journal entries applied per pass.
+const JOURNAL_BATCH: u32 = 512;
+/// A file waiting this long with no journal record is picked up by the sweep.
+const SWEEP_GRACE: Duration = Duration::from_secs(10);
+
+impl Service {
+    /// Records changes to replay on an fs_mode mount's UFS.
+    pub async fn journal(&self, mount: u32, ops: Vec<UfsOp>) {
+        let appended = self
+            .namespace
+            .call_shard(0, move |reply| ShardMsg::JournalAppend {
+                mount,
+                ops: ops.clone(),
+                reply,
+            })
+            .await;
+        if let Err(e) = appended {
+            // Written files are still found by the sweep; a lost delete or
+            // rename leaves the old object in the UFS.
+            tracing::warn!(mount, error = %e, "recording a change to replay on the UFS failed");
+        }
+    }
+
+    fn serves_journal(&self) -> bool {
+        self.view.map().owner(0) == Some(self.node_id())
+    }
+
+    /// One pass: applies what the journal holds (on the node serving shard 0).
+    pub async fn persist_pass(
+        self: &Arc<Self>,
+        loaders: usize,
+        retry: (Duration, Duration),
+    ) -> FsResult<usize> {
+        if !self.serves_journal() {
+            return Ok(0);
+        }
+        let entries: Vec<JournalEntry> = self
+            .namespace
+            .call_shard(0, |reply| ShardMsg::JournalRead {
+                limit: JOURNAL_BATCH,
+                reply,
+            })
+            .await?;
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let slots = Arc::new(Semaphore::new(loaders.max(1)));
+        let mut uploads: JoinSet<()> = JoinSet::new();
+        let mut applied = 0u64;
+        let mut count = 0;
+        let mut stopped: Option<FsError> = None;
+        for entry in entries {
+            let Some(mount) = self.mounts.table().by_id(entry.mount).cloned() else {
+                applied = entry.seq; // the mount is gone: nothing to replay
+                continue;
+            };
+            match entry.op {
+                UfsOp::Put { path, ino } => {
+                    let permit = slots.clone().acquire_owned().await.expect("open semaphore");
+                    let this = self.clone();
+                    uploads.spawn(async move {
+                        this.persist_file(&path, ino, retry).await;
+                        drop(permit);
+                    });
+                }
+                op => {
+                    // Deletes and renames wait for the uploads before them.
+                    while uploads.join_next().await.is_some() {}
+                    if let Err(e) = self.replay(&mount, &op).await {
+                        tracing::warn!(mount = %mount.path, error = %e, "replaying a change on the UFS failed; retrying");
+                        stopped = Some(e);
+                        break;
+                    }
+                }
+            }
+            applied = entry.seq;
+            count += 1;
+        }
+        while uploads.join_next().await.is_some() {}
+        if applied > 0 {
+            self.namespace
+                .call_shard(0, move |reply| ShardMsg::JournalTrim {
+                    upto: applied,
+                    reply,
+                })
+                .await?;
+        }
+        match stopped {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    /// Applies a delete or rename to the UFS when the namespace agrees it
+    /// happened (a replay never undoes a later change).
+    async fn replay(&self, m: &MountInfo, op: &UfsOp) -> FsResult<()> {
+        let ufs = self.mounts.client(m)?;
+        let rel = |p: &str| m.relative(p).map(str::to_string);
+        let exists = |p: String| async move {
+            match self.namespace.stat(&p, false).await {
+                Ok(a) => Ok(Some(a)),
+                Err(FsError::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        match op {
+            UfsOp::Put { .. } => Ok(()),
+            UfsOp::Delete { path, dir } => {
+                let Some(r) = rel(path) else { return Ok(()) };
+                if r.is_empty() || exists(path.clone()).await?.is_some() {
+                    return Ok(());
+                }
+                if *dir {
+                    ufs.delete_dir(&r).await
+                } else {
+                    ufs.delete(&r).await
+                }
+            }
+            UfsOp::Rename { from, to, dir } => {
+                let (Some(fr), Some(tr)) = (rel(from), rel(to)) else {
+                    return Ok(());
+                };
+                if exists(from.clone()).await?.is_some() {
+                    return Ok(());
+                }
+                let Some(target) = exists(to.clone()).await? else {
+                    return Ok(());
+                };
+                if *dir {
+                    return match ufs.rename(&fr, &tr, true).await {
+                        Ok(()) | Err(FsError::NotFound(_)) => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                }
+                let persisted = target
+                    .ufs
+                    .as_ref()
+                    .is_some_and(|u| u.persist == Persist::Synced);
+                if !persisted {
+                    // Its upload goes to the new name; the old object goes.
+                    return ufs.delete(&fr).await;
+                }
+                match ufs.rename(&fr, &tr, false).await {
+                    Ok(()) => Ok(()),
+                    Err(FsError::NotFound(_)) => {
+                        // Nothing under the old name: upload under the new one.
+                        let state = UfsState {
+                            mount: m.id,
+                            len: 0,
+                            mtime_ns: 0,
+                            etag: String::new(),
+                            checked_ns: 0,
+                            persist: Persist::Pending { since_ns: now_ns() },
+                        };
+                        let ino = target.ino;
+                        self.namespace
+                            .call_shard(shard_of(ino), move |reply| ShardMsg::SetUfs {
+                                ino,
+                                ufs: Some(state.clone()),
+                                reply,
+                            })
+                            .await
+                            .map(|_| ())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Uploads file `ino` at `path` when it still waits to be persisted;
+    /// records success, or the failure and when to try again.
+    pub async fn persist_file(&self, path: &str, ino: Ino, retry: (Duration, Duration)) {
+        let attr = match self.namespace.stat(path, false).await {
+            Ok(a) if a.ino == ino && a.kind == FileKind::File && a.writing.is_none() => a,
+            _ => return,
+        };
+        let Some(state) = attr.ufs.clone() else {
+            return;
+        };
+        let Some(since) = state.persist.since_ns() else {
+            return;
+        };
+        let Some((m, rel)) = self
+            .mount_of(path)
+            .filter(|(m, _)| m.id == state.mount && m.write_type == WriteType::FsMode)
+        else {
+            return;
+        };
+        let outcome = async {
+            let ufs = self.mounts.client(&m)?;
+            let (_, blocks) = self.namespace.file_blocks_ino(ino).await?;
+            self.upload(&ufs, &rel, &attr, &blocks).await
+        }
+        .await;
+        let next = match outcome {
+            Ok(obj) => {
+                tracing::debug!(path, bytes = obj.len, "persisted");
+                Self::synced_state(&m, &obj)
+            }
+            Err(e) => {
+                let attempts = match &state.persist {
+                    Persist::Failed { attempts, .. } => attempts + 1,
+                    _ => 1,
+                };
+                let delay = retry.0.saturating_mul(1 << attempts.min(16)).min(retry.1);
+                tracing::warn!(path, attempts, retry_in = ?delay, error = %e, "persisting a file failed");
+                UfsState {
+                    persist: Persist::Failed {
+                        since_ns: since,
+                        attempts,
+                        error: e.to_string(),
+                        next_ns: now_ns() + delay.as_nanos() as i64,
+                    },
+                    ..state.clone()
+                }
+            }
+        };
+        let stored = self
+            .namespace
+            .call_shard(shard_of(ino), move |reply| ShardMsg::UfsPersisted {
+                ino,
+                since_ns: since,
+                state: next.clone(),
+                reply,
+            })
+            .await;
+        if let Err(e) = stored {
+            tracing::warn!(path, error = %e, "recording a file's persistence failed");
+        }
+    }
+
+    /// Walks every fs_mode mount for files still waiting past the grace
+    /// period, or failed and due again, and persists them.
+    pub async fn persist_sweep(
+        self: &Arc<Self>,
+        loaders: usize,
+        retry: (Duration, Duration),
+    ) -> FsResult<usize> {
+        if !self.serves_journal() {
+            return Ok(0);
+        }
+        let table = self.mounts.table();
+        let slots = Arc::new(Semaphore::new(loaders.max(1)));
+        let mut uploads: JoinSet<()> = JoinSet::new();
+        let mut found = 0;
+        let now = now_ns();
+        for m in table
+            .mounts
+            .iter()
+            .filter(|m| m.write_type == WriteType::FsMode)
+        {
+            let mut dirs = vec![m.path.clone()];
+            while let Some(dir) = dirs.pop() {
+                let mut after = None;
+                loop {
+                    let page = match self.namespace.list(&dir, after.clone(), 1024).await {
+                        Ok(p) => p,
+                        Err(FsError::NotFound(_)) => break,
+                        Err(e) => return Err(e),
+                    };
+                    for e in &page.entries {
+                        let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
+                        match e.attr.kind {
+                            FileKind::Dir => dirs.push(path),
+                            FileKind::File => {
+                                let due = match e.attr.ufs.as_ref().map(|u| &u.persist) {
+                                    Some(Persist::Pending { since_ns }) => {
+                                        now - since_ns > SWEEP_GRACE.as_nanos() as i64
+                                    }
+                                    Some(Persist::Failed { next_ns, .. }) => *next_ns <= now,
+                                    _ => false,
+                                };
+                                if due && e.attr.writing.is_none() {
+                                    found += 1;
+                                    let permit = slots
+                                        .clone()
+                                        .acquire_owned()
+                                        .await
+                                        .expect("open semaphore");
+                                    let this = self.clone();
+                                    let ino = e.attr.ino;
+                                    uploads.spawn(async move {
+                                        this.persist_file(&path, ino, retry).await;
+                                        drop(permit);
+                                    });
+                                }
+                            }
+                            FileKind::Symlink => {}
+                        }
+                    }
+                    if !page.more {
+                        break;
+                    }
+                    after = page.entries.last().map(|e| e.name.clone());
+                }
+            }
+        }
+        while uploads.join_next().await.is_some() {}
+        Ok(found)
+    }
+}
+
+// ---- the UfsLoader actor ------------------------------------------------------
+
+/// Drives fs_mode persistence on a timer: journal passes every tick, a
+/// sweep every `sweep` (each pass in a task of its own, one at a time).
+pub struct UfsLoader;
+
+#[derive(Clone)]
+pub struct UfsLoaderArgs {
+    pub service: Arc<OnceLock<Weak<Service>>>,
+    pub tick: Duration,
+    pub sweep: Duration,
+    pub loaders: usize,
+    pub retry_delay: Duration,
+    pub retry_max: Duration,
+}
+
+pub enum UfsLoaderMsg {
+    Tick,
+    /// A pass finished (`Err`: back off before the next).
+    Done(Result<(), String>),
+}
+
+impl ractor::Message for UfsLoaderMsg {}
+
+pub struct UfsLoaderState {
+    args: UfsLoaderArgs,
+    running: bool,
+    last_sweep: Instant,
+    not_before: Instant,
+    failures: u32,
+}
+
+impl Actor for UfsLoader {
+    type Msg = UfsLoaderMsg;
+    type State = UfsLoaderState;
+    type Arguments = UfsLoaderArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<UfsLoaderMsg>,
+        args: UfsLoaderArgs,
+    ) -> Result<UfsLoaderState, ActorProcessingErr> {
+        myself.send_interval(args.tick, || UfsLoaderMsg::Tick);
+        Ok(UfsLoaderState {
+            args,
+            running: false,
+            // The first sweep comes soon after start (recovery after a crash).
+            last_sweep: Instant::now() - Duration::from_secs(24 * 3600),
+            not_before: Instant::now(),
+            failures: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<UfsLoaderMsg>,
+        message: UfsLoaderMsg,
+        state: &mut UfsLoaderState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            UfsLoaderMsg::Tick => {
+                if state.running || Instant::now() < state.not_before {
+                    return Ok(());
+                }
+                let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {
+                    return Ok(());
+                };
+                let sweep = state.last_sweep.elapsed() >= state.args.sweep;
+                if sweep {
+                    state.last_sweep = Instant::now();
+                }
+                state.running = true;
+                let (loaders, retry) = (
+                    state.args.loaders,
+                    (state.args.retry_delay, state.args.retry_max),
+                );
+                tokio::spawn(async move {
+                    let mut result = service.persist_pass(loaders, retry).await.map(|_| ());
+                    if sweep && result.is_ok() {
+                        result = service.persist_sweep(loaders, retry).await.map(|_| ());
+                    }
+                    let _ = myself.cast(UfsLoaderMsg::Done(result.map_err(|e| e.to_string())));
+                });
+            }
+            UfsLoaderMsg::Done(result) => {
+                state.running = false;
+                match result {
+                    Ok(()) => state.failures = 0,
+                    Err(_) => {
+                        state.failures += 1;
+                        let delay = state
+                            .args
+                            .retry_delay
+                            .saturating_mul(1 << state.failures.min(16))
+                            .min(state.args.retry_max);
+                        state.not_before = Instant::now() + delay;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
