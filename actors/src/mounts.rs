@@ -310,6 +310,47 @@ impl Mounts {
         Ok(attr)
     }
 
+    /// Directory `path` of mount `m` (at or below its mount point), made in
+    /// the namespace with its missing parents, as directories of the UFS.
+    pub async fn ensure_dir(&self, ns: &Namespace, m: &MountInfo, path: &str) -> FsResult<Attr> {
+        let rel = m
+            .relative(path)
+            .ok_or_else(|| FsError::InvalidArgument(format!("{path} is not under {}", m.path)))?
+            .to_string();
+        let mut attr = ns.stat(&m.path, true).await?;
+        for name in rel.split('/').filter(|c| !c.is_empty()) {
+            if attr.kind != FileKind::Dir {
+                return Err(FsError::NotADirectory(path.to_string()));
+            }
+            attr = match ns.lookup(attr.ino, name).await {
+                Ok(entry) => ns.getattr(entry.ino).await?,
+                Err(FsError::NotFound(_)) => {
+                    let obj = UfsObject {
+                        name: name.to_string(),
+                        is_dir: true,
+                        len: 0,
+                        mtime_ns: 0,
+                        etag: String::new(),
+                    };
+                    self.adopt_object(ns, m, &attr, obj).await?
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(attr)
+    }
+
+    /// Records UFS files `objs` in directory `parent` (see `ShardMsg::UfsSync`).
+    pub async fn add_files(
+        &self,
+        ns: &Namespace,
+        m: &MountInfo,
+        parent: &Attr,
+        objs: Vec<UfsObject>,
+    ) -> FsResult<Vec<(String, Attr)>> {
+        self.sync_files(ns, m, parent, objs).await
+    }
+
     /// Whether directory `dir` was listed whole from the UFS recently
     /// enough that a name missing here is missing there too.
     fn listing_fresh(&self, m: &MountInfo, dir: &Attr) -> bool {

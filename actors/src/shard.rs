@@ -214,6 +214,17 @@ impl Actor for NamespaceShard {
             ShardMsg::JournalRead { limit, reply } => {
                 state.read(reply, move |s, t| s.journal_read(t, limit))
             }
+            ShardMsg::RecordPut { entries, reply } => {
+                state.write(reply, move |s, t| s.record_put(t, &entries))
+            }
+            ShardMsg::RecordScan {
+                prefix,
+                after,
+                limit,
+                reply,
+            } => state.read(reply, move |s, t| {
+                s.record_scan(t, &prefix, after.as_deref(), limit)
+            }),
             ShardMsg::JournalTrim { upto, reply } => {
                 state.write(reply, move |s, t| s.journal_trim(t, upto))
             }

@@ -1716,6 +1716,8 @@ const MOUNTS_KEY: &[u8] = b"mount_table";
 /// Journal entries of fs_mode mounts: this prefix ++ sequence (big-endian).
 const JOURNAL_PREFIX: &[u8] = b"ufsj/";
 const JOURNAL_SEQ_KEY: &[u8] = b"ufsj_seq";
+/// Records of node services (load jobs) kept in shard 0.
+const RECORD_PREFIX: &[u8] = b"rec/";
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
 const TABLE_COUNT: u8 = 11;
@@ -1753,7 +1755,8 @@ impl ShardStore {
                         && (key == MAP_KEY
                             || key == MOUNTS_KEY
                             || key == JOURNAL_SEQ_KEY
-                            || key.starts_with(JOURNAL_PREFIX)))
+                            || key.starts_with(JOURNAL_PREFIX)
+                            || key.starts_with(RECORD_PREFIX)))
             }
             OPS_TABLE => true,
             _ => key.first() == Some(&(self.shard as u8)),
@@ -2115,6 +2118,54 @@ impl ShardStore {
         Ok(seq)
     }
 
+    pub fn record_put(&self, wtxn: &mut RwTxn, entries: &[(Vec<u8>, Vec<u8>)]) -> FsResult<()> {
+        self.journal_check()?;
+        for (k, v) in entries {
+            let mut key = RECORD_PREFIX.to_vec();
+            key.extend_from_slice(k);
+            if v.is_empty() {
+                self.meta.delete(wtxn, &key).map_err(lmdb_err)?;
+            } else {
+                self.meta.put(wtxn, &key, v).map_err(lmdb_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn record_scan(
+        &self,
+        txn: &RoTxn,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> FsResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.journal_check()?;
+        let mut full = RECORD_PREFIX.to_vec();
+        full.extend_from_slice(prefix);
+        let mut out = Vec::new();
+        let start: Vec<u8> = match after {
+            Some(a) => [RECORD_PREFIX, a].concat(),
+            None => full.clone(),
+        };
+        let range = if after.is_some() {
+            (Bound::Excluded(&start[..]), Bound::Unbounded)
+        } else {
+            (Bound::Included(&start[..]), Bound::Unbounded)
+        };
+        for item in self.meta.range(txn, &range).map_err(lmdb_err)? {
+            let (k, v) = item.map_err(lmdb_err)?;
+            if !k.starts_with(&full) {
+                break;
+            }
+            let k = &k[RECORD_PREFIX.len()..];
+            out.push((k.to_vec(), v.to_vec()));
+            if out.len() >= limit as usize {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     pub fn journal_read(&self, txn: &RoTxn, limit: u32) -> FsResult<Vec<JournalEntry>> {
         self.journal_check()?;
         let mut out = Vec::new();
@@ -2254,14 +2305,16 @@ impl ShardStore {
             self.meta.delete(wtxn, MAP_KEY).map_err(lmdb_err)?;
             self.meta.delete(wtxn, MOUNTS_KEY).map_err(lmdb_err)?;
             self.meta.delete(wtxn, JOURNAL_SEQ_KEY).map_err(lmdb_err)?;
-            let keys: Vec<Vec<u8>> = self
-                .meta
-                .prefix_iter(wtxn, JOURNAL_PREFIX)
-                .map_err(lmdb_err)?
-                .map(|item| item.map(|(k, _)| k.to_vec()).map_err(lmdb_err))
-                .collect::<FsResult<_>>()?;
-            for k in keys {
-                self.meta.delete(wtxn, &k).map_err(lmdb_err)?;
+            for prefix in [JOURNAL_PREFIX, RECORD_PREFIX] {
+                let keys: Vec<Vec<u8>> = self
+                    .meta
+                    .prefix_iter(wtxn, prefix)
+                    .map_err(lmdb_err)?
+                    .map(|item| item.map(|(k, _)| k.to_vec()).map_err(lmdb_err))
+                    .collect::<FsResult<_>>()?;
+                for k in keys {
+                    self.meta.delete(wtxn, &k).map_err(lmdb_err)?;
+                }
             }
         }
         let start = [self.shard as u8];

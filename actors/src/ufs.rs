@@ -557,6 +557,82 @@ impl Ufs {
         Ok(UfsPage { entries, next })
     }
 
+    /// Up to `limit` objects anywhere below directory `rel` (files only,
+    /// with their paths relative to `rel`), continuing after `cursor`.
+    /// Stores that list in key order page; local directories are read
+    /// whole and sorted.
+    pub async fn list_tree_page(
+        &self,
+        rel: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> FsResult<(Vec<(String, UfsObject)>, Option<String>)> {
+        let dir = dir_key(rel);
+        let limit = limit.max(1);
+        let start_after = match (cursor, self.sorted_listing) {
+            (Some(c), true) if rel.is_empty() => Some(c.to_string()),
+            (Some(c), true) => Some(format!("{}/{c}", rel.trim_end_matches('/'))),
+            _ => None,
+        };
+        let mut lister = self
+            .op
+            .lister_options(
+                &dir,
+                ListOptions {
+                    limit: Some(self.opts.list_page.min(limit)),
+                    start_after,
+                    recursive: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| self.error("list", rel, e))?;
+        let mut out = Vec::new();
+        let mut more = false;
+        while let Some(entry) = lister.next().await {
+            let entry = entry.map_err(|e| self.error("list", rel, e))?;
+            if entry.metadata().is_dir() {
+                continue;
+            }
+            let Some(tail) = entry.path().strip_prefix(dir.trim_start_matches('/')) else {
+                continue;
+            };
+            let tail = tail.trim_start_matches('/').to_string();
+            if tail.is_empty()
+                || tail
+                    .split('/')
+                    .any(|c| c.is_empty() || c == "." || c == "..")
+                || (rel.is_empty() && tail.starts_with(UPLOAD_DIR))
+            {
+                continue;
+            }
+            if !self.sorted_listing {
+                if let Some(c) = cursor {
+                    if tail.as_str() <= c {
+                        continue;
+                    }
+                }
+            }
+            if self.sorted_listing && out.len() == limit {
+                more = true;
+                break;
+            }
+            let name = tail.rsplit('/').next().unwrap_or("").to_string();
+            out.push((tail, object(name, entry.metadata())));
+        }
+        if !self.sorted_listing {
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+            more = out.len() > limit;
+            out.truncate(limit);
+        }
+        let next = if more {
+            out.last().map(|(p, _)| p.clone())
+        } else {
+            None
+        };
+        Ok((out, next))
+    }
+
     /// The bytes `[offset, offset + len)` of the object at `rel`, as they
     /// arrive. With `etag`, a store that supports it refuses the read once
     /// the object changed (`Stale`).

@@ -64,6 +64,29 @@ enum Command {
     /// Remove the mount at a path (the UFS keeps its objects; what was
     /// cached of them is dropped).
     Umount { path: String },
+    /// Cache everything under a path of a mount (or a UFS location under a
+    /// mount's, s3://bucket/prefix/...) with a job spread over the nodes.
+    /// On a terminal it shows the job's progress until it ends (Ctrl-C
+    /// leaves the job running); elsewhere it prints the job id.
+    Load {
+        path: String,
+        /// Wait until the job ends (also when not on a terminal); exit 1 if
+        /// any file failed, listing them.
+        #[arg(long)]
+        wait: bool,
+        /// Skip files already cached whole and unchanged.
+        #[arg(long)]
+        no_overwrite: bool,
+    },
+    /// State and progress of a load job (all jobs without an id).
+    LoadStatus {
+        id: Option<String>,
+        /// Follow the job with a progress bar until it ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Stop a load job (what it cached so far stays cached).
+    CancelLoad { id: String },
 }
 
 #[derive(Args)]
@@ -416,6 +439,80 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match command {
         Command::Conf(_) => unreachable!("handled above"),
         Command::Mount(args) => run_mount(&client, args, props, json_out).await?,
+        Command::Load {
+            path,
+            wait,
+            no_overwrite,
+        } => {
+            let job = client
+                .call(curvine_messages::rpc::Load {
+                    path: path.clone(),
+                    no_overwrite,
+                })
+                .await
+                .map_err(|e| fail("load", &path, e))?;
+            let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            if !wait && !terminal {
+                if json_out {
+                    print_json(&job_json(&job));
+                } else {
+                    println!("load job {} started for {}", job.id, job.path);
+                }
+                return Ok(());
+            }
+            if terminal && !json_out {
+                eprintln!(
+                    "load job {} for {} (Ctrl-C leaves it running; see load-status {})",
+                    job.id, job.path, job.id
+                );
+            }
+            let job = follow_job(&client, &job.id, terminal && !json_out).await?;
+            finish_job(&job, json_out)?;
+        }
+        Command::LoadStatus { id, watch } => match id {
+            None => {
+                let jobs = client
+                    .call(curvine_messages::rpc::ListLoads)
+                    .await
+                    .map_err(|e| fail("load-status", "", e))?;
+                if json_out {
+                    print_json(&jobs.iter().map(job_json).collect::<Vec<_>>());
+                } else {
+                    for j in &jobs {
+                        println!("{}", job_line(j));
+                    }
+                }
+            }
+            Some(id) => {
+                let job = if watch {
+                    follow_job(&client, &id, !json_out).await?
+                } else {
+                    client
+                        .call(curvine_messages::rpc::LoadStatus { id: id.clone() })
+                        .await
+                        .map_err(|e| fail("load-status", &id, e))?
+                };
+                if json_out {
+                    print_json(&job_json(&job));
+                } else {
+                    println!("{}", job_line(&job));
+                    for (path, error) in &job.failures {
+                        println!("  failed: {path}: {error}");
+                    }
+                }
+            }
+        },
+        Command::CancelLoad { id } => {
+            let job = client
+                .call(curvine_messages::rpc::CancelLoad { id: id.clone() })
+                .await
+                .map_err(|e| fail("cancel-load", &id, e))?;
+            if json_out {
+                print_json(&job_json(&job));
+            } else {
+                println!("{}", job_line(&job));
+            }
+        }
         Command::Umount { path } => {
             let path = abs(&path)?;
             let m = client
@@ -925,6 +1022,124 @@ fn print_json<T: serde::Serialize>(value: &T) {
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
     );
+}
+
+fn job_json(j: &curvine_messages::mount::LoadJob) -> serde_json::Value {
+    json!({
+        "id": j.id, "path": j.path, "state": j.state.to_string(),
+        "files_total": j.files_total, "files_done": j.files_done,
+        "files_skipped": j.files_skipped, "files_failed": j.files_failed,
+        "bytes_total": j.bytes_total, "bytes_done": j.bytes_done,
+        "created_ns": j.created_ns, "updated_ns": j.updated_ns, "finished_ns": j.finished_ns,
+        "failures": j.failures.iter().map(|(p, e)| json!({"path": p, "error": e})).collect::<Vec<_>>(),
+        "error": j.error, "no_overwrite": j.no_overwrite,
+    })
+}
+
+fn job_line(j: &curvine_messages::mount::LoadJob) -> String {
+    let end = if j.finished_ns > 0 {
+        j.finished_ns
+    } else {
+        j.updated_ns
+    };
+    let secs = ((end - j.created_ns) as f64 / 1e9).max(0.001);
+    let mut line = format!(
+        "job {} {} {}: {}/{} files ({} skipped, {} failed), {} of {} in {:.1}s ({}/s)",
+        j.id,
+        j.path,
+        j.state,
+        j.files_done + j.files_skipped,
+        j.files_total,
+        j.files_skipped,
+        j.files_failed,
+        curvine_messages::human_bytes(j.bytes_done),
+        curvine_messages::human_bytes(j.bytes_total),
+        secs,
+        curvine_messages::human_bytes((j.bytes_done as f64 / secs) as u64),
+    );
+    if !j.error.is_empty() {
+        line.push_str(&format!("; {}", j.error));
+    }
+    line
+}
+
+/// Polls a job until it ends, with a progress bar when `bar` is set.
+async fn follow_job(
+    client: &Client,
+    id: &str,
+    bar: bool,
+) -> Result<curvine_messages::mount::LoadJob, Failure> {
+    let progress = bar.then(|| {
+        let p = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ) {
+            p.set_style(style.progress_chars("=> "));
+        }
+        p
+    });
+    loop {
+        let job = client
+            .call(curvine_messages::rpc::LoadStatus { id: id.to_string() })
+            .await
+            .map_err(|e| fail("load-status", id, e))?;
+        if let Some(p) = &progress {
+            p.set_length(job.bytes_total.max(1));
+            p.set_position(job.bytes_done.min(job.bytes_total));
+            p.set_message(format!(
+                "{} {}/{} files{}",
+                job.state,
+                job.files_done + job.files_skipped,
+                job.files_total,
+                if job.files_failed > 0 {
+                    format!(", {} failed", job.files_failed)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if job.state.finished() {
+            if let Some(p) = &progress {
+                p.finish_and_clear();
+            }
+            return Ok(job);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
+/// Prints a finished job; a job with failed files (or failed as a whole)
+/// is an error.
+fn finish_job(job: &curvine_messages::mount::LoadJob, json_out: bool) -> Result<(), Failure> {
+    use curvine_messages::mount::JobState;
+    if json_out {
+        print_json(&job_json(job));
+    } else {
+        println!("{}", job_line(job));
+        for (path, error) in &job.failures {
+            println!("  failed: {path}: {error}");
+        }
+        if job.files_failed as usize > job.failures.len() {
+            println!(
+                "  ... and {} more failed files",
+                job.files_failed as usize - job.failures.len()
+            );
+        }
+    }
+    let failure = |error: String| Failure {
+        what: format!("load {}", job.path),
+        error,
+        code: 1,
+    };
+    match job.state {
+        JobState::Done if job.files_failed == 0 => Ok(()),
+        JobState::Done => Err(failure(format!(
+            "{} of {} files failed",
+            job.files_failed, job.files_total
+        ))),
+        JobState::Cancelled => Err(failure("the job was cancelled".into())),
+        _ => Err(failure(job.error.clone())),
+    }
 }
 
 fn mount_json(m: &curvine_messages::mount::MountInfo) -> serde_json::Value {

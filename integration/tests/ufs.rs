@@ -465,3 +465,206 @@ fn fs_mode_failed_uploads_retry_and_survive_a_restart() {
         b"persist me"
     );
 }
+
+/// Puts `n` small objects (1-4KiB) under `dir/` and `big` objects of 3MiB
+/// plus a bit, 16 requests at a time; returns (name, content) of all.
+fn fill_bucket(ufs: &curvine_actors::ufs::Ufs, n: usize, big: usize) -> Vec<(String, Vec<u8>)> {
+    use futures::StreamExt;
+    let mut objects: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| {
+            (
+                format!("small/d{}/f{i:04}", i % 7),
+                random_bytes(1024 + (i * 37) % 3072, i as u64),
+            )
+        })
+        .collect();
+    for i in 0..big {
+        objects.push((
+            format!("large/l{i}"),
+            random_bytes(3 * 1024 * 1024 + 999 * i, 1000 + i as u64),
+        ));
+    }
+    runtime().block_on(async {
+        futures::stream::iter(objects.iter())
+            .map(|(name, data)| async move {
+                ufs.write_all(name, data.clone()).await.expect("put object");
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+    });
+    objects
+}
+
+/// Polls `load-status` until the job ends; returns its JSON.
+fn wait_job(node: &NodeProcess, id: &str, within: Duration) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let out = node.cli(&["--json", "load-status", id]);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if ["done", "failed", "cancelled"].contains(&v["state"].as_str().unwrap_or("")) {
+                return v;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job {id} did not end: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn job_progress(node: &NodeProcess, id: &str) -> u64 {
+    let out = node.cli(&["--json", "load-status", id]);
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .map(|v| v["files_done"].as_u64().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+#[test]
+fn load_spreads_over_the_nodes_and_survives_a_killed_node() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = curvine_integration::ProcessCluster::start(dir.path(), 3, &[]);
+    let loc = s3.location("load");
+    let ufs = s3.ufs(&loc);
+    let objects = fill_bucket(&ufs, 1000, 3);
+    let n0 = &cluster.nodes[0];
+    mount(n0, &s3, &loc, "/data", &["--block-size", "1MiB"]);
+    let started = n0.cli_ok(&["--json", "load", "/data"]);
+    let job: serde_json::Value = serde_json::from_str(started.trim()).unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    // Kill a node while the job runs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while job_progress(&cluster.nodes[0], &id) < 100 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job makes no progress"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.nodes[2].kill();
+    let n0 = &cluster.nodes[0];
+    let done = wait_job(n0, &id, Duration::from_secs(120));
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["files_total"], 1003, "{done}");
+    assert_eq!(done["files_failed"], 0, "{done}");
+    assert_eq!(done["files_done"], 1003, "{done}");
+    let total: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(done["bytes_total"], total, "{done}");
+    // Every file reads back whole (blocks on the dead node come from the UFS).
+    runtime().block_on(async {
+        let client = n0.client().await;
+        for (name, data) in objects
+            .iter()
+            .step_by(41)
+            .chain(objects.iter().rev().take(3))
+        {
+            let mut r = FileReader::open(&client, &format!("/data/{name}"))
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).await.unwrap();
+            assert!(out == *data, "{name} differs");
+        }
+    });
+    // The blocks were spread over the nodes.
+    let report = n0.cli_ok(&["--json", "report"]);
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let with_blocks = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["tiers"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["blocks"].as_u64() > Some(0)))
+        })
+        .count();
+    assert!(with_blocks >= 2, "blocks on {with_blocks} nodes: {report}");
+    // Loading again without overwrite skips everything cached and unchanged.
+    let again = n0.cli_ok(&[
+        "--json",
+        "load",
+        "--wait",
+        "--no-overwrite",
+        &format!("{loc}/small/d3"),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(again.trim()).unwrap();
+    assert_eq!(v["state"], "done", "{again}");
+    assert_eq!(v["files_total"], 143, "{again}");
+}
+
+#[test]
+fn a_load_job_resumes_after_its_node_restarts_and_reports_failures() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = node(dir.path());
+    let loc = s3.location("resume");
+    let ufs = s3.ufs(&loc);
+    let objects = fill_bucket(&ufs, 300, 2);
+    mount(&node, &s3, &loc, "/r", &["--block-size", "1MiB"]);
+    let started = node.cli_ok(&["--json", "load", "/r"]);
+    let id = serde_json::from_str::<serde_json::Value>(started.trim()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while job_progress(&node, &id) < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job makes no progress"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    node.kill();
+    node.restart(&[]);
+    let done = wait_job(&node, &id, Duration::from_secs(120));
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["files_total"], 302, "{done}");
+    assert_eq!(done["files_failed"], 0, "{done}");
+    let out = node.cli(&["fs", "cat", "/r/small/d0/f0000"]);
+    assert!(out.status.success());
+    assert!(out.stdout == objects[0].1, "content after the resumed load");
+    let missing = node.cli(&["load", "--wait", "/r/nothing-here"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stdout).contains("failed"),
+        "{missing:?}"
+    );
+
+    // A file that cannot be cached (no room) fails the job's --wait, named
+    // with its cause; the others load.
+    let small = NodeProcess::start(
+        &dir.path().join("small"),
+        &[
+            "-c",
+            &format!(
+                "data.tiers=[MEM:6MiB]{}",
+                dir.path().join("small-mem").display()
+            ),
+        ],
+    );
+    let loc2 = s3.location("noroom");
+    let ufs2 = s3.ufs(&loc2);
+    runtime().block_on(async {
+        ufs2.write_all("a", b"fits".to_vec()).await.unwrap();
+        ufs2.write_all("huge", random_bytes(9 * 1024 * 1024, 9))
+            .await
+            .unwrap();
+    });
+    mount(&small, &s3, &loc2, "/n", &["--block-size", "1MiB"]);
+    let out = small.cli(&["load", "--wait", "/n"]);
+    assert!(!out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("failed: /n/huge") && text.contains("no space"),
+        "{text}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of 2 files failed"),
+        "{out:?}"
+    );
+    assert_eq!(small.cli_ok(&["fs", "cat", "/n/a"]), "fits");
+}

@@ -171,6 +171,16 @@ pub struct PullBlock {
     pub token: crate::block::Token,
 }
 
+/// Part of a load job handed to a node: cache blocks `[from, to)` of the
+/// UFS file at `path` (inode `ino`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadPart {
+    pub path: String,
+    pub ino: u64,
+    pub from: u32,
+    pub to: u32,
+}
+
 /// What a new node learns from the cluster it joins.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JoinInfo {
@@ -218,6 +228,12 @@ pub enum PeerMsg {
         pull: PullBlock,
         reply: RpcReplyPort<FsResult<()>>,
     },
+    /// Cache part of a UFS file on this node (a load job's task); replies
+    /// with the bytes read from the UFS.
+    Load {
+        part: LoadPart,
+        reply: RpcReplyPort<FsResult<u64>>,
+    },
     /// A message that did not decode. Only ever built on the receiving side;
     /// the gateway logs it and answers the port with `Protocol`.
     Invalid {
@@ -236,6 +252,7 @@ impl PeerMsg {
             PeerMsg::Report(_) => "report",
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
             PeerMsg::Pull { .. } => "pull",
+            PeerMsg::Load { .. } => "load",
             PeerMsg::Invalid { .. } => "invalid",
         }
     }
@@ -290,6 +307,9 @@ impl ractor::Message for PeerMsg {
             ),
             PeerMsg::Pull { pull, reply } => {
                 call("pull", encode_peer("pull", &pull), bridge_out(reply))
+            }
+            PeerMsg::Load { part, reply } => {
+                call("load", encode_peer("load", &part), bridge_out(reply))
             }
             PeerMsg::Drain {
                 draining,
@@ -365,6 +385,13 @@ impl ractor::Message for PeerMsg {
                 "pull" => match decode_peer::<PullBlock>("pull", &args) {
                     Ok(pull) => PeerMsg::Pull {
                         pull,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "load" => match decode_peer::<LoadPart>("load", &args) {
+                    Ok(part) => PeerMsg::Load {
+                        part,
                         reply: bridge_in(reply),
                     },
                     Err(e) => invalid(e, Some(reply)),

@@ -232,6 +232,96 @@ pub struct UfsFile {
     pub etag: String,
 }
 
+/// Where a load job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Listing the UFS tree and recording its files.
+    Listing,
+    /// Caching the files.
+    Running,
+    /// Every file was tried (some may have failed: see `files_failed`).
+    Done,
+    /// The job could not go on (its listing failed, its mount is gone).
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn finished(self) -> bool {
+        matches!(
+            self,
+            JobState::Done | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            JobState::Listing => "listing",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// Failures a job keeps by name (the count goes on).
+pub const MAX_JOB_FAILURES: usize = 100;
+
+/// A load job: cache everything under a path of a mount. Kept in shard 0,
+/// so a restarted node resumes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadJob {
+    pub id: String,
+    /// The namespace path loaded.
+    pub path: String,
+    pub mount: u32,
+    pub state: JobState,
+    /// Skip files already cached whole and unchanged.
+    pub no_overwrite: bool,
+    pub created_ns: i64,
+    pub updated_ns: i64,
+    pub finished_ns: i64,
+    /// Where the listing goes on (a UFS key), while listing.
+    pub cursor: Option<String>,
+    /// Task records written so far.
+    pub tasks: u64,
+    pub files_total: u64,
+    pub files_done: u64,
+    pub files_skipped: u64,
+    pub files_failed: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    /// The first failures: path and error.
+    pub failures: Vec<(String, String)>,
+    /// Why the job failed as a whole.
+    pub error: String,
+}
+
+impl Versioned for LoadJob {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "load job";
+}
+
+/// One file of a load job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadTask {
+    pub n: u64,
+    pub path: String,
+    pub ino: u64,
+    pub size: u64,
+    pub done: bool,
+    pub attempts: u32,
+    pub error: Option<String>,
+}
+
+impl Versioned for LoadTask {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "load task";
+}
+
 /// Every mount, with a version that grows with each change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountTable {

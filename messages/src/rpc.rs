@@ -294,6 +294,31 @@ pub struct Umount {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ListMounts;
 
+/// Start a load job: cache everything under a path of a mount (or a UFS
+/// location under a mount's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    pub path: String,
+    /// Skip files already cached whole and unchanged.
+    pub no_overwrite: bool,
+}
+
+/// A load job's state and progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadStatus {
+    pub id: String,
+}
+
+/// Stop a load job (what it cached stays).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelLoad {
+    pub id: String,
+}
+
+/// Every load job the cluster keeps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListLoads;
+
 /// Nodes, shards and counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report;
@@ -467,6 +492,10 @@ calls! {
     Mount => crate::mount::MountInfo, Mounted;
     Umount => crate::mount::MountInfo, Mounted;
     ListMounts => Vec<crate::mount::MountInfo>, MountList;
+    Load => crate::mount::LoadJob, Job;
+    LoadStatus => crate::mount::LoadJob, Job;
+    CancelLoad => crate::mount::LoadJob, Job;
+    ListLoads => Vec<crate::mount::LoadJob>, Jobs;
 }
 
 /// Every reply.
@@ -492,6 +521,8 @@ pub enum Response {
     Decommissioned(DecommissionReport),
     Mounted(crate::mount::MountInfo),
     MountList(Vec<crate::mount::MountInfo>),
+    Job(crate::mount::LoadJob),
+    Jobs(Vec<crate::mount::LoadJob>),
 }
 
 impl Response {
@@ -517,6 +548,8 @@ impl Response {
             Response::Decommissioned(_) => "Decommissioned",
             Response::Mounted(_) => "Mounted",
             Response::MountList(_) => "MountList",
+            Response::Job(_) => "Job",
+            Response::Jobs(_) => "Jobs",
         }
     }
 }

@@ -475,6 +475,11 @@ shard_messages! {
             JournalRead { limit: u32 } -> Vec<JournalEntry>;
             /// Drops the journal entries up to `upto` (applied).
             JournalTrim { upto: u64 } -> ();
+            /// Writes records of the node's own services (load jobs) into
+            /// shard 0, under `rec/`; an empty value deletes the key.
+            RecordPut { entries: Vec<(Vec<u8>, Vec<u8>)> } -> ();
+            /// Up to `limit` records whose key starts with `prefix`, after `after`.
+            RecordScan { prefix: Vec<u8>, after: Option<Vec<u8>>, limit: u32 } -> Vec<(Vec<u8>, Vec<u8>)>;
             /// Gives up a block allocated by `UfsAddBlock` (the fill failed).
             UfsAbortBlock { ino: Ino, id: BlockId } -> ();
             /// Drops the cached blocks of a file whose content is in the UFS.
@@ -564,6 +569,8 @@ impl ShardMsg {
             ShardMsg::JournalAppend { .. } => "journal_append",
             ShardMsg::JournalRead { .. } => "journal_read",
             ShardMsg::JournalTrim { .. } => "journal_trim",
+            ShardMsg::RecordPut { .. } => "record_put",
+            ShardMsg::RecordScan { .. } => "record_scan",
         }
     }
 }

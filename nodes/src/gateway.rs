@@ -124,6 +124,16 @@ impl Actor for Gateway {
                     let _ = reply.send(result);
                 });
             }
+            PeerMsg::Load { part, reply } => {
+                let service = state.service();
+                tokio::spawn(async move {
+                    let result = match service {
+                        Ok(s) => s.load_part(&part).await,
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
             PeerMsg::Drain {
                 draining,
                 leave,

@@ -645,28 +645,35 @@ impl FileReader {
         };
         let node = candidates()
             .find(|n| self.client.data.is_local(n))
-            .or_else(|| candidates().next())
-            .ok_or_else(|| {
-                let failed: Vec<&String> = block
-                    .info
-                    .locs
-                    .iter()
-                    .filter(|id| self.failed.contains(&(index, (*id).clone())))
-                    .collect();
-                if failed.is_empty() {
-                    FsError::NodeDown(format!(
-                        "block {:#x} (index {index}) is only on node(s) {}, which are down",
-                        block.info.id,
-                        block.info.locs.join(", ")
-                    ))
-                } else {
-                    FsError::Io(format!(
-                        "block {:#x} (index {index}): every node holding it failed ({})",
-                        block.info.id,
-                        block.info.locs.join(", ")
-                    ))
-                }
-            })?;
+            .or_else(|| candidates().next());
+        if node.is_none() {
+            // Every copy is on a node that is down or failed: a UFS file
+            // reads the block from its object instead.
+            if let Some(src) = self.fill_source(index) {
+                return Ok(Some(src));
+            }
+        }
+        let node = node.ok_or_else(|| {
+            let failed: Vec<&String> = block
+                .info
+                .locs
+                .iter()
+                .filter(|id| self.failed.contains(&(index, (*id).clone())))
+                .collect();
+            if failed.is_empty() {
+                FsError::NodeDown(format!(
+                    "block {:#x} (index {index}) is only on node(s) {}, which are down",
+                    block.info.id,
+                    block.info.locs.join(", ")
+                ))
+            } else {
+                FsError::Io(format!(
+                    "block {:#x} (index {index}): every node holding it failed ({})",
+                    block.info.id,
+                    block.info.locs.join(", ")
+                ))
+            }
+        })?;
         Ok(Some(Source {
             node: node.clone(),
             token: block.token.clone(),

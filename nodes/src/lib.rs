@@ -8,6 +8,7 @@ pub mod gateway;
 pub mod identity;
 pub mod io;
 pub mod join;
+pub mod load;
 pub mod node;
 pub mod persist;
 pub mod server;

@@ -340,6 +340,10 @@ pub enum UfsLoaderMsg {
     Tick,
     /// A pass finished (`Err`: back off before the next).
     Done(Result<(), String>),
+    /// Load jobs to drive (found by a tick on the node serving shard 0).
+    Jobs(Vec<String>),
+    /// A load job's driver stopped.
+    JobEnded(String),
 }
 
 impl ractor::Message for UfsLoaderMsg {}
@@ -350,6 +354,9 @@ pub struct UfsLoaderState {
     last_sweep: Instant,
     not_before: Instant,
     failures: u32,
+    /// Load jobs driven by this node right now.
+    driving: std::collections::HashSet<String>,
+    looking: bool,
 }
 
 impl Actor for UfsLoader {
@@ -370,6 +377,8 @@ impl Actor for UfsLoader {
             last_sweep: Instant::now() - Duration::from_secs(24 * 3600),
             not_before: Instant::now(),
             failures: 0,
+            driving: Default::default(),
+            looking: false,
         })
     }
 
@@ -381,12 +390,20 @@ impl Actor for UfsLoader {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             UfsLoaderMsg::Tick => {
-                if state.running || Instant::now() < state.not_before {
-                    return Ok(());
-                }
                 let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {
                     return Ok(());
                 };
+                if !state.looking {
+                    state.looking = true;
+                    let (s, me) = (service.clone(), myself.clone());
+                    tokio::spawn(async move {
+                        let jobs = s.jobs_to_drive().await.unwrap_or_default();
+                        let _ = me.cast(UfsLoaderMsg::Jobs(jobs));
+                    });
+                }
+                if state.running || Instant::now() < state.not_before {
+                    return Ok(());
+                }
                 let sweep = state.last_sweep.elapsed() >= state.args.sweep;
                 if sweep {
                     state.last_sweep = Instant::now();
@@ -403,6 +420,28 @@ impl Actor for UfsLoader {
                     }
                     let _ = myself.cast(UfsLoaderMsg::Done(result.map_err(|e| e.to_string())));
                 });
+            }
+            UfsLoaderMsg::Jobs(jobs) => {
+                state.looking = false;
+                let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {
+                    return Ok(());
+                };
+                for id in jobs {
+                    if !state.driving.insert(id.clone()) {
+                        continue;
+                    }
+                    let (s, me, loaders) = (service.clone(), myself.clone(), state.args.loaders);
+                    tokio::spawn(async move {
+                        if let Err(e) = s.drive_load(&id, loaders).await {
+                            tracing::warn!(job = %id, error = %e, "load job stopped; it resumes");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        let _ = me.cast(UfsLoaderMsg::JobEnded(id));
+                    });
+                }
+            }
+            UfsLoaderMsg::JobEnded(id) => {
+                state.driving.remove(&id);
             }
             UfsLoaderMsg::Done(result) => {
                 state.running = false;

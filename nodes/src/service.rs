@@ -362,6 +362,10 @@ impl Service {
                 self.announce();
                 Response::Mounted(m.redacted())
             }
+            Request::Load(r) => Response::Job(self.start_load(&r.path, r.no_overwrite).await?),
+            Request::LoadStatus(r) => Response::Job(self.load_job(&r.id).await?),
+            Request::CancelLoad(r) => Response::Job(self.cancel_load(&r.id).await?),
+            Request::ListLoads(_) => Response::Jobs(self.load_jobs().await?),
             Request::ListMounts(_) => Response::MountList(
                 self.mounts
                     .refresh(&self.namespace)

@@ -163,10 +163,14 @@ impl Service {
                 }) {
                     Ok((f, tier)) => Some((id, f, tier)),
                     Err(e) => {
-                        // No room here: read through without caching.
-                        tracing::debug!(path, error = %e, "not caching a UFS block");
                         self.manager.cast(BlockMsg::Abort { block: id });
                         self.ufs_abort_block(ino, id).await;
+                        if always_cache {
+                            // A load must cache: no room is its failure.
+                            return Err(e);
+                        }
+                        // No room here: read through without caching.
+                        tracing::debug!(path, error = %e, "not caching a UFS block");
                         None
                     }
                 }
