@@ -192,6 +192,48 @@ def cluster_section(rows, meta):
     print()
 
 
+def ufs_section(rows, meta):
+    print("## B2: small files over S3 (client library)\n")
+    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+          f"`bench/run-ufs.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
+          "`bench/results/ufs.jsonl`")
+    print(f"- S3 server: {meta.get('s3_server', '?')} on loopback, credentials enforced; "
+          f"{meta.get('files', '?')} files of 60-140 KB; one node with a MEM tier; "
+          f"{meta.get('reps', '?')} repetitions, median shown")
+    print("- readers are tasks of one `curvine-bench` process reading whole files: "
+          "`direct` is a GET per file from S3 (every file once, random order); "
+          "`first read` is every file once through a fresh cache_mode mount (each read "
+          "goes to S3 and fills the cache); `warm` is "
+          f"{meta.get('reads', '?')} files picked at random once all are cached\n")
+
+    def med(label, phase, threads, key="files_per_sec"):
+        xs = [r[key] for r in rows if r.get("label") == label and r.get("phase") == phase
+              and r.get("threads") == threads]
+        return statistics.median(xs) if xs else None
+
+    print("| figure | readers | files/s | baseline: S3 direct files/s | ratio |")
+    print("|---|---|---|---|---|")
+    for t in (2, 8):
+        base = med("direct", "direct", t)
+        for title, phase in (("first read through the cache", "cold"), ("warm reads", "warm")):
+            v = med("cache", phase, t)
+            if v and base:
+                print(f"| {title} | {t} | {v:,.0f} | {base:,.0f} | {ratio(v, base)} |")
+    load = [r for r in rows if r.get("label") == "load"]
+    base = med("direct", "direct", 8)
+    base_mb = med("direct", "direct", 8, "mb_per_sec")
+    if load and base:
+        f = statistics.median(r["files_per_sec"] for r in load)
+        mb = statistics.median(r["mb_per_sec"] for r in load)
+        print(f"| load job (files/s) | {meta.get('files', '?')} files | {f:,.0f} | {base:,.0f} | {ratio(f, base)} |")
+        print(f"| load job (MB/s) | | {mb:,.1f} | {base_mb:,.1f} | {ratio(mb, base_mb)} |")
+    notes = os.path.join(HERE, "notes-ufs.md")
+    if os.path.exists(notes):
+        print()
+        print(open(notes).read().rstrip())
+    print()
+
+
 def main():
     header()
     rows, meta = load("data")
@@ -203,6 +245,9 @@ def main():
     rows, meta = load("cluster")
     if rows:
         cluster_section(rows, meta)
+    rows, meta = load("ufs")
+    if rows:
+        ufs_section(rows, meta)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ pub struct Mounts {
     check_interval: Duration,
     list_page: usize,
     refreshing: std::sync::atomic::AtomicBool,
+    /// Directories being listed from the UFS in the background.
+    syncing: Mutex<HashSet<Ino>>,
 }
 
 impl Mounts {
@@ -48,6 +50,7 @@ impl Mounts {
             check_interval: conf.check_interval.0,
             list_page: conf.list_page as usize,
             refreshing: std::sync::atomic::AtomicBool::new(false),
+            syncing: Mutex::new(HashSet::new()),
         })
     }
 
@@ -272,7 +275,16 @@ impl Mounts {
     /// The attributes of `path` under a cache_mode mount, bringing the UFS
     /// objects on its way into the namespace when they are not there yet.
     /// `NotFound` when neither has it.
-    pub async fn materialize(&self, ns: &Namespace, path: &str) -> FsResult<Attr> {
+    ///
+    /// A directory listed whole within the check interval answers a missing
+    /// name without asking the UFS, unless `ask_ufs` (before a name is
+    /// created, so an object put there since is never shadowed).
+    pub async fn materialize(
+        self: &Arc<Self>,
+        ns: &Arc<Namespace>,
+        path: &str,
+        ask_ufs: bool,
+    ) -> FsResult<Attr> {
         let path = curvine_messages::path::normalize(path, "/")?;
         let Some((m, rel)) = self.find(&path) else {
             return ns.stat(&path, true).await;
@@ -295,9 +307,18 @@ impl Mounts {
             attr = match ns.lookup(attr.ino, name).await {
                 Ok(entry) => ns.getattr(entry.ino).await?,
                 Err(FsError::NotFound(_)) => {
-                    if self.listing_fresh(&m, &attr) {
+                    if !ask_ufs && self.listing_fresh(&m, &attr) {
                         return Err(FsError::NotFound(path.clone()));
                     }
+                    // The rest of this directory is likely wanted too: list
+                    // it in the background, so later names need no request
+                    // of their own; this one is looked up now.
+                    let dir_path = if done.is_empty() {
+                        m.path.clone()
+                    } else {
+                        format!("{}/{done}", m.path.trim_end_matches('/'))
+                    };
+                    self.sync_in_background(ns, &m, &done, &attr, &dir_path);
                     match ufs.stat(&child_rel).await? {
                         None => return Err(FsError::NotFound(path.clone())),
                         Some(obj) => self.adopt_object(ns, &m, &attr, obj).await?,
@@ -550,6 +571,35 @@ impl Mounts {
         })
         .await?;
         Ok(())
+    }
+
+    /// Starts listing directory `dir` from the UFS in a task (one at a time
+    /// per directory).
+    fn sync_in_background(
+        self: &Arc<Self>,
+        ns: &Arc<Namespace>,
+        m: &MountInfo,
+        rel: &str,
+        dir: &Attr,
+        dir_path: &str,
+    ) {
+        if !self.syncing.lock().insert(dir.ino) {
+            return;
+        }
+        let (this, ns, m, rel, dir, dir_path) = (
+            self.clone(),
+            ns.clone(),
+            m.clone(),
+            rel.to_string(),
+            dir.clone(),
+            dir_path.to_string(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = this.sync_dir(&ns, &m, &rel, &dir, &dir_path).await {
+                tracing::debug!(dir = %dir_path, error = %e, "listing a directory from the UFS");
+            }
+            this.syncing.lock().remove(&dir.ino);
+        });
     }
 
     /// Whether a directory of a cache_mode mount should be listed from the

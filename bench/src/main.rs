@@ -12,6 +12,7 @@
 //! large-file throughput; see [`data`].
 
 mod data;
+mod small;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,6 +85,13 @@ struct Args {
     /// A label copied into the JSON output (to tell runs apart in reports).
     #[arg(long, default_value = "")]
     label: String,
+    /// UFS location of the small-file actions (ufs.put, ufs.read); its
+    /// properties are given with -c s3.*=...
+    #[arg(long)]
+    ufs: Option<String>,
+    /// Random reads of the warm phase of fs.small-read.
+    #[arg(long, default_value_t = 20_000)]
+    reads: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,9 +305,21 @@ async fn run_phase(
 }
 
 async fn connect(args: &Args) -> Result<Client, String> {
-    let mut loader =
-        Loader::standard(args.conf.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
-    if let Some(c) = &args.cluster {
+    connect_with(
+        args.conf.as_deref(),
+        args.cluster.as_deref(),
+        &args.overrides,
+    )
+    .await
+}
+
+async fn connect_with(
+    conf: Option<&str>,
+    cluster: Option<&str>,
+    overrides: &[String],
+) -> Result<Client, String> {
+    let mut loader = Loader::standard(conf, overrides).map_err(|e| e.to_string())?;
+    if let Some(c) = cluster {
         loader
             .flag("client.cluster", c, "--cluster")
             .map_err(|e| e.to_string())?;
@@ -311,6 +331,34 @@ async fn connect(args: &Args) -> Result<Client, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    if small::is_small_action(&args.action) {
+        let (props, overrides): (Vec<String>, Vec<String>) = args
+            .overrides
+            .iter()
+            .cloned()
+            .partition(|kv| kv.starts_with("s3."));
+        let client = if args.action == "fs.small-read" {
+            Some(connect_with(args.conf.as_deref(), args.cluster.as_deref(), &overrides).await?)
+        } else {
+            None
+        };
+        let params = small::Params {
+            action: args.action.clone(),
+            ufs: args.ufs.clone(),
+            props: props
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            dir: args.dir.clone(),
+            threads: args.client_threads,
+            files: args.file_num.unwrap_or(5000),
+            reads: args.reads,
+            json: args.json,
+            label: args.label.clone(),
+        };
+        return small::run(params, client).await;
+    }
     if let Some(action) = data::Action::parse(&args.action) {
         let size = |flag: &str, text: &str| {
             curvine_conf::ByteSize::parse(text).map_err(|e| format!("--{flag}: {e}"))

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use curvine_actors::mounts::Mounts;
-use curvine_actors::ufs::{Ufs, UfsObject};
+use curvine_actors::ufs::UfsObject;
 use curvine_messages::block::{
     block_crc, unit_crcs, Access, BlockInfo, BlockMsg, CHECKSUM_UNIT, MAX_CHUNK,
 };
@@ -20,6 +20,9 @@ use curvine_messages::shard::ShardMsg;
 use curvine_messages::{now_ns, shard_of, Attr, FileKind, FsError, FsResult, Ino};
 
 use crate::service::Service;
+
+/// A UFS client for tools (benchmarks): the same client the nodes use.
+pub use curvine_actors::ufs::{Ufs, UfsOptions, UfsUri};
 
 /// A chunk of a fill on its way to the reader: block offset, bytes, unit crcs.
 pub type FillChunk = FsResult<(u64, Vec<u8>, Vec<u32>)>;
@@ -489,7 +492,7 @@ impl Service {
     {
         match op().await {
             Err(FsError::NotFound(detail)) if self.cache_mount(path).is_some() => {
-                match self.mounts.materialize(&self.namespace, path).await {
+                match self.mounts.materialize(&self.namespace, path, false).await {
                     Ok(_) | Err(FsError::NotFound(_)) => op().await,
                     Err(e) => Err(e),
                 }
@@ -509,7 +512,7 @@ impl Service {
         if self.cache_mount(path).is_none() {
             return Ok(());
         }
-        match self.mounts.materialize(&self.namespace, path).await {
+        match self.mounts.materialize(&self.namespace, path, true).await {
             Ok(_) | Err(FsError::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
