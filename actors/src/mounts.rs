@@ -209,21 +209,8 @@ impl Mounts {
                 Ok((next, m))
             })
             .await?;
-        let state = UfsState {
-            mount: info.id,
-            len: 0,
-            mtime_ns: 0,
-            etag: String::new(),
-            checked_ns: 0,
-            persist: Persist::Synced,
-        };
-        let ino = point.ino;
-        ns.call(shard_of(ino), move |reply| ShardMsg::SetUfs {
-            ino,
-            ufs: Some(state.clone()),
-            reply,
-        })
-        .await?;
+        let state = UfsState::unlisted(info.id);
+        ns.set_ufs(point.ino, Some(state)).await?;
         self.clients.lock().insert(info.id, ufs);
         tracing::info!(path = %info.path, ufs = %info.ufs, mode = %info.write_type, id = info.id, "mounted");
         Ok(info)
@@ -258,13 +245,7 @@ impl Mounts {
                     }
                 }
             }
-            let ino = point.ino;
-            ns.call(shard_of(ino), move |reply| ShardMsg::SetUfs {
-                ino,
-                ufs: None,
-                reply,
-            })
-            .await?;
+            ns.set_ufs(point.ino, None).await?;
         }
         tracing::info!(path = %removed.path, ufs = %removed.ufs, "unmounted");
         Ok(removed)
@@ -416,14 +397,7 @@ impl Mounts {
                 checked_ns: 0,
                 persist: Persist::Synced,
             };
-            let ino = dir.ino;
-            return ns
-                .call(shard_of(ino), move |reply| ShardMsg::SetUfs {
-                    ino,
-                    ufs: Some(state.clone()),
-                    reply,
-                })
-                .await;
+            return ns.set_ufs(dir.ino, Some(state)).await;
         }
         let name = obj.name.clone();
         let synced = self.sync_files(ns, m, parent, vec![obj]).await?;
@@ -554,22 +528,9 @@ impl Mounts {
             }
             after = page.entries.last().map(|e| e.name.clone());
         }
-        let mut state = dir.ufs.clone().unwrap_or(UfsState {
-            mount: m.id,
-            len: 0,
-            mtime_ns: 0,
-            etag: String::new(),
-            checked_ns: 0,
-            persist: Persist::Synced,
-        });
+        let mut state = dir.ufs.clone().unwrap_or(UfsState::unlisted(m.id));
         state.checked_ns = started;
-        let ino = dir.ino;
-        ns.call(shard_of(ino), move |reply| ShardMsg::SetUfs {
-            ino,
-            ufs: Some(state.clone()),
-            reply,
-        })
-        .await?;
+        ns.set_ufs(dir.ino, Some(state)).await?;
         Ok(())
     }
 

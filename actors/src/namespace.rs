@@ -243,6 +243,20 @@ impl Namespace {
         }
     }
 
+    /// Sets (or clears) what inode `ino` mirrors of its UFS object.
+    pub async fn set_ufs(
+        &self,
+        ino: Ino,
+        ufs: Option<curvine_messages::mount::UfsState>,
+    ) -> FsResult<Attr> {
+        self.call(shard_of(ino), move |reply| ShardMsg::SetUfs {
+            ino,
+            ufs: ufs.clone(),
+            reply,
+        })
+        .await
+    }
+
     /// Calls the node serving `shard` (retrying until the request timeout).
     pub async fn call_shard<T: Send + 'static>(
         &self,

@@ -1009,15 +1009,9 @@ impl ShardStore {
         Ok((attr, block))
     }
 
-    /// Allocates block `index` of a file being written, renewing the lease.
-    pub fn add_block(
-        &self,
-        wtxn: &mut RwTxn,
-        ino: Ino,
-        handle: u64,
-        index: u32,
-    ) -> FsResult<BlockId> {
-        let mut attr = self.leased_file(wtxn, ino, handle)?;
+    /// A new block id for block `index` of `ino`, recorded as pending (freed
+    /// by the file's next completion unless committed).
+    fn alloc_pending_block(&self, wtxn: &mut RwTxn, ino: Ino, index: u32) -> FsResult<BlockId> {
         let id = self.alloc_ino(wtxn)?;
         let owner = BlockOwner {
             ino,
@@ -1030,6 +1024,19 @@ impl ShardStore {
         self.pending
             .put(wtxn, &key_pending(ino, id), &[])
             .map_err(lmdb_err)?;
+        Ok(id)
+    }
+
+    /// Allocates block `index` of a file being written, renewing the lease.
+    pub fn add_block(
+        &self,
+        wtxn: &mut RwTxn,
+        ino: Ino,
+        handle: u64,
+        index: u32,
+    ) -> FsResult<BlockId> {
+        let mut attr = self.leased_file(wtxn, ino, handle)?;
+        let id = self.alloc_pending_block(wtxn, ino, index)?;
         if let Some(lease) = attr.writing.as_mut() {
             lease.renewed_ns = now_ns();
         }
@@ -1991,19 +1998,7 @@ impl ShardStore {
         {
             return Ok(None);
         }
-        let id = self.alloc_ino(wtxn)?;
-        let owner = BlockOwner {
-            ino,
-            index,
-            pending: true,
-        };
-        self.owners
-            .put(wtxn, &key_ino(id), &encode_versioned(&owner))
-            .map_err(lmdb_err)?;
-        self.pending
-            .put(wtxn, &key_pending(ino, id), &[])
-            .map_err(lmdb_err)?;
-        Ok(Some(id))
+        Ok(Some(self.alloc_pending_block(wtxn, ino, index)?))
     }
 
     /// Records a cached block of a UFS file filled by `ufs_add_block`'s

@@ -153,3 +153,53 @@ fn data_actions_write_read_and_verify() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not hold what was written"));
 }
+
+#[test]
+fn small_file_actions_run_against_s3_and_a_mount() {
+    let Some(s3) = curvine_integration::TestS3::get() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let loc = s3.location("bench");
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin("curvine-bench"))
+            .args(["--cluster", &node.addr, "--ufs", &loc, "--file-num", "40"])
+            .args(["--reads", "60", "--client-threads", "3", "--json"])
+            .args(s3.props())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        phases(&String::from_utf8_lossy(&out.stdout))
+    };
+    let put = run(&["--action", "ufs.put"]);
+    assert_eq!(put[0]["files"], 40);
+    let direct = run(&["--action", "ufs.read"]);
+    assert_eq!(direct[0]["phase"], "direct");
+    let bytes = direct[0]["bytes"].as_u64().unwrap();
+    assert!(
+        (40 * 60_000..=40 * 140_000).contains(&bytes),
+        "{}",
+        direct[0]
+    );
+    let mut args: Vec<String> = vec!["mount".into(), loc.clone(), "/b2".into()];
+    args.extend(s3.props());
+    node.cli_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let cached = run(&["--action", "fs.small-read", "--dir", "/b2"]);
+    let phases: Vec<&str> = cached
+        .iter()
+        .map(|r| r["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["cold", "warm"]);
+    assert_eq!(
+        cached[0]["bytes"].as_u64(),
+        Some(bytes),
+        "every file read whole"
+    );
+    assert_eq!(cached[1]["files"], 60);
+}

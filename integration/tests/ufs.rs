@@ -446,6 +446,13 @@ fn fs_mode_failed_uploads_retry_and_survive_a_restart() {
     assert!(v["ufs"]["attempts"].as_u64().unwrap() >= 1, "{v}");
     let text = node.cli_ok(&["fs", "stat", "/local/blocker/f"]);
     assert!(text.contains("UFS: failed"), "{text}");
+    // Unmounting would drop the only copy: refused while it waits.
+    let out = node.cli(&["umount", "/local"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not persisted"),
+        "{err}"
+    );
     // The node dies with the file not persisted; its cached content stays.
     node.kill();
     std::fs::remove_file(ufs_dir.join("blocker")).unwrap();
@@ -464,6 +471,7 @@ fn fs_mode_failed_uploads_retry_and_survive_a_restart() {
         std::fs::read(ufs_dir.join("blocker/f")).unwrap(),
         b"persist me"
     );
+    node.cli_ok(&["umount", "/local"]);
 }
 
 /// Puts `n` small objects (1-4KiB) under `dir/` and `big` objects of 3MiB
@@ -655,7 +663,9 @@ fn a_load_job_resumes_after_its_node_restarts_and_reports_failures() {
             .unwrap();
     });
     mount(&small, &s3, &loc2, "/n", &["--block-size", "1MiB"]);
-    let out = small.cli(&["load", "--wait", "/n"]);
+    // `a` first, so the big one cannot take its room.
+    small.cli_ok(&["load", "--wait", "/n/a"]);
+    let out = small.cli(&["load", "--wait", "--no-overwrite", "/n"]);
     assert!(!out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

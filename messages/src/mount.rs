@@ -206,6 +206,26 @@ impl UfsState {
         }
     }
 
+    /// A directory of the UFS not listed yet.
+    pub fn unlisted(mount: u32) -> UfsState {
+        UfsState {
+            mount,
+            len: 0,
+            mtime_ns: 0,
+            etag: String::new(),
+            checked_ns: 0,
+            persist: Persist::Synced,
+        }
+    }
+
+    /// A file written here, waiting to be persisted since `now_ns`.
+    pub fn pending(mount: u32, now_ns: i64) -> UfsState {
+        UfsState {
+            persist: Persist::Pending { since_ns: now_ns },
+            ..UfsState::unlisted(mount)
+        }
+    }
+
     /// Whether the UFS object `(len, mtime_ns, etag)` is the one cached.
     pub fn matches(&self, len: u64, mtime_ns: i64, etag: &str) -> bool {
         self.len == len && self.mtime_ns == mtime_ns && self.etag == etag

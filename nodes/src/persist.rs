@@ -163,21 +163,9 @@ impl Service {
                     Ok(()) => Ok(()),
                     Err(FsError::NotFound(_)) => {
                         // Nothing under the old name: upload under the new one.
-                        let state = UfsState {
-                            mount: m.id,
-                            len: 0,
-                            mtime_ns: 0,
-                            etag: String::new(),
-                            checked_ns: 0,
-                            persist: Persist::Pending { since_ns: now_ns() },
-                        };
-                        let ino = target.ino;
+                        let state = UfsState::pending(m.id, now_ns());
                         self.namespace
-                            .call_shard(shard_of(ino), move |reply| ShardMsg::SetUfs {
-                                ino,
-                                ufs: Some(state.clone()),
-                                reply,
-                            })
+                            .set_ufs(target.ino, Some(state))
                             .await
                             .map(|_| ())
                     }
@@ -249,6 +237,77 @@ impl Service {
         }
     }
 
+    /// The files below directory `root` that `keep` picks, with their paths.
+    pub async fn files_under(
+        &self,
+        root: &str,
+        keep: impl Fn(&curvine_messages::Attr) -> bool,
+    ) -> FsResult<Vec<(String, curvine_messages::Attr)>> {
+        let mut out = Vec::new();
+        let mut dirs = vec![root.to_string()];
+        while let Some(dir) = dirs.pop() {
+            let mut after = None;
+            loop {
+                let page = match self.namespace.list(&dir, after.clone(), 1024).await {
+                    Ok(p) => p,
+                    Err(FsError::NotFound(_)) => break,
+                    Err(e) => return Err(e),
+                };
+                for e in &page.entries {
+                    let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
+                    match e.attr.kind {
+                        FileKind::Dir => dirs.push(path),
+                        FileKind::File if keep(&e.attr) => out.push((path, e.attr.clone())),
+                        _ => {}
+                    }
+                }
+                if !page.more {
+                    break;
+                }
+                after = page.entries.last().map(|e| e.name.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Refuses to unmount an fs_mode mount whose content is not all in its
+    /// UFS yet (unmounting drops what the cluster holds of it).
+    pub async fn check_umount(&self, path: &str) -> FsResult<()> {
+        let path = curvine_messages::path::normalize(path, "/")?;
+        let table = self.mounts.refresh(&self.namespace).await?;
+        let Some(m) = table.mounts.iter().find(|m| m.path == path) else {
+            return Ok(());
+        };
+        if m.write_type != WriteType::FsMode {
+            return Ok(());
+        }
+        let journal: Vec<JournalEntry> = self
+            .namespace
+            .call_shard(0, |reply| ShardMsg::JournalRead {
+                limit: JOURNAL_BATCH,
+                reply,
+            })
+            .await?;
+        let queued = journal.iter().filter(|e| e.mount == m.id).count();
+        let waiting_files = self
+            .files_under(&m.path, |a| {
+                a.writing.is_some() || a.ufs.as_ref().is_none_or(|u| u.persist != Persist::Synced)
+            })
+            .await?;
+        let waiting = waiting_files.len();
+        let example = waiting_files
+            .first()
+            .map(|(p, _)| p.clone())
+            .unwrap_or_default();
+        if waiting > 0 || queued > 0 {
+            return Err(FsError::Busy(format!(
+                "{path} is an fs_mode mount with {waiting} file(s) not persisted yet (e.g. {}) and {queued} change(s) to replay; `fs stat` shows why; unmount when they are persisted",
+                if example.is_empty() { "-" } else { &example }
+            )));
+        }
+        Ok(())
+    }
+
     /// Walks every fs_mode mount for files still waiting past the grace
     /// period, or failed and due again, and persists them.
     pub async fn persist_sweep(
@@ -269,50 +328,26 @@ impl Service {
             .iter()
             .filter(|m| m.write_type == WriteType::FsMode)
         {
-            let mut dirs = vec![m.path.clone()];
-            while let Some(dir) = dirs.pop() {
-                let mut after = None;
-                loop {
-                    let page = match self.namespace.list(&dir, after.clone(), 1024).await {
-                        Ok(p) => p,
-                        Err(FsError::NotFound(_)) => break,
-                        Err(e) => return Err(e),
-                    };
-                    for e in &page.entries {
-                        let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
-                        match e.attr.kind {
-                            FileKind::Dir => dirs.push(path),
-                            FileKind::File => {
-                                let due = match e.attr.ufs.as_ref().map(|u| &u.persist) {
-                                    Some(Persist::Pending { since_ns }) => {
-                                        now - since_ns > SWEEP_GRACE.as_nanos() as i64
-                                    }
-                                    Some(Persist::Failed { next_ns, .. }) => *next_ns <= now,
-                                    _ => false,
-                                };
-                                if due && e.attr.writing.is_none() {
-                                    found += 1;
-                                    let permit = slots
-                                        .clone()
-                                        .acquire_owned()
-                                        .await
-                                        .expect("open semaphore");
-                                    let this = self.clone();
-                                    let ino = e.attr.ino;
-                                    uploads.spawn(async move {
-                                        this.persist_file(&path, ino, retry).await;
-                                        drop(permit);
-                                    });
-                                }
+            let due = self
+                .files_under(&m.path, |a| {
+                    a.writing.is_none()
+                        && match a.ufs.as_ref().map(|u| &u.persist) {
+                            Some(Persist::Pending { since_ns }) => {
+                                now - since_ns > SWEEP_GRACE.as_nanos() as i64
                             }
-                            FileKind::Symlink => {}
+                            Some(Persist::Failed { next_ns, .. }) => *next_ns <= now,
+                            _ => false,
                         }
-                    }
-                    if !page.more {
-                        break;
-                    }
-                    after = page.entries.last().map(|e| e.name.clone());
-                }
+                })
+                .await?;
+            for (path, attr) in due {
+                found += 1;
+                let permit = slots.clone().acquire_owned().await.expect("open semaphore");
+                let this = self.clone();
+                uploads.spawn(async move {
+                    this.persist_file(&path, attr.ino, retry).await;
+                    drop(permit);
+                });
             }
         }
         while uploads.join_next().await.is_some() {}

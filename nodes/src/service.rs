@@ -358,6 +358,7 @@ impl Service {
             Request::Decommission(r) => Response::Decommissioned(self.decommission(&r.node).await?),
             Request::Mount(r) => Response::Mounted(self.mount(r).await?.redacted()),
             Request::Umount(r) => {
+                self.check_umount(&r.path).await?;
                 let m = self.mounts.umount(&self.namespace, &r.path).await?;
                 self.announce();
                 Response::Mounted(m.redacted())

@@ -74,10 +74,14 @@ impl Service {
                 "{path}: its content is not in the UFS yet"
             )));
         }
-        let (mount, rel) = self
-            .mount_of(path)
-            .filter(|(m, _)| m.id == state.mount)
-            .ok_or_else(|| FsError::Stale(format!("{path}: its mount is gone")))?;
+        let mut found = self.mount_of(path).filter(|(m, _)| m.id == state.mount);
+        if found.is_none() {
+            // This node may not have heard of the mount yet.
+            self.mounts.refresh(&self.namespace).await?;
+            found = self.mount_of(path).filter(|(m, _)| m.id == state.mount);
+        }
+        let (mount, rel) =
+            found.ok_or_else(|| FsError::Stale(format!("{path}: its mount is gone")))?;
         let ufs = self.mounts.client(&mount)?;
         let expect = UfsFile {
             name: String::new(),
@@ -538,13 +542,7 @@ impl Service {
     }
 
     async fn set_ufs(&self, ino: Ino, state: Option<UfsState>) -> FsResult<Attr> {
-        self.namespace
-            .call_shard(shard_of(ino), move |reply| ShardMsg::SetUfs {
-                ino,
-                ufs: state.clone(),
-                reply,
-            })
-            .await
+        self.namespace.set_ufs(ino, state).await
     }
 
     pub async fn ufs_stat(&self, path: &str) -> FsResult<Attr> {
@@ -832,14 +830,7 @@ impl Service {
         if m.write_type == WriteType::FsMode {
             // Waiting to be persisted, recorded with the close itself: a
             // crash right after still leaves the file to persist.
-            let state = UfsState {
-                mount: m.id,
-                len: 0,
-                mtime_ns: 0,
-                etag: String::new(),
-                checked_ns: 0,
-                persist: Persist::Pending { since_ns: now_ns() },
-            };
+            let state = UfsState::pending(m.id, now_ns());
             let attr = ns
                 .complete_file_ufs(r.ino, r.handle, r.size, r.blocks, Some(state))
                 .await?;
