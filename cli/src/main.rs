@@ -100,7 +100,8 @@ struct MountArgs {
     /// fs_mode: the cluster is (writes are persisted in the background).
     #[arg(long, default_value = "cache_mode", value_name = "cache_mode|fs_mode")]
     write_type: String,
-    /// Drop cached data not read for this long (e.g. 7d); the UFS keeps it.
+    /// Drop cached data this long after it was read from (or last checked
+    /// against) the UFS (e.g. 7d); the UFS keeps it.
     #[arg(long, value_name = "DURATION")]
     ttl: Option<String>,
     /// Trust a cached file this long before checking its UFS object again

@@ -678,3 +678,41 @@ fn a_load_job_resumes_after_its_node_restarts_and_reports_failures() {
     );
     assert_eq!(small.cli_ok(&["fs", "cat", "/n/a"]), "fits");
 }
+
+#[test]
+fn cached_data_expires_after_the_mount_ttl() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &["-c", "ufs.persist_sweep=500ms"]);
+    let loc = s3.location("ttl");
+    let ufs = s3.ufs(&loc);
+    let data = random_bytes(200_000, 4);
+    runtime()
+        .block_on(ufs.write_all("f", data.clone()))
+        .unwrap();
+    mount(&node, &s3, &loc, "/t", &["--ttl", "2s"]);
+    let got = dir.path().join("got");
+    node.cli_ok(&["fs", "get", "/t/f", got.to_str().unwrap()]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !node
+        .cli_ok(&["fs", "blocks", "/t/f"])
+        .contains("in 1 blocks")
+    {
+        assert!(std::time::Instant::now() < deadline, "never cached");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Dropped after the ttl; the file stays and reads from the UFS again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !node
+        .cli_ok(&["fs", "blocks", "/t/f"])
+        .contains("in 0 blocks")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cached data never expired"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    node.cli_ok(&["fs", "get", "/t/f", got.to_str().unwrap()]);
+    assert!(std::fs::read(&got).unwrap() == data);
+}

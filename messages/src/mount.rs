@@ -60,7 +60,8 @@ pub struct MountInfo {
     pub write_type: WriteType,
     /// `-c key=value` properties (credentials, endpoint).
     pub props: BTreeMap<String, String>,
-    /// Cached data not read for this long is dropped (kept in the UFS); 0: never.
+    /// Cached data is dropped this long after it was read from (or last
+    /// checked against) the UFS; the UFS keeps it. 0: never.
     pub ttl_ms: u64,
     /// How long a cache_mode file is trusted before the UFS object is
     /// checked again; `None`: the node's `ufs.check_interval`.

@@ -351,7 +351,44 @@ impl Service {
             }
         }
         while uploads.join_next().await.is_some() {}
+        self.expire_cached(&table).await?;
         Ok(found)
+    }
+
+    /// Drops the cached blocks of files of mounts with a `--ttl` whose data
+    /// was read from (or last checked against) the UFS longer ago than it.
+    async fn expire_cached(&self, table: &curvine_messages::mount::MountTable) -> FsResult<()> {
+        let now = now_ns();
+        for m in table.mounts.iter().filter(|m| m.ttl_ms > 0) {
+            let ttl = (m.ttl_ms as i64).saturating_mul(1_000_000);
+            let old = self
+                .files_under(&m.path, |a| {
+                    a.writing.is_none()
+                        && a.ufs.as_ref().is_some_and(|u| {
+                            u.persist == Persist::Synced && now - u.checked_ns > ttl
+                        })
+                })
+                .await?;
+            for (path, attr) in old {
+                let (_, blocks) = self.namespace.file_blocks_ino(attr.ino).await?;
+                if blocks.is_empty() {
+                    continue;
+                }
+                let ino = attr.ino;
+                match self
+                    .namespace
+                    .call_shard(shard_of(ino), move |reply| ShardMsg::UfsEvict {
+                        ino,
+                        reply,
+                    })
+                    .await
+                {
+                    Ok(n) => tracing::debug!(path, blocks = n, "cached data expired (mount ttl)"),
+                    Err(e) => tracing::debug!(path, error = %e, "expiring cached data"),
+                }
+            }
+        }
+        Ok(())
     }
 }
 
