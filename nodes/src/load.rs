@@ -25,6 +25,8 @@ use crate::service::Service;
 const LIST_PAGE: usize = 1000;
 /// Tries of a file before it counts as failed.
 const ATTEMPTS: u32 = 3;
+/// How long a finished job stays listed by `load-status`.
+const JOB_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn job_key(id: &str) -> Vec<u8> {
     format!("job/{id}").into_bytes()
@@ -161,13 +163,34 @@ impl Service {
         if self.view.map().owner(0) != Some(self.node_id()) {
             return Ok(Vec::new());
         }
-        Ok(self
-            .load_jobs()
-            .await?
-            .into_iter()
-            .filter(|j| !j.state.finished())
-            .map(|j| j.id)
-            .collect())
+        let mut drive = Vec::new();
+        let mut expired = Vec::new();
+        let now = now_ns();
+        for j in self.load_jobs().await? {
+            if !j.state.finished() {
+                drive.push(j.id);
+            } else if now - j.finished_ns > JOB_KEPT.as_nanos() as i64 {
+                self.drop_tasks(&j.id).await?;
+                expired.push((job_key(&j.id), Vec::new()));
+            }
+        }
+        if !expired.is_empty() {
+            self.records_put(expired).await?;
+        }
+        Ok(drive)
+    }
+
+    /// Deletes a finished job's task records (its record keeps the counts
+    /// and the first failures).
+    async fn drop_tasks(&self, id: &str) -> FsResult<()> {
+        loop {
+            let page = self.records_scan(task_prefix(id), None, 1024).await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            self.records_put(page.into_iter().map(|(k, _)| (k, Vec::new())).collect())
+                .await?;
+        }
     }
 
     /// Runs job `id` to its end (from wherever it stands).
@@ -193,6 +216,9 @@ impl Service {
         }
         if job.state == JobState::Running {
             self.run_job(&mut job, loaders).await?;
+        }
+        if self.load_job(id).await?.state.finished() {
+            self.drop_tasks(id).await?;
         }
         Ok(())
     }
