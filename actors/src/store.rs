@@ -1099,20 +1099,7 @@ impl ShardStore {
                     self.free_block(wtxn, old.id, old.locs)?;
                 }
             }
-            self.blocks
-                .put(wtxn, &key, &encode_versioned(b))
-                .map_err(lmdb_err)?;
-            let owner = BlockOwner {
-                ino,
-                index: b.index,
-                pending: false,
-            };
-            self.owners
-                .put(wtxn, &key_ino(b.id), &encode_versioned(&owner))
-                .map_err(lmdb_err)?;
-            self.pending
-                .delete(wtxn, &key_pending(ino, b.id))
-                .map_err(lmdb_err)?;
+            self.record_block(wtxn, ino, b)?;
         }
         self.free_pending(wtxn, ino)?;
         if size < attr.size {
@@ -2037,8 +2024,14 @@ impl ShardStore {
             self.free_block(wtxn, info.id, info.locs.clone())?;
             return Ok(false);
         }
+        self.record_block(wtxn, ino, info)?;
+        Ok(true)
+    }
+
+    /// Makes pending block `info` block `info.index` of file `ino`.
+    fn record_block(&self, wtxn: &mut RwTxn, ino: Ino, info: &BlockInfo) -> FsResult<()> {
         self.blocks
-            .put(wtxn, &key, &encode_versioned(info))
+            .put(wtxn, &key_block(ino, info.index), &encode_versioned(info))
             .map_err(lmdb_err)?;
         let owner = BlockOwner {
             ino,
@@ -2048,7 +2041,10 @@ impl ShardStore {
         self.owners
             .put(wtxn, &key_ino(info.id), &encode_versioned(&owner))
             .map_err(lmdb_err)?;
-        Ok(true)
+        self.pending
+            .delete(wtxn, &key_pending(ino, info.id))
+            .map(|_| ())
+            .map_err(lmdb_err)
     }
 
     /// Stores the outcome of persisting `ino` while it still waits with

@@ -475,6 +475,22 @@ impl Ufs {
         }
     }
 
+    /// The key a store that lists in key order starts after, for `cursor`
+    /// in directory `rel`.
+    fn start_after(&self, rel: &str, cursor: Option<&str>) -> Option<String> {
+        match (cursor, self.sorted_listing) {
+            (Some(c), true) if rel.is_empty() => Some(c.to_string()),
+            (Some(c), true) => Some(format!("{}/{c}", rel.trim_end_matches('/'))),
+            _ => None,
+        }
+    }
+
+    /// Whether a store read whole (not in key order) already returned `key`
+    /// on an earlier page.
+    fn seen_before(&self, key: &str, cursor: Option<&str>) -> bool {
+        !self.sorted_listing && cursor.is_some_and(|c| key <= c)
+    }
+
     /// Up to `limit` entries of directory `rel`, continuing after `cursor`
     /// (the previous page's [`UfsPage::next`]). Stores that list in key
     /// order (S3) are asked one page at a time and their order is kept;
@@ -488,11 +504,7 @@ impl Ufs {
     ) -> FsResult<UfsPage> {
         let dir = dir_key(rel);
         let limit = limit.max(1);
-        let start_after = match (cursor, self.sorted_listing) {
-            (Some(c), true) if rel.is_empty() => Some(c.to_string()),
-            (Some(c), true) => Some(format!("{rel}/{c}")),
-            _ => None,
-        };
+        let start_after = self.start_after(rel, cursor);
         let mut lister = match self
             .op
             .lister_options(
@@ -527,12 +539,8 @@ impl Ufs {
             {
                 continue;
             }
-            if !self.sorted_listing {
-                if let Some(c) = cursor {
-                    if name.as_str() <= c {
-                        continue;
-                    }
-                }
+            if self.seen_before(&name, cursor) {
+                continue;
             }
             if self.sorted_listing && entries.len() == limit {
                 more = true;
@@ -569,11 +577,7 @@ impl Ufs {
     ) -> FsResult<(Vec<(String, UfsObject)>, Option<String>)> {
         let dir = dir_key(rel);
         let limit = limit.max(1);
-        let start_after = match (cursor, self.sorted_listing) {
-            (Some(c), true) if rel.is_empty() => Some(c.to_string()),
-            (Some(c), true) => Some(format!("{}/{c}", rel.trim_end_matches('/'))),
-            _ => None,
-        };
+        let start_after = self.start_after(rel, cursor);
         let mut lister = self
             .op
             .lister_options(
@@ -606,12 +610,8 @@ impl Ufs {
             {
                 continue;
             }
-            if !self.sorted_listing {
-                if let Some(c) = cursor {
-                    if tail.as_str() <= c {
-                        continue;
-                    }
-                }
+            if self.seen_before(&tail, cursor) {
+                continue;
             }
             if self.sorted_listing && out.len() == limit {
                 more = true;

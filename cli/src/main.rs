@@ -1250,17 +1250,21 @@ async fn run_mount(
         .map_err(|e| fail("mount", &path, e))?;
     let (uid, gid) = curvine_node::client::current_owner();
     let request = curvine_messages::rpc::Mount {
-        ufs: ufs.clone(),
-        path: path.clone(),
-        write_type,
-        props,
-        ttl_ms: dur("--ttl", &args.ttl)?.unwrap_or(0),
-        check_interval_ms: dur("--check-interval", &args.check_interval)?,
-        read_verify_ufs: args.read_verify_ufs,
-        auto_cache: !args.no_auto_cache,
-        replicas: args.replicas,
-        block_size,
-        storage,
+        info: curvine_messages::mount::MountInfo {
+            id: 0,
+            path: path.clone(),
+            ufs: ufs.clone(),
+            write_type,
+            props,
+            ttl_ms: dur("--ttl", &args.ttl)?.unwrap_or(0),
+            check_interval_ms: dur("--check-interval", &args.check_interval)?,
+            read_verify_ufs: args.read_verify_ufs,
+            auto_cache: !args.no_auto_cache,
+            replicas: args.replicas,
+            block_size,
+            storage,
+            created_ns: 0,
+        },
         uid,
         gid,
     };

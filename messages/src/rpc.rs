@@ -268,18 +268,9 @@ pub struct FileBlocks {
 /// Mount a UFS location at a namespace path.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mount {
-    /// `s3://bucket/prefix` or `file:///dir`.
-    pub ufs: String,
-    pub path: String,
-    pub write_type: crate::mount::WriteType,
-    pub props: std::collections::BTreeMap<String, String>,
-    pub ttl_ms: u64,
-    pub check_interval_ms: Option<u64>,
-    pub read_verify_ufs: bool,
-    pub auto_cache: bool,
-    pub replicas: Option<u16>,
-    pub block_size: Option<u64>,
-    pub storage: Option<TierKind>,
+    /// The mount (its `id` and `created_ns` are set by the cluster).
+    pub info: crate::mount::MountInfo,
+    /// Owner of the mount point when it is created.
     pub uid: u32,
     pub gid: u32,
 }

@@ -160,7 +160,7 @@ impl Service {
 
     /// Jobs this node should drive: unfinished ones, when it serves shard 0.
     pub async fn jobs_to_drive(&self) -> FsResult<Vec<String>> {
-        if self.view.map().owner(0) != Some(self.node_id()) {
+        if !self.serves_journal() {
             return Ok(Vec::new());
         }
         let mut drive = Vec::new();

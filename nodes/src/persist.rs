@@ -40,8 +40,35 @@ impl Service {
         }
     }
 
-    fn serves_journal(&self) -> bool {
+    /// Whether this node serves shard 0 (the journal and load jobs live there).
+    pub(crate) fn serves_journal(&self) -> bool {
         self.view.map().owner(0) == Some(self.node_id())
+    }
+
+    async fn read_journal(&self) -> FsResult<Vec<JournalEntry>> {
+        self.namespace
+            .call_shard(0, |reply| ShardMsg::JournalRead {
+                limit: JOURNAL_BATCH,
+                reply,
+            })
+            .await
+    }
+
+    /// Persists a file in a task of `uploads` once one of `slots` is free.
+    async fn spawn_persist(
+        self: &Arc<Self>,
+        uploads: &mut JoinSet<()>,
+        slots: &Arc<Semaphore>,
+        path: String,
+        ino: Ino,
+        retry: (Duration, Duration),
+    ) {
+        let permit = slots.clone().acquire_owned().await.expect("open semaphore");
+        let this = self.clone();
+        uploads.spawn(async move {
+            this.persist_file(&path, ino, retry).await;
+            drop(permit);
+        });
     }
 
     /// One pass: applies what the journal holds (on the node serving shard 0).
@@ -53,13 +80,7 @@ impl Service {
         if !self.serves_journal() {
             return Ok(0);
         }
-        let entries: Vec<JournalEntry> = self
-            .namespace
-            .call_shard(0, |reply| ShardMsg::JournalRead {
-                limit: JOURNAL_BATCH,
-                reply,
-            })
-            .await?;
+        let entries = self.read_journal().await?;
         if entries.is_empty() {
             return Ok(0);
         }
@@ -75,12 +96,8 @@ impl Service {
             };
             match entry.op {
                 UfsOp::Put { path, ino } => {
-                    let permit = slots.clone().acquire_owned().await.expect("open semaphore");
-                    let this = self.clone();
-                    uploads.spawn(async move {
-                        this.persist_file(&path, ino, retry).await;
-                        drop(permit);
-                    });
+                    self.spawn_persist(&mut uploads, &slots, path, ino, retry)
+                        .await;
                 }
                 op => {
                     // Deletes and renames wait for the uploads before them.
@@ -281,13 +298,7 @@ impl Service {
         if m.write_type != WriteType::FsMode {
             return Ok(());
         }
-        let journal: Vec<JournalEntry> = self
-            .namespace
-            .call_shard(0, |reply| ShardMsg::JournalRead {
-                limit: JOURNAL_BATCH,
-                reply,
-            })
-            .await?;
+        let journal = self.read_journal().await?;
         let queued = journal.iter().filter(|e| e.mount == m.id).count();
         let waiting_files = self
             .files_under(&m.path, |a| {
@@ -342,12 +353,8 @@ impl Service {
                 .await?;
             for (path, attr) in due {
                 found += 1;
-                let permit = slots.clone().acquire_owned().await.expect("open semaphore");
-                let this = self.clone();
-                uploads.spawn(async move {
-                    this.persist_file(&path, attr.ino, retry).await;
-                    drop(permit);
-                });
+                self.spawn_persist(&mut uploads, &slots, path, attr.ino, retry)
+                    .await;
             }
         }
         while uploads.join_next().await.is_some() {}

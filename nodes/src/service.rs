@@ -105,39 +105,24 @@ impl Service {
     }
 
     async fn mount(&self, r: curvine_messages::rpc::Mount) -> FsResult<MountInfo> {
-        if let Some(bs) = r.block_size {
+        if let Some(bs) = r.info.block_size {
             if bs == 0 || bs % (64 << 10) != 0 {
                 return Err(FsError::InvalidArgument(format!(
                     "block size {bs}: expected a multiple of 64KiB"
                 )));
             }
         }
-        if r.replicas == Some(0) {
+        if r.info.replicas == Some(0) {
             return Err(FsError::InvalidArgument(
                 "replicas must be at least 1".into(),
             ));
         }
-        let info = MountInfo {
-            id: 0,
-            path: r.path,
-            ufs: r.ufs,
-            write_type: r.write_type,
-            props: r.props,
-            ttl_ms: r.ttl_ms,
-            check_interval_ms: r.check_interval_ms,
-            read_verify_ufs: r.read_verify_ufs,
-            auto_cache: r.auto_cache,
-            replicas: r.replicas,
-            block_size: r.block_size,
-            storage: r.storage,
-            created_ns: 0,
-        };
         let m = self
             .mounts
             .mount(
                 &self.namespace,
                 NewMount {
-                    info,
+                    info: r.info,
                     uid: r.uid,
                     gid: r.gid,
                 },
