@@ -921,8 +921,8 @@ impl Namespace {
             .ok_or_else(|| FsError::InvalidArgument("not a symbolic link".into()))
     }
 
-    pub async fn setattr(&self, path: &str, set: SetAttr) -> FsResult<Attr> {
-        let attr = self.resolve(path).await?;
+    pub async fn setattr(&self, path: &str, set: SetAttr, follow: bool) -> FsResult<Attr> {
+        let attr = self.stat(path, follow).await?;
         self.setattr_ino(attr.ino, set).await
     }
 
@@ -1014,11 +1014,20 @@ impl Namespace {
                     reply,
                 })
                 .await;
-            result
+            result?;
         } else {
             self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
-                .await
+                .await?;
         }
+        if shard_of(entry.ino) != shard_of(dst_parent.ino) {
+            // The inode lives on another shard than its new parent (a
+            // directory): its ctime changes there, as the rename's own shard
+            // cannot reach it in the same commit.
+            if let Err(e) = self.setattr_ino(entry.ino, SetAttr::default()).await {
+                tracing::debug!(ino = entry.ino, error = %e, "ctime of a renamed inode not updated");
+            }
+        }
+        Ok(())
     }
 
     /// Takes the cluster's rename lock, waiting up to the request timeout.

@@ -1105,11 +1105,15 @@ impl ShardStore {
         if size < attr.size {
             self.truncate_blocks(wtxn, &attr, size)?;
         }
-        let now = now_ns();
+        // A writer that wrote nothing (no blocks, same size) leaves the
+        // times alone, as closing an unwritten file does on Linux.
+        if !blocks.is_empty() || size != attr.size {
+            let now = now_ns();
+            attr.mtime_ns = now;
+            attr.ctime_ns = now;
+        }
         attr.size = size;
         attr.writing = None;
-        attr.mtime_ns = now;
-        attr.ctime_ns = now;
         if ufs.is_some() {
             attr.ufs = ufs;
         }
@@ -1433,8 +1437,16 @@ impl ShardStore {
             self.put_inode(wtxn, &attr)?;
             self.touch_dir(wtxn, src_parent, -1, now)?;
             dst_delta += 1;
-        } else if src_parent != dst_parent {
-            self.touch_dir(wtxn, src_parent, 0, now)?;
+        } else {
+            if self.is_local(src.ino) {
+                // A rename changes the inode's ctime, as Linux file systems do.
+                let mut attr = self.getattr(wtxn, src.ino)?;
+                attr.ctime_ns = now;
+                self.put_inode(wtxn, &attr)?;
+            }
+            if src_parent != dst_parent {
+                self.touch_dir(wtxn, src_parent, 0, now)?;
+            }
         }
         self.touch_dir(wtxn, dst_parent, dst_delta, now)?;
         Ok(RenameOutcome::Done)

@@ -154,6 +154,7 @@ fn options(force: bool, spec: FileSpec) -> WriteOptions {
         append: false,
         mode: 0o644,
         spec,
+        owner: None,
     }
 }
 

@@ -87,6 +87,9 @@ enum Command {
     },
     /// Stop a load job (what it cached so far stays cached).
     CancelLoad { id: String },
+    /// Mount the cluster as a POSIX file system (FUSE), or unmount it.
+    #[command(subcommand)]
+    Fuse(curvine_fuse::FuseCommand),
 }
 
 #[derive(Args)]
@@ -438,7 +441,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     match command {
-        Command::Conf(_) => unreachable!("handled above"),
+        Command::Conf(_) | Command::Fuse(_) => unreachable!("handled above"),
         Command::Mount(args) => run_mount(&client, args, props, json_out).await?,
         Command::Load {
             path,
@@ -1297,6 +1300,19 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    if let Command::Fuse(command) = cli.command {
+        // The mount runs its own runtime (and may daemonize first).
+        let g = &cli.global;
+        let code = curvine_fuse::run(
+            curvine_fuse::ConfArgs {
+                conf: g.conf.as_deref(),
+                cluster: g.cluster.as_deref(),
+                overrides: &g.overrides,
+            },
+            command,
+        );
+        std::process::exit(code);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -32,6 +32,7 @@ pub struct Config {
     pub client: ClientConf,
     pub supervisor: SupervisorConf,
     pub ufs: UfsConf,
+    pub fuse: FuseConf,
     pub log: LogConf,
 }
 
@@ -190,6 +191,86 @@ pub struct UfsConf {
     /// How often fs_mode mounts are walked for files still waiting to be
     /// persisted (the journal normally persists them within a second).
     pub persist_sweep: Dur,
+}
+
+/// The FUSE mount (`curvine-fuse`, `curvine-cli fuse mount`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FuseConf {
+    /// Directory of the namespace the mount shows.
+    pub fs_path: String,
+    /// Threads reading requests from the kernel, each with its own
+    /// /dev/fuse descriptor (requests are answered from async tasks).
+    pub threads: u32,
+    /// Largest write request the kernel sends.
+    pub max_write: ByteSize,
+    /// Readahead asked of the kernel for a sequential reader; it is capped
+    /// at what the kernel allows (its max pages per request and the mount's
+    /// read_ahead_kb, which the mount raises to this value when root).
+    pub max_readahead: ByteSize,
+    /// Let the kernel send several reads of one file at once.
+    pub async_read: bool,
+    /// Answer directory reads with attributes (one request per page of
+    /// entries instead of a lookup per entry).
+    pub readdirplus: bool,
+    /// Let the kernel run lookups and directory reads of one directory in
+    /// parallel.
+    pub parallel_dirops: bool,
+    /// How long the kernel trusts a name it looked up.
+    pub entry_timeout: Dur,
+    /// How long the kernel trusts attributes it got.
+    pub attr_timeout: Dur,
+    /// How long the kernel remembers that a name does not exist (0: not at all).
+    pub negative_timeout: Dur,
+    /// How long the mount process trusts attributes and names it fetched
+    /// from the cluster before asking again (0: always ask).
+    pub meta_cache_ttl: Dur,
+    /// Keep the kernel's page cache of a file across opens while the file
+    /// is unchanged (same size, mtime and ctime).
+    pub keep_cache: bool,
+    /// Let the kernel gather writes in its page cache and send them in large
+    /// batches (faster small writes; data reaches the cluster at flush).
+    pub writeback_cache: bool,
+    /// Bypass the kernel's page cache for every file (each read and write
+    /// goes to the cluster).
+    pub direct_io: bool,
+    /// Serve reads of files whose data is one block kept on this host
+    /// straight from the block file in the kernel (FUSE passthrough, Linux
+    /// 6.9 and later, root only).
+    pub passthrough: bool,
+    /// Let other users than the one who mounted use the mount.
+    pub allow_other: bool,
+    /// Let the kernel check permissions from the mode, owner and group of
+    /// each file.
+    pub default_permissions: bool,
+    /// Directory for the data of random writes until the file is flushed
+    /// (empty: the system's temporary directory).
+    pub stage_dir: String,
+}
+
+impl Default for FuseConf {
+    fn default() -> Self {
+        FuseConf {
+            fs_path: "/".into(),
+            threads: 4,
+            max_write: ByteSize(1 << 20),
+            max_readahead: ByteSize(16 << 20),
+            async_read: true,
+            readdirplus: true,
+            parallel_dirops: true,
+            entry_timeout: Dur(std::time::Duration::from_secs(1)),
+            attr_timeout: Dur(std::time::Duration::from_secs(1)),
+            negative_timeout: Dur(std::time::Duration::from_secs(0)),
+            meta_cache_ttl: Dur(std::time::Duration::from_secs(1)),
+            keep_cache: true,
+            writeback_cache: false,
+            direct_io: false,
+            passthrough: false,
+            allow_other: false,
+            default_permissions: true,
+            stage_dir: String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -916,6 +997,35 @@ impl Config {
                 "data.token_ttl",
                 self.data.token_ttl.to_string(),
                 "expected at least 1m",
+            ));
+        }
+        if !(1..=64).contains(&self.fuse.threads) {
+            return Err(invalid(
+                "fuse.threads",
+                self.fuse.threads.to_string(),
+                "expected 1 to 64",
+            ));
+        }
+        let mw = self.fuse.max_write.0;
+        if !(4096..=16 << 20).contains(&mw) {
+            return Err(invalid(
+                "fuse.max_write",
+                self.fuse.max_write.to_string(),
+                "expected 4KiB to 16MiB",
+            ));
+        }
+        if self.fuse.max_readahead.0 < 4096 {
+            return Err(invalid(
+                "fuse.max_readahead",
+                self.fuse.max_readahead.to_string(),
+                "expected at least 4KiB",
+            ));
+        }
+        if !self.fuse.fs_path.starts_with('/') {
+            return Err(invalid(
+                "fuse.fs_path",
+                format!("{:?}", self.fuse.fs_path),
+                "expected an absolute path of the namespace",
             ));
         }
         if self.supervisor.max_restarts == 0 {

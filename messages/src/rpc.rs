@@ -117,6 +117,9 @@ pub struct Remove {
 pub struct SetAttrs {
     pub path: String,
     pub set: SetAttr,
+    /// Follow a symlink at the end of the path (chmod) or change the link
+    /// itself (lchown, lutimes).
+    pub follow: bool,
 }
 
 /// Set an extended attribute of a path (following a final symlink).

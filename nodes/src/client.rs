@@ -460,10 +460,12 @@ impl Client {
         .await
     }
 
+    /// Changes attributes of a path, following a symlink at its end.
     pub async fn setattr(&self, path: &str, set: SetAttr) -> FsResult<Attr> {
         self.call(SetAttrs {
             path: path.into(),
             set,
+            follow: true,
         })
         .await
     }

@@ -924,6 +924,8 @@ pub struct WriteOptions {
     pub replace: bool,
     pub mode: u32,
     pub spec: FileSpec,
+    /// Owner (uid, gid) of a file the open creates; default: this process's.
+    pub owner: Option<(u32, u32)>,
 }
 
 impl WriteOptions {
@@ -986,7 +988,7 @@ pub struct FileWriter {
 
 impl FileWriter {
     pub async fn open(client: &Client, path: &str, options: &WriteOptions) -> FsResult<FileWriter> {
-        let (uid, gid) = crate::client::current_owner();
+        let (uid, gid) = options.owner.unwrap_or_else(crate::client::current_owner);
         let open = client
             .call(OpenFile {
                 path: path.into(),
@@ -1034,6 +1036,16 @@ impl FileWriter {
 
     pub fn position(&self) -> u64 {
         self.pos
+    }
+
+    /// Size of the file as this writer sees it.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Block size of the file's data.
+    pub fn block_size(&self) -> u64 {
+        self.bs
     }
 
     /// Moves the write position (a later write there replaces those bytes).

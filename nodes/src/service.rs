@@ -288,7 +288,9 @@ impl Service {
             Request::Remove(r) => {
                 Response::Removed(self.ufs_remove(&r.path, r.recursive, r.dir).await?)
             }
-            Request::SetAttrs(r) => Response::Attr(self.ufs_setattr(&r.path, r.set).await?),
+            Request::SetAttrs(r) => {
+                Response::Attr(self.ufs_setattr(&r.path, r.set, r.follow).await?)
+            }
             Request::SetXattr(r) => Response::Done(
                 self.through_ufs(&r.path, || {
                     ns.set_xattr(&r.path, &r.name, r.value.clone(), r.mode)

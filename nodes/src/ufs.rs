@@ -746,13 +746,18 @@ impl Service {
         }
     }
 
-    pub async fn ufs_setattr(&self, path: &str, set: curvine_messages::SetAttr) -> FsResult<Attr> {
+    pub async fn ufs_setattr(
+        &self,
+        path: &str,
+        set: curvine_messages::SetAttr,
+        follow: bool,
+    ) -> FsResult<Attr> {
         if set.size.is_some() && self.cache_mount(path).is_some() {
             return Err(FsError::NotSupported(format!(
                 "{path}: changing the size of a cache_mode file in place; open it for writing with truncation instead"
             )));
         }
-        self.through_ufs(path, || self.namespace.setattr(path, set.clone()))
+        self.through_ufs(path, || self.namespace.setattr(path, set.clone(), follow))
             .await
     }
 

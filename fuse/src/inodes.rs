@@ -1,0 +1,414 @@
+//! The inodes the kernel knows: FUSE inode numbers, the names they were
+//! found under (the cluster's API takes paths), lookup counts, and the
+//! client metadata cache (attributes and names with the time they were
+//! fetched).
+//!
+//! Invariants:
+//! - FUSE inode 1 is the mount's root (`fuse.fs_path`); every other FUSE
+//!   inode number is the cluster's inode number, so a name that moves keeps
+//!   its inode.
+//! - Each known inode but the root has exactly one (parent, name): the
+//!   cluster has no hard links. A path is rebuilt by walking parents, so a
+//!   directory rename updates one entry, not its subtree.
+//! - An inode stays while the kernel holds lookups of it (and while
+//!   children refer to it); `forget` brings the count to zero and drops it.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use curvine_messages::{Attr, FileKind, FsError, FsResult};
+
+/// FUSE's inode number of the mount's root.
+pub const ROOT: u64 = 1;
+
+struct Node {
+    parent: u64,
+    name: String,
+    lookups: u64,
+    /// Open handles and writer tasks that still need the inode's path
+    /// after the kernel forgot it.
+    pins: u32,
+    attr: Attr,
+    fetched: Instant,
+    /// Unlinked while open here: renamed to a hidden name until the last
+    /// handle closes.
+    hidden: bool,
+    /// (size, mtime, ctime) of the content the kernel's page cache holds,
+    /// set at each open: an open that finds the same keeps the page cache.
+    cached: Option<(u64, i64, i64)>,
+}
+
+/// Names in a mount that hold files unlinked while open.
+pub const HIDDEN_PREFIX: &str = ".curvine-hidden.";
+
+pub struct Inodes {
+    root_path: String,
+    root_cluster: RwLock<u64>,
+    nodes: RwLock<HashMap<u64, Node>>,
+    /// (parent, name) -> (inode, when seen): the name cache.
+    names: RwLock<HashMap<(u64, String), (u64, Instant)>>,
+    ttl: Duration,
+}
+
+impl Inodes {
+    pub fn new(root_path: &str, root: Attr, ttl: Duration) -> Inodes {
+        let root_cluster = root.ino;
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node {
+                parent: ROOT,
+                name: String::new(),
+                lookups: 1,
+                pins: 0,
+                attr: root,
+                fetched: Instant::now(),
+                hidden: false,
+                cached: None,
+            },
+        );
+        Inodes {
+            root_path: root_path.trim_end_matches('/').to_string(),
+            root_cluster: RwLock::new(root_cluster),
+            nodes: RwLock::new(nodes),
+            names: RwLock::new(HashMap::new()),
+            ttl,
+        }
+    }
+
+    /// The FUSE inode number of a cluster inode.
+    pub fn fuse_ino(&self, cluster: u64) -> u64 {
+        if cluster == *self.root_cluster.read() {
+            ROOT
+        } else {
+            cluster
+        }
+    }
+
+    /// The cluster inode number of a FUSE inode.
+    pub fn cluster_ino(&self, ino: u64) -> u64 {
+        if ino == ROOT {
+            *self.root_cluster.read()
+        } else {
+            ino
+        }
+    }
+
+    /// The namespace path of a known inode.
+    pub fn path(&self, ino: u64) -> FsResult<String> {
+        let nodes = self.nodes.read();
+        let mut parts = Vec::new();
+        let mut at = ino;
+        while at != ROOT {
+            let node = nodes.get(&at).ok_or_else(|| {
+                FsError::Stale(format!("inode {ino:#x} is no longer known to the mount"))
+            })?;
+            parts.push(node.name.as_str());
+            at = node.parent;
+            if parts.len() > 4096 {
+                return Err(FsError::Io(format!("inode {ino:#x}: parent loop")));
+            }
+        }
+        let mut path = self.root_path.clone();
+        for part in parts.iter().rev() {
+            path.push('/');
+            path.push_str(part);
+        }
+        if path.is_empty() {
+            path.push('/');
+        }
+        Ok(path)
+    }
+
+    /// The path of `name` in directory `parent`.
+    pub fn child_path(&self, parent: u64, name: &str) -> FsResult<String> {
+        let dir = self.path(parent)?;
+        Ok(if dir == "/" {
+            format!("/{name}")
+        } else {
+            format!("{dir}/{name}")
+        })
+    }
+
+    /// Records that the kernel looked `attr` up as `name` in `parent`
+    /// (one more lookup), and caches its attributes. Returns the FUSE inode.
+    pub fn remember(&self, parent: u64, name: &str, attr: Attr) -> u64 {
+        let ino = self.fuse_ino(attr.ino);
+        let now = Instant::now();
+        {
+            let mut nodes = self.nodes.write();
+            match nodes.get_mut(&ino) {
+                Some(node) => {
+                    node.lookups += 1;
+                    if ino != ROOT {
+                        node.parent = parent;
+                        node.name = name.to_string();
+                    }
+                    node.attr = attr;
+                    node.fetched = now;
+                }
+                None => {
+                    nodes.insert(
+                        ino,
+                        Node {
+                            parent,
+                            name: name.to_string(),
+                            lookups: 1,
+                            pins: 0,
+                            attr,
+                            fetched: now,
+                            hidden: false,
+                            cached: None,
+                        },
+                    );
+                }
+            }
+        }
+        self.names
+            .write()
+            .insert((parent, name.to_string()), (ino, now));
+        ino
+    }
+
+    /// The kernel dropped `n` lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let mut nodes = self.nodes.write();
+        let Some(node) = nodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        self.drop_unused(&mut nodes, ino);
+    }
+
+    fn drop_unused(&self, nodes: &mut HashMap<u64, Node>, ino: u64) {
+        let Some(node) = nodes.get(&ino) else {
+            return;
+        };
+        if node.lookups > 0 || node.pins > 0 || ino == ROOT {
+            return;
+        }
+        let key = (node.parent, node.name.clone());
+        nodes.remove(&ino);
+        let mut names = self.names.write();
+        if names.get(&key).is_some_and(|(i, _)| *i == ino) {
+            names.remove(&key);
+        }
+    }
+
+    /// Keeps an inode (and its path) while a handle or writer needs it.
+    pub fn pin(&self, ino: u64) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.pins += 1;
+        }
+    }
+
+    pub fn unpin(&self, ino: u64) {
+        let mut nodes = self.nodes.write();
+        if let Some(node) = nodes.get_mut(&ino) {
+            node.pins = node.pins.saturating_sub(1);
+        }
+        self.drop_unused(&mut nodes, ino);
+    }
+
+    /// Cached attributes of an inode, if fetched within the TTL.
+    pub fn fresh_attr(&self, ino: u64) -> Option<Attr> {
+        let nodes = self.nodes.read();
+        let node = nodes.get(&ino)?;
+        (node.fetched.elapsed() < self.ttl).then(|| node.attr.clone())
+    }
+
+    /// The last attributes fetched of an inode, however old.
+    pub fn attr(&self, ino: u64) -> Option<Attr> {
+        self.nodes.read().get(&ino).map(|n| n.attr.clone())
+    }
+
+    /// Stores attributes just fetched or returned by a change.
+    pub fn set_attr(&self, ino: u64, attr: Attr) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.attr = attr;
+            node.fetched = Instant::now();
+        }
+    }
+
+    /// Makes the next attribute request of an inode go to the cluster.
+    pub fn expire(&self, ino: u64) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.fetched = Instant::now() - self.ttl - Duration::from_secs(1);
+        }
+    }
+
+    /// A cached name, if seen within the TTL, with its attributes.
+    pub fn fresh_name(&self, parent: u64, name: &str) -> Option<(u64, Attr)> {
+        let (ino, seen) = *self.names.read().get(&(parent, name.to_string()))?;
+        if seen.elapsed() >= self.ttl {
+            return None;
+        }
+        let attr = self.fresh_attr(ino)?;
+        Some((ino, attr))
+    }
+
+    /// Forgets a name (removed, or renamed away).
+    pub fn drop_name(&self, parent: u64, name: &str) {
+        self.names.write().remove(&(parent, name.to_string()));
+    }
+
+    /// A name moved: the inode now lives at (new_parent, new_name).
+    pub fn renamed(&self, parent: u64, name: &str, new_parent: u64, new_name: &str) {
+        let moved = self.names.write().remove(&(parent, name.to_string()));
+        self.names
+            .write()
+            .remove(&(new_parent, new_name.to_string()));
+        let mut nodes = self.nodes.write();
+        let ino = match moved {
+            Some((ino, _)) => Some(ino),
+            None => nodes
+                .iter()
+                .find(|(_, n)| n.parent == parent && n.name == name)
+                .map(|(i, _)| *i),
+        };
+        if let Some(ino) = ino {
+            if let Some(node) = nodes.get_mut(&ino) {
+                node.parent = new_parent;
+                node.name = new_name.to_string();
+                node.fetched = Instant::now() - self.ttl - Duration::from_secs(1);
+            }
+        }
+    }
+
+    /// The inode known under (parent, name), however old.
+    pub fn known_child(&self, parent: u64, name: &str) -> Option<u64> {
+        if let Some((ino, _)) = self.names.read().get(&(parent, name.to_string())) {
+            return Some(*ino);
+        }
+        self.nodes
+            .read()
+            .iter()
+            .find(|(_, n)| n.parent == parent && n.name == name)
+            .map(|(i, _)| *i)
+    }
+
+    /// An unlinked file: its link count drops to 0 for open handles.
+    pub fn unlinked(&self, ino: u64) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.attr.nlink = 0;
+            node.attr.ctime_ns = curvine_messages::now_ns();
+        }
+    }
+
+    /// Marks an open file that was unlinked and now lives under a hidden name.
+    pub fn hide(&self, ino: u64, parent: u64, hidden_name: &str) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.parent = parent;
+            node.name = hidden_name.to_string();
+            node.hidden = true;
+            node.attr.nlink = 0;
+        }
+    }
+
+    pub fn is_hidden(&self, ino: u64) -> bool {
+        self.nodes.read().get(&ino).is_some_and(|n| n.hidden)
+    }
+
+    /// Whether the kernel may keep its page cache of a file it opens now,
+    /// given the file's current attributes; remembers them for the next open.
+    pub fn keep_cache(&self, ino: u64, attr: &Attr) -> bool {
+        let version = (attr.size, attr.mtime_ns, attr.ctime_ns);
+        let mut nodes = self.nodes.write();
+        let Some(node) = nodes.get_mut(&ino) else {
+            return false;
+        };
+        let same = node.cached == Some(version);
+        node.cached = Some(version);
+        same
+    }
+
+    /// The page cache of a file no longer matches (it was written here).
+    pub fn drop_cached(&self, ino: u64) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            node.cached = None;
+        }
+    }
+
+    /// Kind of a known inode.
+    pub fn kind(&self, ino: u64) -> Option<FileKind> {
+        self.nodes.read().get(&ino).map(|n| n.attr.kind)
+    }
+
+    /// Number of inodes the kernel holds.
+    pub fn len(&self) -> usize {
+        self.nodes.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, kind: FileKind) -> Attr {
+        Attr {
+            ino,
+            kind,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            nlink: 1,
+            symlink: None,
+            block_size: 0,
+            replicas: 1,
+            parent: 0,
+            storage: None,
+            writing: None,
+            ufs: None,
+        }
+    }
+
+    #[test]
+    fn paths_follow_renames_and_forgets() {
+        let t = Inodes::new("/sub", attr(77, FileKind::Dir), Duration::from_secs(1));
+        assert_eq!(t.path(ROOT).unwrap(), "/sub");
+        assert_eq!(t.fuse_ino(77), ROOT);
+        let d = t.remember(ROOT, "d", attr(100, FileKind::Dir));
+        let f = t.remember(d, "f", attr(200, FileKind::File));
+        assert_eq!(t.path(f).unwrap(), "/sub/d/f");
+        t.renamed(ROOT, "d", ROOT, "e");
+        assert_eq!(t.path(f).unwrap(), "/sub/e/f");
+        assert_eq!(t.known_child(ROOT, "e"), Some(d));
+        t.pin(f);
+        t.forget(f, 1);
+        assert_eq!(
+            t.path(f).unwrap(),
+            "/sub/e/f",
+            "a pinned inode keeps its path"
+        );
+        t.unpin(f);
+        assert!(matches!(t.path(f), Err(FsError::Stale(_))));
+        let root = Inodes::new("/", attr(1, FileKind::Dir), Duration::from_secs(1));
+        let a = root.remember(ROOT, "a", attr(5, FileKind::File));
+        assert_eq!(root.path(a).unwrap(), "/a");
+        assert_eq!(root.path(ROOT).unwrap(), "/");
+    }
+
+    #[test]
+    fn page_cache_kept_only_while_unchanged() {
+        let t = Inodes::new("/", attr(1, FileKind::Dir), Duration::from_secs(1));
+        let mut a = attr(9, FileKind::File);
+        let f = t.remember(ROOT, "f", a.clone());
+        assert!(!t.keep_cache(f, &a), "first open has nothing to keep");
+        assert!(t.keep_cache(f, &a));
+        a.mtime_ns += 1;
+        assert!(!t.keep_cache(f, &a), "a changed file drops the cache");
+    }
+}

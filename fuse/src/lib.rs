@@ -1,0 +1,453 @@
+//! The FUSE mount of a curvine cluster: `curvine-fuse mount MNT` (also
+//! `curvine-cli fuse mount MNT`) shows the namespace (or one directory of
+//! it) as a POSIX file system that ordinary tools use unchanged.
+
+pub mod fs;
+pub mod inodes;
+pub mod mountpoint;
+pub mod session;
+mod write;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+
+use curvine_conf::{Config, Loader};
+use curvine_messages::FileKind;
+
+use crate::session::{FuseSupervisor, MountSpec};
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum FuseCommand {
+    /// Mount the cluster's namespace (or a directory of it, --fs-path) on a
+    /// local directory. Runs in the foreground until unmounted (SIGTERM or
+    /// Ctrl-C unmount it) unless --daemon is given.
+    Mount(MountArgs),
+    /// Unmount a mount point; the mount's process then exits. A mount whose
+    /// process died is cleared (its FUSE connection aborted and detached).
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach the mount now even while files in it are open.
+        #[arg(short, long)]
+        lazy: bool,
+    },
+}
+
+/// Flags of `fuse mount`; each one sets the `fuse.*` key of the same name.
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// Local directory to mount on (must exist; a dead mount there is cleared).
+    pub mountpoint: PathBuf,
+    /// Directory of the namespace the mount shows (fuse.fs_path).
+    #[arg(long, value_name = "PATH")]
+    pub fs_path: Option<String>,
+    /// Run in the background; return once the mount is ready.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Log file of a --daemon mount (default: /tmp/curvine-fuse-<mount point>.log).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Threads reading kernel requests, each with its own /dev/fuse fd (fuse.threads).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Largest write request from the kernel (fuse.max_write, e.g. 1MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub max_write: Option<String>,
+    /// Readahead asked of the kernel (fuse.max_readahead, e.g. 16MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub max_readahead: Option<String>,
+    /// How long the kernel trusts names (fuse.entry_timeout, e.g. 1s).
+    #[arg(long, value_name = "DURATION")]
+    pub entry_timeout: Option<String>,
+    /// How long the kernel trusts attributes (fuse.attr_timeout).
+    #[arg(long, value_name = "DURATION")]
+    pub attr_timeout: Option<String>,
+    /// How long the kernel remembers absent names (fuse.negative_timeout).
+    #[arg(long, value_name = "DURATION")]
+    pub negative_timeout: Option<String>,
+    /// How long the mount trusts metadata it fetched (fuse.meta_cache_ttl).
+    #[arg(long, value_name = "DURATION")]
+    pub meta_cache_ttl: Option<String>,
+    /// Drop the kernel's page cache of a file at each open (fuse.keep_cache = false).
+    #[arg(long)]
+    pub no_keep_cache: bool,
+    /// Let the kernel batch writes in its page cache (fuse.writeback_cache).
+    #[arg(long)]
+    pub writeback_cache: bool,
+    /// Bypass the kernel's page cache (fuse.direct_io).
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Serve reads of one-block files cached on this host from the block
+    /// file in the kernel (fuse.passthrough; Linux 6.9+, root).
+    #[arg(long)]
+    pub passthrough: bool,
+    /// Let other users use the mount (fuse.allow_other).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Do not let the kernel check permissions from modes (fuse.default_permissions = false).
+    #[arg(long)]
+    pub no_default_permissions: bool,
+    /// Directory for data of random writes until flushed (fuse.stage_dir).
+    #[arg(long, value_name = "DIR")]
+    pub stage_dir: Option<String>,
+    /// Readdirplus off: directory reads return names only (fuse.readdirplus = false).
+    #[arg(long)]
+    pub no_readdirplus: bool,
+}
+
+/// Config sources given on a command line.
+pub struct ConfArgs<'a> {
+    pub conf: Option<&'a str>,
+    pub cluster: Option<&'a str>,
+    pub overrides: &'a [String],
+}
+
+fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
+    let mut loader = Loader::standard(conf.conf, conf.overrides).map_err(|e| e.to_string())?;
+    let mut flag = |key: &str, value: &str, name: &str| {
+        loader
+            .flag(key, value, name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    if let Some(c) = conf.cluster {
+        flag("client.cluster", c, "--cluster")?;
+    }
+    let values = [
+        ("fuse.fs_path", args.fs_path.clone(), "--fs-path"),
+        (
+            "fuse.threads",
+            args.threads.map(|t| t.to_string()),
+            "--threads",
+        ),
+        ("fuse.max_write", args.max_write.clone(), "--max-write"),
+        (
+            "fuse.max_readahead",
+            args.max_readahead.clone(),
+            "--max-readahead",
+        ),
+        (
+            "fuse.entry_timeout",
+            args.entry_timeout.clone(),
+            "--entry-timeout",
+        ),
+        (
+            "fuse.attr_timeout",
+            args.attr_timeout.clone(),
+            "--attr-timeout",
+        ),
+        (
+            "fuse.negative_timeout",
+            args.negative_timeout.clone(),
+            "--negative-timeout",
+        ),
+        (
+            "fuse.meta_cache_ttl",
+            args.meta_cache_ttl.clone(),
+            "--meta-cache-ttl",
+        ),
+        ("fuse.stage_dir", args.stage_dir.clone(), "--stage-dir"),
+    ];
+    for (key, value, name) in values {
+        if let Some(v) = value {
+            flag(key, &v, name)?;
+        }
+    }
+    let switches = [
+        (
+            "fuse.keep_cache",
+            args.no_keep_cache,
+            "false",
+            "--no-keep-cache",
+        ),
+        (
+            "fuse.writeback_cache",
+            args.writeback_cache,
+            "true",
+            "--writeback-cache",
+        ),
+        ("fuse.direct_io", args.direct_io, "true", "--direct-io"),
+        (
+            "fuse.passthrough",
+            args.passthrough,
+            "true",
+            "--passthrough",
+        ),
+        (
+            "fuse.allow_other",
+            args.allow_other,
+            "true",
+            "--allow-other",
+        ),
+        (
+            "fuse.default_permissions",
+            args.no_default_permissions,
+            "false",
+            "--no-default-permissions",
+        ),
+        (
+            "fuse.readdirplus",
+            args.no_readdirplus,
+            "false",
+            "--no-readdirplus",
+        ),
+    ];
+    for (key, on, value, name) in switches {
+        if on {
+            flag(key, value, name)?;
+        }
+    }
+    loader.build().map_err(|e| e.to_string())
+}
+
+/// Runs a `fuse` command; returns the process exit code.
+pub fn run(conf: ConfArgs<'_>, command: FuseCommand) -> i32 {
+    let result = match command {
+        FuseCommand::Mount(args) => mount(&conf, &args),
+        FuseCommand::Umount { mountpoint, lazy } => umount(&mountpoint, lazy),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("curvine-fuse: {e}");
+            1
+        }
+    }
+}
+
+/// Unmounts a curvine mount (or clears a dead one).
+pub fn umount(mnt: &Path, lazy: bool) -> Result<(), String> {
+    let Some(entry) = mountpoint::entry(mnt) else {
+        return Err(format!("{}: nothing is mounted there", mnt.display()));
+    };
+    if !entry.is_curvine() {
+        return Err(format!(
+            "{}: the mount there is {} ({}), not a curvine mount",
+            mnt.display(),
+            entry.source,
+            entry.fstype
+        ));
+    }
+    if mountpoint::is_dead(mnt) {
+        let done = mountpoint::clear(mnt)?;
+        println!("{}: the mount's process was gone; {done}", mnt.display());
+        return Ok(());
+    }
+    mountpoint::unmount(mnt, lazy)?;
+    println!("unmounted {}", mnt.display());
+    Ok(())
+}
+
+fn check_mountpoint(mnt: &Path) -> Result<(), String> {
+    if mountpoint::is_dead(mnt) {
+        if !mountpoint::is_mounted(mnt) {
+            return Err(format!(
+                "{}: a dead FUSE mount of another file system is there",
+                mnt.display()
+            ));
+        }
+        let done = mountpoint::clear(mnt)?;
+        eprintln!(
+            "curvine-fuse: {} held a mount whose process was gone; {done}",
+            mnt.display()
+        );
+    } else if mountpoint::is_mounted(mnt) {
+        return Err(format!(
+            "{}: a curvine mount is already there (curvine-cli fuse umount {} first)",
+            mnt.display(),
+            mnt.display()
+        ));
+    }
+    match std::fs::metadata(mnt) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{}: not a directory", mnt.display())),
+        Err(e) => Err(format!("{}: {e}", mnt.display())),
+    }
+}
+
+fn mount(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<(), String> {
+    let config = load(conf, args)?;
+    let mnt = mountpoint::absolute(&args.mountpoint);
+    check_mountpoint(&mnt)?;
+    if args.daemon {
+        return daemonize(&mnt, args);
+    }
+    init_logging(&config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(serve(config, mnt))
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Starts the mount in a process of its own and waits until it is ready.
+fn daemonize(mnt: &Path, args: &MountArgs) -> Result<(), String> {
+    let log = args.log_file.clone().unwrap_or_else(|| {
+        let name: String = mnt
+            .to_string_lossy()
+            .trim_matches('/')
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        PathBuf::from(format!("/tmp/curvine-fuse-{name}.log"))
+    });
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("cannot open the log file {}: {e}", log.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("log file {}: {e}", log.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let argv: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--daemon")
+        .collect();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: setsid is async-signal-safe; it detaches the child from the
+    // terminal's session so a hangup does not end the mount.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the mount process: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if mountpoint::is_mounted(mnt) && !mountpoint::is_dead(mnt) {
+            println!(
+                "mounted on {} (pid {}, log {})",
+                mnt.display(),
+                child.id(),
+                log.display()
+            );
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(format!(
+                "the mount process exited ({status}) before the mount was ready:\n{}",
+                tail.join("\n")
+            ));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(format!(
+                "{} was not mounted within 60s; see {}",
+                mnt.display(),
+                log.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
+    let client = curvine_node::Client::connect(&config.client)
+        .await
+        .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    let fs_path = curvine_messages::path::normalize(&config.fuse.fs_path, "/")
+        .map_err(|e| format!("fuse.fs_path {:?}: {e}", config.fuse.fs_path))?;
+    let root = client
+        .stat(&fs_path)
+        .await
+        .map_err(|e| format!("fuse.fs_path {fs_path}: {e}"))?;
+    if root.kind != FileKind::Dir {
+        return Err(format!("fuse.fs_path {fs_path}: not a directory"));
+    }
+    let mut fuse_conf = config.fuse.clone();
+    fuse_conf.fs_path = fs_path.clone();
+    let rt = tokio::runtime::Handle::current();
+    let make_fs: session::FsFactory = {
+        let (client, conf, root) = (client.clone(), fuse_conf.clone(), root.clone());
+        Arc::new(move || {
+            Arc::new(fs::Fs::new(
+                client.clone(),
+                conf.clone(),
+                root.clone(),
+                rt.clone(),
+            ))
+        })
+    };
+    let mut options = fuser::Config::default();
+    options.mount_options = vec![
+        fuser::MountOption::FSName(format!("{}{fs_path}", mountpoint::SOURCE_PREFIX)),
+        fuser::MountOption::Subtype("curvine".into()),
+    ];
+    if fuse_conf.default_permissions {
+        options
+            .mount_options
+            .push(fuser::MountOption::DefaultPermissions);
+    }
+    if fuse_conf.allow_other {
+        options.acl = fuser::SessionACL::All;
+    }
+    options.n_threads = Some(fuse_conf.threads as usize);
+    options.clone_fd = true;
+    let spec = MountSpec {
+        mountpoint: mnt.clone(),
+        options,
+        make_fs,
+        read_ahead: fuse_conf.max_readahead.0,
+    };
+    let policy = curvine_actors::supervisor::RestartPolicy::from(&config.supervisor);
+    let (sup, handle) = ractor::Actor::spawn(None, FuseSupervisor, (spec, policy))
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "mounted {fs_path} of {} on {} (pid {})",
+        client.node_addr(),
+        mnt.display(),
+        std::process::id()
+    );
+    let _ = std::io::stdout().flush();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| e.to_string())?;
+    let mut handle = handle;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
+        _ = &mut handle => {
+            return match session::fatal() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
+        }
+    }
+    tracing::info!("unmounting on a signal");
+    sup.stop(Some("signal".into()));
+    let _ = handle.await;
+    if mountpoint::is_mounted(&mnt) {
+        // Files were still open: the mount is detached instead.
+        let _ = mountpoint::unmount(&mnt, true);
+    }
+    Ok(())
+}

@@ -1,0 +1,531 @@
+//! Writes through the mount: one writer task per file open for writing.
+//!
+//! Every handle of a file open for writing in this mount shares the file's
+//! writer task; the task applies writes, reads of data not yet committed,
+//! truncations and commits in the order the kernel sent them.
+//!
+//! - Sequential writes (from the start, at the end, or continuing the last
+//!   write) stream into a [`FileWriter`]: no local copy.
+//! - Any other write stages the file: bytes wait in a sparse local file
+//!   (`fuse.stage_dir`) with the ranges written, and a commit rewrites only
+//!   the blocks they touch, from the old content and the staged bytes.
+//! - A flush (each close), fsync, truncation or the last release commits:
+//!   the new content becomes visible to every client (close-to-open).
+//!
+//! Invariants: a write is acknowledged to the kernel only after it is in the
+//! FileWriter or the stage file; a commit error is reported by the flush or
+//! fsync that asked for it; reads of a file with uncommitted writes go
+//! through the task, so they see those writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use fuser::{ReplyData, ReplyWrite};
+use tokio::sync::{mpsc, oneshot};
+
+use curvine_messages::{Attr, FsError, FsResult, SetAttr};
+use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+
+use crate::fs::{errno, io_error, Fs};
+
+/// Bytes composed and written at once when a staged file is committed.
+const COMMIT_CHUNK: u64 = 1 << 20;
+
+pub enum WriteOp {
+    Write {
+        off: u64,
+        data: Vec<u8>,
+        reply: ReplyWrite,
+    },
+    Read {
+        off: u64,
+        size: u32,
+        reply: ReplyData,
+    },
+    Commit {
+        done: oneshot::Sender<FsResult<()>>,
+    },
+    Truncate {
+        size: u64,
+        done: oneshot::Sender<FsResult<Attr>>,
+    },
+    /// An open with O_TRUNC: commit what is pending, then empty the file.
+    OpenTruncate {
+        done: oneshot::Sender<FsResult<Attr>>,
+    },
+    /// The last handle was released.
+    Close,
+}
+
+/// What the mount's other parts see of a writer task.
+pub struct Writer {
+    tx: mpsc::UnboundedSender<WriteOp>,
+    /// Writes queued and not yet applied.
+    pending: AtomicU64,
+    /// Writes applied and not yet committed.
+    unsettled: AtomicBool,
+    /// Size and mtime of the file as written here (valid while dirty).
+    size: AtomicU64,
+    mtime_ns: AtomicI64,
+    /// Handles of this mount that hold the file open for writing.
+    pub handles: AtomicU32,
+}
+
+impl Writer {
+    /// Whether the file has writes that other clients do not see yet.
+    pub fn dirty(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) > 0 || self.unsettled.load(Ordering::SeqCst)
+    }
+
+    /// Size and mtime of the file with the uncommitted writes.
+    pub fn overlay(&self, attr: &mut Attr) {
+        if self.dirty() {
+            attr.size = self.size.load(Ordering::SeqCst);
+            attr.mtime_ns = self.mtime_ns.load(Ordering::SeqCst);
+            attr.ctime_ns = attr.ctime_ns.max(attr.mtime_ns);
+        }
+    }
+
+    pub fn write(&self, off: u64, data: Vec<u8>, reply: ReplyWrite) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(WriteOp::Write { off, data, reply }) {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            if let WriteOp::Write { reply, .. } = op {
+                reply.error(fuser::Errno::EIO);
+            }
+        }
+    }
+
+    pub fn read(&self, off: u64, size: u32, reply: ReplyData) {
+        if let Err(mpsc::error::SendError(WriteOp::Read { reply, .. })) =
+            self.tx.send(WriteOp::Read { off, size, reply })
+        {
+            reply.error(fuser::Errno::EIO);
+        }
+    }
+
+    async fn ask<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<FsResult<T>>) -> WriteOp,
+    ) -> FsResult<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(op(tx))
+            .map_err(|_| FsError::Io("the file's writer task has ended".into()))?;
+        rx.await
+            .map_err(|_| FsError::Io("the file's writer task ended before answering".into()))?
+    }
+
+    pub async fn commit(&self) -> FsResult<()> {
+        self.ask(|done| WriteOp::Commit { done }).await
+    }
+
+    pub async fn truncate(&self, size: u64) -> FsResult<Attr> {
+        self.ask(|done| WriteOp::Truncate { size, done }).await
+    }
+
+    pub async fn open_truncate(&self) -> FsResult<Attr> {
+        self.ask(|done| WriteOp::OpenTruncate { done }).await
+    }
+
+    pub fn close(&self) {
+        let _ = self.tx.send(WriteOp::Close);
+    }
+}
+
+/// Starts the writer task of a file (FUSE inode `ino`), with a writer
+/// already open (a create) or none.
+pub fn start(
+    fs: Arc<Fs>,
+    ino: u64,
+    owner: (u32, u32),
+    opened: Option<FileWriter>,
+    size: u64,
+) -> Arc<Writer> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let writer = Arc::new(Writer {
+        tx,
+        pending: AtomicU64::new(0),
+        unsettled: AtomicBool::new(false),
+        size: AtomicU64::new(size),
+        mtime_ns: AtomicI64::new(curvine_messages::now_ns()),
+        handles: AtomicU32::new(1),
+    });
+    let task = Task {
+        fs,
+        ino,
+        owner,
+        state: match opened {
+            Some(w) => State::Stream(Box::new(w)),
+            None => State::Idle,
+        },
+        shared: writer.clone(),
+        failed: None,
+    };
+    task.fs.inodes.pin(ino);
+    tokio::spawn(task.run(rx));
+    writer
+}
+
+enum State {
+    Idle,
+    Stream(Box<FileWriter>),
+    Staged(Box<Stage>),
+}
+
+struct Task {
+    fs: Arc<Fs>,
+    ino: u64,
+    owner: (u32, u32),
+    state: State,
+    shared: Arc<Writer>,
+    /// A write that failed after it was acknowledged cannot happen (writes
+    /// are acknowledged when applied); this holds a commit failure of an
+    /// implicit commit (a mode switch) until a flush reports it.
+    failed: Option<FsError>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
+        while let Some(op) = rx.recv().await {
+            match op {
+                WriteOp::Write { off, data, reply } => {
+                    let len = data.len();
+                    let result = self.write(off, &data).await;
+                    self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+                    match result {
+                        Ok(()) => reply.written(len as u32),
+                        Err(e) => {
+                            tracing::warn!(ino = self.ino, off, len, error = %e, "write failed");
+                            reply.error(errno(&e));
+                        }
+                    }
+                }
+                WriteOp::Read { off, size, reply } => match self.read(off, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => {
+                        tracing::warn!(ino = self.ino, off, size, error = %e, "read failed");
+                        reply.error(errno(&e));
+                    }
+                },
+                WriteOp::Commit { done } => {
+                    let _ = done.send(self.commit().await);
+                }
+                WriteOp::Truncate { size, done } => {
+                    let _ = done.send(self.truncate(size).await);
+                }
+                WriteOp::OpenTruncate { done } => {
+                    let _ = done.send(self.open_truncate().await);
+                }
+                WriteOp::Close => {
+                    if let Err(e) = self.commit().await {
+                        tracing::error!(ino = self.ino, error = %e, "the last close of a file could not commit its writes");
+                    }
+                    if self.fs.writer_done(self.ino, &self.shared) {
+                        self.fs.inodes.unpin(self.ino);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn path(&self) -> FsResult<String> {
+        self.fs.inodes.path(self.ino)
+    }
+
+    async fn open_writer(&self, truncate: bool) -> FsResult<FileWriter> {
+        let options = WriteOptions {
+            create: false,
+            truncate,
+            owner: Some(self.owner),
+            ..Default::default()
+        };
+        FileWriter::open(&self.fs.client, &self.path()?, &options).await
+    }
+
+    /// The size of the file with what this task applied.
+    fn size(&self) -> u64 {
+        match &self.state {
+            State::Idle => self.fs.known_size(self.ino),
+            State::Stream(w) => w.size(),
+            State::Staged(s) => s.size,
+        }
+    }
+
+    async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
+        let end = off + data.len() as u64;
+        let sequential = match &self.state {
+            State::Idle => off == 0 || off >= self.fs.known_size(self.ino),
+            State::Stream(w) => w.position() == off,
+            State::Staged(_) => false,
+        };
+        if sequential {
+            if matches!(self.state, State::Idle) {
+                let mut w = self.open_writer(false).await?;
+                if off != 0 {
+                    w.seek(off).await?;
+                }
+                self.state = State::Stream(Box::new(w));
+            }
+            if let State::Stream(w) = &mut self.state {
+                w.write(data).await?;
+            }
+        } else {
+            if matches!(self.state, State::Stream(_)) {
+                // A write elsewhere: what streamed so far is committed, the
+                // rest is staged.
+                if let Err(e) = self.commit_state().await {
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+            }
+            if matches!(self.state, State::Idle) {
+                let stage = Stage::new(&self.fs, &self.path()?).await?;
+                self.state = State::Staged(Box::new(stage));
+            }
+            if let State::Staged(s) = &mut self.state {
+                s.write(off, data)?;
+            }
+        }
+        let size = self.size().max(end);
+        self.shared.size.store(size, Ordering::SeqCst);
+        self.shared
+            .mtime_ns
+            .store(curvine_messages::now_ns(), Ordering::SeqCst);
+        self.shared.unsettled.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn read(&mut self, off: u64, size: u32) -> FsResult<Vec<u8>> {
+        if matches!(self.state, State::Stream(_)) {
+            self.commit_state().await?;
+        }
+        match &mut self.state {
+            State::Staged(s) => {
+                let len = (size as u64).min(s.size.saturating_sub(off));
+                let mut buf = vec![0u8; len as usize];
+                s.read(off, &mut buf).await?;
+                Ok(buf)
+            }
+            _ => {
+                let mut reader = FileReader::open(&self.fs.client, &self.path()?).await?;
+                let len = (size as u64).min(reader.size().saturating_sub(off));
+                let mut buf = vec![0u8; len as usize];
+                let n = reader.read_full_at(off, &mut buf).await?;
+                buf.truncate(n);
+                Ok(buf)
+            }
+        }
+    }
+
+    /// Makes every applied write visible; reports an earlier implicit
+    /// commit's failure once.
+    async fn commit(&mut self) -> FsResult<()> {
+        let result = self.commit_state().await;
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        result
+    }
+
+    async fn commit_state(&mut self) -> FsResult<()> {
+        let state = std::mem::replace(&mut self.state, State::Idle);
+        let attr = match state {
+            State::Idle => return Ok(()),
+            State::Stream(w) => w.close().await,
+            State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
+        };
+        self.shared.unsettled.store(false, Ordering::SeqCst);
+        self.fs.committed(self.ino, attr.as_ref().ok().cloned());
+        attr.map(|_| ())
+    }
+
+    async fn truncate(&mut self, size: u64) -> FsResult<Attr> {
+        self.commit_state().await?;
+        let path = self.path()?;
+        let set = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        let attr = self
+            .fs
+            .client
+            .call(curvine_messages::rpc::SetAttrs {
+                path,
+                set,
+                follow: false,
+            })
+            .await?;
+        self.fs.committed(self.ino, Some(attr.clone()));
+        Ok(attr)
+    }
+
+    async fn open_truncate(&mut self) -> FsResult<Attr> {
+        self.commit_state().await?;
+        let w = self.open_writer(true).await?;
+        let attr = w.attr.clone();
+        self.state = State::Stream(Box::new(w));
+        self.shared.size.store(0, Ordering::SeqCst);
+        self.shared
+            .mtime_ns
+            .store(curvine_messages::now_ns(), Ordering::SeqCst);
+        self.shared.unsettled.store(true, Ordering::SeqCst);
+        self.fs.committed(self.ino, Some(attr.clone()));
+        Ok(attr)
+    }
+}
+
+/// A file's random writes waiting to be committed.
+struct Stage {
+    file: File,
+    /// Ranges written: start -> end, disjoint and not touching.
+    extents: BTreeMap<u64, u64>,
+    /// The file's committed content when staging began.
+    base: FileReader,
+    base_size: u64,
+    size: u64,
+}
+
+impl Stage {
+    async fn new(fs: &Fs, path: &str) -> FsResult<Stage> {
+        let base = FileReader::open(&fs.client, path).await?;
+        let dir = fs.stage_dir();
+        let file = tempfile::tempfile_in(&dir).map_err(|e| {
+            FsError::Io(format!(
+                "cannot create a staging file in {} (fuse.stage_dir): {e}",
+                dir.display()
+            ))
+        })?;
+        let size = base.size();
+        Ok(Stage {
+            file,
+            extents: BTreeMap::new(),
+            base_size: size,
+            size,
+            base,
+        })
+    }
+
+    fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.file
+            .write_all_at(data, off)
+            .map_err(|e| io_error("writing the staging file", e))?;
+        let end = off + data.len() as u64;
+        add_extent(&mut self.extents, off, end);
+        self.size = self.size.max(end);
+        Ok(())
+    }
+
+    /// Fills `buf` with the file's bytes at `off` as written here.
+    async fn read(&mut self, off: u64, buf: &mut [u8]) -> FsResult<()> {
+        let end = off + buf.len() as u64;
+        buf.fill(0);
+        if off < self.base_size {
+            let n = (self.base_size - off).min(buf.len() as u64) as usize;
+            self.base.read_full_at(off, &mut buf[..n]).await?;
+        }
+        for (&s, &e) in self.extents.range(..end) {
+            if e <= off {
+                continue;
+            }
+            let from = s.max(off);
+            let to = e.min(end);
+            self.file
+                .read_exact_at(&mut buf[(from - off) as usize..(to - off) as usize], from)
+                .map_err(|e| io_error("reading the staging file", e))?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the blocks the staged ranges touch and commits the file.
+    async fn commit(mut self, fs: &Fs, path: &str, owner: (u32, u32)) -> FsResult<Attr> {
+        let options = WriteOptions {
+            owner: Some(owner),
+            ..Default::default()
+        };
+        let mut w = FileWriter::open(&fs.client, path, &options).await?;
+        let bs = w.block_size();
+        let mut blocks = BTreeSet::new();
+        for (&s, &e) in &self.extents {
+            for b in s / bs..=(e - 1) / bs {
+                blocks.insert(b);
+            }
+        }
+        let mut buf = Vec::new();
+        let result: FsResult<()> = async {
+            for b in blocks {
+                let start = b * bs;
+                let end = (start + bs).min(self.size);
+                w.seek(start).await?;
+                let mut pos = start;
+                while pos < end {
+                    let n = COMMIT_CHUNK.min(end - pos) as usize;
+                    buf.resize(n, 0);
+                    self.read(pos, &mut buf).await?;
+                    w.write(&buf).await?;
+                    pos += n as u64;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => w.close().await,
+            Err(e) => {
+                let _ = w.abort().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Adds [start, end) to a set of disjoint ranges, merging what it touches.
+fn add_extent(extents: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
+    // A range starting before `start` that reaches it.
+    if let Some((&s, &e)) = extents.range(..=start).next_back() {
+        if e >= start {
+            start = s;
+            end = end.max(e);
+            extents.remove(&s);
+        }
+    }
+    // Ranges starting inside [start, end].
+    let inside: Vec<(u64, u64)> = extents.range(start..=end).map(|(s, e)| (*s, *e)).collect();
+    for (s, e) in inside {
+        end = end.max(e);
+        extents.remove(&s);
+    }
+    extents.insert(start, end);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_extent;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn extents_merge() {
+        let mut x = BTreeMap::new();
+        add_extent(&mut x, 10, 20);
+        add_extent(&mut x, 30, 40);
+        assert_eq!(x.len(), 2);
+        add_extent(&mut x, 20, 30);
+        assert_eq!(x.into_iter().collect::<Vec<_>>(), vec![(10, 40)]);
+        let mut y = BTreeMap::new();
+        add_extent(&mut y, 50, 60);
+        add_extent(&mut y, 0, 5);
+        add_extent(&mut y, 3, 55);
+        assert_eq!(y.into_iter().collect::<Vec<_>>(), vec![(0, 60)]);
+        let mut z = BTreeMap::new();
+        add_extent(&mut z, 0, 100);
+        add_extent(&mut z, 10, 20);
+        assert_eq!(z.into_iter().collect::<Vec<_>>(), vec![(0, 100)]);
+    }
+}
