@@ -94,7 +94,17 @@ pub fn is_mounted(path: &Path) -> bool {
 /// Whether the mount at `path` is a FUSE mount whose process is gone
 /// ("Transport endpoint is not connected").
 pub fn is_dead(path: &Path) -> bool {
-    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    // statfs always asks the file system (a stat may be answered from the
+    // kernel's attribute cache even when the process is gone).
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid C string and a zeroed out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0 {
+        return false;
+    }
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 fn is_root() -> bool {

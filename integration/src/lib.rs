@@ -533,3 +533,122 @@ impl TestS3 {
         .expect("UFS client")
     }
 }
+
+/// A `curvine-fuse mount` process in the foreground on `dir`.
+pub struct FuseMount {
+    pub dir: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl FuseMount {
+    /// Mounts the node's namespace on `dir` (created if missing) and waits
+    /// until the mount answers.
+    pub fn start(node: &NodeProcess, dir: &Path, extra: &[&str]) -> FuseMount {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            // A dead mount there is the mount command's to clear.
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::AlreadyExists,
+                "mount point: {e}"
+            );
+        }
+        let log = dir.with_extension("fuse.log");
+        let out = std::fs::File::create(&log).expect("fuse log");
+        let err = out.try_clone().expect("fuse log");
+        let child = Command::new(bin("curvine-fuse"))
+            .args(["--cluster", &node.addr, "mount"])
+            .arg(dir)
+            .args(extra)
+            .env_remove("CURVINE_CONF")
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start curvine-fuse");
+        let mut m = FuseMount {
+            dir: dir.to_path_buf(),
+            log,
+            child: Some(child),
+        };
+        m.wait_mounted();
+        m
+    }
+
+    fn wait_mounted(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if curvine_fuse::mountpoint::is_mounted(&self.dir)
+                && !curvine_fuse::mountpoint::is_dead(&self.dir)
+            {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "curvine-fuse exited ({status}) before mounting: {}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "{} not mounted within 30s: {}",
+            self.dir.display(),
+            self.log_text()
+        );
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL: the mount is left dead.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        child.wait().ok().and_then(|s| s.code())
+    }
+
+    /// Waits for the process to exit by itself (after an unmount).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel.trim_start_matches('/'))
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.terminate();
+        }
+        if curvine_fuse::mountpoint::is_mounted(&self.dir) {
+            let _ = curvine_fuse::mountpoint::clear(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! The FUSE mount on real processes: a node, `curvine-fuse` mounted on a
+//! local directory, and ordinary system calls and tools against it.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use curvine_integration::{random_bytes, runtime, FuseMount, NodeProcess};
+use curvine_node::io::FileReader;
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn setup(extra: &[&str]) -> (tempfile::TempDir, NodeProcess, FuseMount) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let mnt = FuseMount::start(&node, &dir.path().join("mnt"), extra);
+    (dir, node, mnt)
+}
+
+/// Reads a path through the client library (what other clients see).
+fn cluster_read(node: &NodeProcess, path: &str) -> Vec<u8> {
+    runtime().block_on(async {
+        let client = node.client().await;
+        let mut r = FileReader::open(&client, path).await.unwrap();
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    })
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn files_directories_and_their_errnos() {
+    let (_dir, node, m) = setup(&[]);
+    let f = m.path("a.txt");
+    fs::write(&f, b"hello").unwrap();
+    assert_eq!(fs::read(&f).unwrap(), b"hello");
+    // Close-to-open: another client sees the content after the close.
+    assert_eq!(cluster_read(&node, "/a.txt"), b"hello");
+    // And a file written by a client shows in the mount.
+    node.cli_ok(&["fs", "mkdir", "/from-cli"]);
+    let src = _dir.path().join("local");
+    fs::write(&src, b"from the cli").unwrap();
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/from-cli/x"]);
+    assert_eq!(fs::read(m.path("from-cli/x")).unwrap(), b"from the cli");
+
+    // O_EXCL, O_APPEND, O_TRUNC.
+    assert_eq!(
+        errno(OpenOptions::new().write(true).create_new(true).open(&f)),
+        libc::EEXIST
+    );
+    let mut a = OpenOptions::new().append(true).open(&f).unwrap();
+    a.write_all(b" world").unwrap();
+    drop(a);
+    assert_eq!(fs::read(&f).unwrap(), b"hello world");
+    let mut t = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap();
+    assert_eq!(t.metadata().unwrap().len(), 0);
+    t.write_all(b"new").unwrap();
+    drop(t);
+    assert_eq!(fs::read(&f).unwrap(), b"new");
+    assert_eq!(cluster_read(&node, "/a.txt"), b"new");
+
+    // Missing names, wrong kinds.
+    assert_eq!(errno(fs::read(m.path("nope"))), libc::ENOENT);
+    assert_eq!(errno(fs::read(m.path("a.txt/x"))), libc::ENOTDIR);
+    fs::create_dir(m.path("d")).unwrap();
+    assert_eq!(errno(fs::create_dir(m.path("d"))), libc::EEXIST);
+    fs::write(m.path("d/f"), b"x").unwrap();
+    assert_eq!(errno(fs::remove_dir(m.path("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::remove_file(m.path("d"))), libc::EISDIR);
+    assert_eq!(errno(fs::read_dir(m.path("a.txt"))), libc::ENOTDIR);
+    assert_eq!(
+        errno(fs::write(m.path(&"n".repeat(256)), b"")),
+        libc::ENAMETOOLONG
+    );
+
+    // Modes, owners, times.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::chown(cpath(&f).as_ptr(), 1234, 5678) }, 0);
+    let md = fs::metadata(&f).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 5,
+        },
+        libc::timespec {
+            tv_sec: 2_000_000,
+            tv_nsec: 7,
+        },
+    ];
+    // SAFETY: valid path and two timespecs.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&f).as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(&f).unwrap();
+    assert_eq!(
+        (md.atime(), md.mtime(), md.mtime_nsec()),
+        (1_000_000, 2_000_000, 7)
+    );
+
+    // Symlinks; hard links and special files are not supported.
+    std::os::unix::fs::symlink("a.txt", m.path("ln")).unwrap();
+    assert_eq!(fs::read_link(m.path("ln")).unwrap(), Path::new("a.txt"));
+    assert_eq!(fs::read(m.path("ln")).unwrap(), b"new");
+    assert!(fs::symlink_metadata(m.path("ln"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(errno(fs::hard_link(&f, m.path("hard"))), libc::EOPNOTSUPP);
+    // SAFETY: valid path.
+    let rc = unsafe { libc::mkfifo(cpath(&m.path("fifo")).as_ptr(), 0o644) };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    // lchown changes the link, not its target.
+    // SAFETY: valid path.
+    assert_eq!(
+        unsafe { libc::lchown(cpath(&m.path("ln")).as_ptr(), 42, 42) },
+        0
+    );
+    assert_eq!(fs::symlink_metadata(m.path("ln")).unwrap().uid(), 42);
+    assert_eq!(fs::metadata(&f).unwrap().uid(), 1234);
+
+    // Rename: replace, RENAME_NOREPLACE, RENAME_EXCHANGE.
+    fs::write(m.path("r1"), b"one").unwrap();
+    fs::write(m.path("r2"), b"two").unwrap();
+    let renameat2 = |a: &str, b: &str, flags: u32| {
+        // SAFETY: valid paths.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                cpath(&m.path(a)).as_ptr(),
+                libc::AT_FDCWD,
+                cpath(&m.path(b)).as_ptr(),
+                flags,
+            )
+        };
+        if rc == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap()
+        }
+    };
+    assert_eq!(renameat2("r1", "r2", libc::RENAME_NOREPLACE), libc::EEXIST);
+    assert_eq!(renameat2("r1", "r2", libc::RENAME_EXCHANGE), libc::EINVAL);
+    fs::rename(m.path("r1"), m.path("r2")).unwrap();
+    assert_eq!(fs::read(m.path("r2")).unwrap(), b"one");
+    assert_eq!(errno(fs::metadata(m.path("r1"))), libc::ENOENT);
+    fs::rename(m.path("d"), m.path("d2")).unwrap();
+    assert_eq!(fs::read(m.path("d2/f")).unwrap(), b"x");
+    assert_eq!(
+        errno(fs::rename(m.path("d2"), m.path("d2/sub"))),
+        libc::EINVAL
+    );
+
+    // Extended attributes.
+    let xf = cpath(&f);
+    let name = CString::new("user.k").unwrap();
+    // SAFETY: valid pointers and lengths below.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(xf.as_ptr(), name.as_ptr(), b"v1".as_ptr().cast(), 2, 0),
+            0
+        );
+        assert_eq!(
+            libc::setxattr(
+                xf.as_ptr(),
+                name.as_ptr(),
+                b"v2".as_ptr().cast(),
+                2,
+                libc::XATTR_CREATE
+            ),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            libc::getxattr(xf.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0),
+            2
+        );
+        assert_eq!(
+            libc::getxattr(xf.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 1),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ERANGE)
+        );
+        assert_eq!(
+            libc::getxattr(xf.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            2
+        );
+        assert_eq!(&buf[..2], b"v1");
+        let n = libc::listxattr(xf.as_ptr(), buf.as_mut_ptr().cast(), 16);
+        assert_eq!(&buf[..n as usize], b"user.k\0");
+        assert_eq!(libc::removexattr(xf.as_ptr(), name.as_ptr()), 0);
+        assert_eq!(
+            libc::getxattr(xf.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            -1
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODATA)
+        );
+    }
+
+    // statfs reports the cluster's capacity.
+    // SAFETY: zeroed statvfs is a valid out parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath(&m.dir).as_ptr(), &mut st) }, 0);
+    assert!(st.f_blocks > 0 && st.f_bavail > 0 && st.f_bavail <= st.f_blocks);
+    assert_eq!(st.f_namemax, 255);
+
+    // A directory of many entries lists whole (several listing pages).
+    fs::create_dir(m.path("many")).unwrap();
+    for i in 0..2_500 {
+        File::create(m.path(&format!("many/f{i:05}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(m.path("many"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2_500);
+    assert_eq!(names[0], "f00000");
+    assert_eq!(names[2_499], "f02499");
+}
+
+#[test]
+fn writes_sequential_random_sparse_and_truncated() {
+    let (_dir, node, m) = setup(&["-c", "data.block_size=1MiB"]);
+    // Sequential, several blocks, odd buffer sizes.
+    let data = random_bytes(5 * 1024 * 1024 + 12_345, 1);
+    let mut f = File::create(m.path("seq")).unwrap();
+    for chunk in data.chunks(100_003) {
+        f.write_all(chunk).unwrap();
+    }
+    drop(f);
+    assert_eq!(fs::read(m.path("seq")).unwrap(), data);
+    assert_eq!(cluster_read(&node, "/seq"), data);
+
+    // Random overwrites in place, read back through the same handle before
+    // the close, and through the cluster after it.
+    let mut expect = data.clone();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("seq"))
+        .unwrap();
+    let mut rng = 7u64;
+    for i in 0..300 {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let off = (rng >> 16) as usize % (expect.len() - 5000);
+        let len = 1 + (rng >> 40) as usize % 4096;
+        let bytes = random_bytes(len, 100 + i);
+        f.write_all_at(&bytes, off as u64).unwrap();
+        expect[off..off + len].copy_from_slice(&bytes);
+    }
+    let mut back = vec![0u8; expect.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(
+        back == expect,
+        "reads through the writing handle see the writes"
+    );
+    f.sync_all().unwrap();
+    assert!(cluster_read(&node, "/seq") == expect, "fsync commits");
+    drop(f);
+    assert!(fs::read(m.path("seq")).unwrap() == expect);
+
+    // Sparse: a write far past the end leaves zeros before it.
+    let mut s = File::create(m.path("sparse")).unwrap();
+    s.seek(SeekFrom::Start(3 * 1024 * 1024 + 10)).unwrap();
+    s.write_all(b"tail").unwrap();
+    drop(s);
+    let got = fs::read(m.path("sparse")).unwrap();
+    assert_eq!(got.len(), 3 * 1024 * 1024 + 14);
+    assert!(got[..3 * 1024 * 1024 + 10].iter().all(|b| *b == 0));
+    assert_eq!(&got[got.len() - 4..], b"tail");
+
+    // Truncate down and up, by path and by handle.
+    let t = OpenOptions::new().write(true).open(m.path("seq")).unwrap();
+    t.set_len(1000).unwrap();
+    assert_eq!(fs::metadata(m.path("seq")).unwrap().len(), 1000);
+    t.set_len(5000).unwrap();
+    drop(t);
+    let got = fs::read(m.path("seq")).unwrap();
+    assert_eq!(&got[..1000], &expect[..1000]);
+    assert!(got[1000..].iter().all(|b| *b == 0));
+    assert_eq!(got.len(), 5000);
+
+    // Write, then append through another handle while the first is open.
+    let mut w1 = File::create(m.path("two")).unwrap();
+    w1.write_all(b"first ").unwrap();
+    let mut w2 = OpenOptions::new().append(true).open(m.path("two")).unwrap();
+    w2.write_all(b"second").unwrap();
+    drop(w2);
+    drop(w1);
+    assert_eq!(fs::read(m.path("two")).unwrap(), b"first second");
+}
+
+#[test]
+fn an_unlinked_open_file_stays_readable() {
+    let (_dir, node, m) = setup(&[]);
+    fs::write(m.path("gone"), b"still here").unwrap();
+    let mut r = File::open(m.path("gone")).unwrap();
+    fs::remove_file(m.path("gone")).unwrap();
+    assert_eq!(errno(fs::metadata(m.path("gone"))), libc::ENOENT);
+    let names: Vec<_> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        names.is_empty(),
+        "the name is gone from the directory: {names:?}"
+    );
+    assert_eq!(r.metadata().unwrap().nlink(), 0);
+    let mut s = String::new();
+    r.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still here");
+    drop(r);
+    // After the last close nothing is left in the namespace.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listing = node.cli_ok(&["fs", "ls", "/"]);
+        if listing.trim().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left behind: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn locks_conflict_between_processes_of_a_node() {
+    let (_dir, _node, m) = setup(&[]);
+    fs::write(m.path("lock"), b"").unwrap();
+    let a = File::open(m.path("lock")).unwrap();
+    let b = File::open(m.path("lock")).unwrap();
+    // SAFETY: valid descriptors.
+    unsafe {
+        assert_eq!(
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&a),
+                libc::LOCK_EX | libc::LOCK_NB
+            ),
+            0
+        );
+        assert_eq!(
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&b),
+                libc::LOCK_EX | libc::LOCK_NB
+            ),
+            -1
+        );
+    }
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EWOULDBLOCK)
+    );
+    // A POSIX record lock held by a child process blocks this one.
+    let out = Command::new("flock")
+        .args(["--nonblock", "--exclusive"])
+        .arg(m.path("lock"))
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "flock(1) got a lock another holder has"
+    );
+}
+
+#[test]
+fn kill_9_leaves_a_recoverable_mount_point() {
+    let (dir, node, mut m) = setup(&[]);
+    fs::write(m.path("kept"), b"data").unwrap();
+    m.kill();
+    let e = fs::metadata(&m.dir).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "a dead mount: {e}");
+    // `fuse umount` clears it and says what it did.
+    let out = node.cli(&["fuse", "umount", m.dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("process was gone"), "{text}");
+    assert!(fs::metadata(&m.dir).unwrap().is_dir());
+    // Mounting again works and the data is there.
+    let m2 = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    assert_eq!(fs::read(m2.path("kept")).unwrap(), b"data");
+    // A dead mount found by `mount` itself is cleared too.
+    drop(m2);
+    let mut m3 = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    m3.kill();
+    let m4 = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    assert!(
+        m4.log_text().contains("process was gone"),
+        "{}",
+        m4.log_text()
+    );
+    assert_eq!(fs::read(m4.path("kept")).unwrap(), b"data");
+}
+
+#[test]
+fn daemon_mount_and_umount_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    node.cli_ok(&["fs", "mkdir", "/sub"]);
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let log = dir.path().join("fuse.log");
+    let out = node.cli_ok(&[
+        "fuse",
+        "mount",
+        mnt.to_str().unwrap(),
+        "--daemon",
+        "--fs-path",
+        "/sub",
+        "--log-file",
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.contains("mounted on"), "{out}");
+    fs::write(mnt.join("inside"), b"x").unwrap();
+    assert_eq!(node.cli_ok(&["fs", "cat", "/sub/inside"]), "x");
+    // A second mount on the same point is refused.
+    let again = node.cli(&["fuse", "mount", mnt.to_str().unwrap()]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already there"));
+    // Busy: a file open keeps a plain unmount from happening.
+    let open = File::open(mnt.join("inside")).unwrap();
+    let busy = node.cli(&["fuse", "umount", mnt.to_str().unwrap()]);
+    assert!(!busy.status.success());
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("busy"));
+    drop(open);
+    node.cli_ok(&["fuse", "umount", mnt.to_str().unwrap()]);
+    assert!(!curvine_fuse::mountpoint::is_mounted(&mnt));
+    // The daemon exits by itself after the unmount.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ps = run(Command::new("ps").args(["-eo", "args"]));
+        if !ps
+            .lines()
+            .any(|l| l.contains("fuse mount") && l.contains(mnt.to_str().unwrap()))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the mount process is still running"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Bad input: a missing mount point and a file as fs_path.
+    let bad = node.cli(&[
+        "fuse",
+        "mount",
+        dir.path().join("missing").to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("No such file"));
+    node.cli_ok(&["fs", "touch", "/file"]);
+    let bad = node.cli(&["fuse", "mount", mnt.to_str().unwrap(), "--fs-path", "/file"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a directory"));
+    let bad = node.cli(&[
+        "fuse",
+        "mount",
+        mnt.to_str().unwrap(),
+        "--max-write",
+        "lots",
+    ]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("fuse.max_write"));
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    let (_dir, _node, mut m) = setup(&[]);
+    fs::write(m.path("x"), b"1").unwrap();
+    assert_eq!(m.terminate(), Some(0), "{}", m.log_text());
+    assert!(!curvine_fuse::mountpoint::is_mounted(&m.dir));
+    assert!(m.log_text().contains("unmount"), "{}", m.log_text());
+}
