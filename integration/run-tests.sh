@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds the binaries once, then every test
-# (unit, conformance, property, crash and CLI tests on real node processes).
+# (unit, conformance, property, crash and CLI tests on real node processes,
+# FUSE tests on real mounts).
 # Installs what the tests need when it is missing and starts a test S3
 # server (integration/s3-server.sh) for the UFS tests, stopping it after.
 set -euo pipefail
@@ -14,6 +15,22 @@ export CRASH_KILLS="${CRASH_KILLS:-20}"
 export MODEL_CASES="${MODEL_CASES:-60}"
 
 cargo build --workspace --bins --tests --locked
+
+# Tools the FUSE tests drive: Debian packages, and the pjdfstest POSIX suite
+# from crates.io (built once into target/tools).
+missing=()
+for pair in fusermount3:fuse3 fio:fio rsync:rsync; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "run-tests: installing ${missing[*]}" >&2
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+fi
+export PATH="$PWD/target/tools/bin:$PATH"
+if ! command -v pjdfstest >/dev/null 2>&1; then
+  cargo install pjdfstest --version 0.2.2 --locked --root target/tools
+fi
 
 # A real S3 server on loopback for the UFS tests, stopped when the run ends.
 s3dir=$(mktemp -d /tmp/curvine-s3.XXXXXX)

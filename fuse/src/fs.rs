@@ -169,7 +169,7 @@ struct DirHandleState {
 }
 
 enum Handle {
-    File(FileHandleState),
+    File(Box<FileHandleState>),
     Dir(DirHandleState),
 }
 
@@ -452,6 +452,11 @@ impl Fs {
     async fn setattr(&self, ino: u64, caller: Caller, mut set: SetAttr) -> FsResult<Attr> {
         let attr = self.getattr(ino).await?;
         self.check_setattr(caller, &attr, &mut set)?;
+        if let Some(w) = self.writer(ino).filter(|w| w.dirty()) {
+            // Writes first: their commit would otherwise overwrite times
+            // set now (cp -a sets them before it closes the file).
+            w.commit().await?;
+        }
         if let Some(size) = set.size.take() {
             if attr.kind == FileKind::Dir {
                 return Err(FsError::IsADirectory("cannot truncate a directory".into()));
@@ -1097,12 +1102,12 @@ impl Filesystem for CurvineFs {
                         match reply.open_backing(&file) {
                             Ok(backing) => {
                                 // Keep the backing id; the kernel reads the block file.
-                                let fh = fs.add_handle(Handle::File(FileHandleState {
+                                let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
                                     ino,
                                     writer: None,
                                     reader: tokio::sync::Mutex::new(None),
                                     _backing: None,
-                                }));
+                                })));
                                 reply.opened_passthrough(FileHandle(fh), open_flags, &backing);
                                 fs.set_backing(fh, backing);
                                 return;
@@ -1114,12 +1119,12 @@ impl Filesystem for CurvineFs {
                     }
                 }
             }
-            let fh = fs.add_handle(Handle::File(FileHandleState {
+            let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
                 ino,
                 writer,
                 reader: tokio::sync::Mutex::new(None),
                 _backing: None,
-            }));
+            })));
             reply.opened(FileHandle(fh), open_flags);
         });
     }
@@ -1167,9 +1172,11 @@ impl Filesystem for CurvineFs {
             }
         };
         match &*handle {
-            Handle::File(FileHandleState {
-                writer: Some(w), ..
-            }) => w.write(offset, data.to_vec(), reply),
+            Handle::File(f) if f.writer.is_some() => {
+                if let Some(w) = &f.writer {
+                    w.write(offset, data.to_vec(), reply)
+                }
+            }
             _ => reply.error(Errno::from_i32(libc::EBADF)),
         }
     }
@@ -1185,11 +1192,10 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         self.spawn(async move {
             let handle = try_reply!(reply, fs.handle(fh.0));
-            if let Handle::File(FileHandleState {
-                writer: Some(w), ..
-            }) = &*handle
-            {
-                try_reply!(reply, w.commit().await);
+            if let Handle::File(f) = &*handle {
+                if let Some(w) = &f.writer {
+                    try_reply!(reply, w.commit().await);
+                }
             }
             reply.ok();
         });
@@ -1232,11 +1238,10 @@ impl Filesystem for CurvineFs {
             }
             last
         };
-        if let Handle::File(FileHandleState {
-            writer: Some(w), ..
-        }) = &*handle
-        {
-            fs.release_writer(ino.0, w);
+        if let Handle::File(f) = &*handle {
+            if let Some(w) = &f.writer {
+                fs.release_writer(ino.0, w);
+            }
         }
         reply.ok();
         self.spawn(async move {
@@ -1544,12 +1549,12 @@ impl Filesystem for CurvineFs {
             let ino = fs.inodes.remember(parent.0, name, attr.clone());
             fs.inodes.drop_cached(ino);
             let writer = fs.join_writer(ino, (uid, gid), Some(w));
-            let fh = fs.add_handle(Handle::File(FileHandleState {
+            let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
                 ino,
                 writer: Some(writer),
                 reader: tokio::sync::Mutex::new(None),
                 _backing: None,
-            }));
+            })));
             let mut open_flags = FopenFlags::empty();
             if fs.conf.direct_io {
                 open_flags |= FopenFlags::FOPEN_DIRECT_IO;
@@ -1638,12 +1643,12 @@ impl Fs {
         let mut handles = self.handles.lock();
         if let Some(h) = handles.get(&fh) {
             if let Handle::File(f) = &**h {
-                let replaced = Handle::File(FileHandleState {
+                let replaced = Handle::File(Box::new(FileHandleState {
                     ino: f.ino,
                     writer: None,
                     reader: tokio::sync::Mutex::new(None),
                     _backing: Some(backing),
-                });
+                }));
                 handles.insert(fh, Arc::new(replaced));
             }
         }

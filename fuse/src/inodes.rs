@@ -43,6 +43,15 @@ struct Node {
 /// Names in a mount that hold files unlinked while open.
 pub const HIDDEN_PREFIX: &str = ".curvine-hidden.";
 
+/// Caches attributes unless they are older than those cached: a reply
+/// fetched before a change may arrive after it (every change moves ctime).
+fn store(node: &mut Node, attr: Attr, now: Instant) {
+    if attr.ctime_ns >= node.attr.ctime_ns || attr.ino != node.attr.ino {
+        node.attr = attr;
+        node.fetched = now;
+    }
+}
+
 pub struct Inodes {
     root_path: String,
     root_cluster: RwLock<u64>,
@@ -146,8 +155,7 @@ impl Inodes {
                         node.parent = parent;
                         node.name = name.to_string();
                     }
-                    node.attr = attr;
-                    node.fetched = now;
+                    store(node, attr, now);
                 }
                 None => {
                     nodes.insert(
@@ -230,8 +238,7 @@ impl Inodes {
     /// Stores attributes just fetched or returned by a change.
     pub fn set_attr(&self, ino: u64, attr: Attr) {
         if let Some(node) = self.nodes.write().get_mut(&ino) {
-            node.attr = attr;
-            node.fetched = Instant::now();
+            store(node, attr, Instant::now());
         }
     }
 

@@ -25,7 +25,7 @@ pub enum FuseCommand {
     /// Mount the cluster's namespace (or a directory of it, --fs-path) on a
     /// local directory. Runs in the foreground until unmounted (SIGTERM or
     /// Ctrl-C unmount it) unless --daemon is given.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount a mount point; the mount's process then exits. A mount whose
     /// process died is cleared (its FUSE connection aborted and detached).
     Umount {

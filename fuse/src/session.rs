@@ -202,43 +202,32 @@ impl Actor for FuseSupervisor {
         event: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
+        let ours = |id: ractor::ActorId| state.session.as_ref().is_some_and(|s| s.get_id() == id);
         match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if state
-                    .session
-                    .as_ref()
-                    .is_some_and(|s| s.get_id() == cell.get_id())
-                {
-                    state.session = None;
-                    tracing::info!(
-                        reason = reason.unwrap_or_default(),
-                        "the FUSE session ended"
-                    );
-                    myself.stop(Some("unmounted".into()));
-                }
+            SupervisionEvent::ActorTerminated(cell, _, reason) if ours(cell.get_id()) => {
+                state.session = None;
+                tracing::info!(
+                    reason = reason.unwrap_or_default(),
+                    "the FUSE session ended"
+                );
+                myself.stop(Some("unmounted".into()));
             }
-            SupervisionEvent::ActorFailed(cell, error) => {
-                if state
-                    .session
-                    .as_ref()
-                    .is_some_and(|s| s.get_id() == cell.get_id())
-                {
-                    state.session = None;
-                    let mnt = &state.spec.mountpoint;
-                    match mountpoint::clear(mnt) {
-                        Ok(done) => tracing::error!(
-                            error = %error,
-                            cleanup = done,
-                            "the FUSE session failed; nothing waits on the mount point"
-                        ),
-                        Err(e) => tracing::error!(
-                            error = %error,
-                            cleanup_error = e,
-                            "the FUSE session failed and its mount could not be detached"
-                        ),
-                    }
-                    self.on_failure(&myself, state, &error.to_string())?;
+            SupervisionEvent::ActorFailed(cell, error) if ours(cell.get_id()) => {
+                state.session = None;
+                let mnt = &state.spec.mountpoint;
+                match mountpoint::clear(mnt) {
+                    Ok(done) => tracing::error!(
+                        error = %error,
+                        cleanup = done,
+                        "the FUSE session failed; nothing waits on the mount point"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = %error,
+                        cleanup_error = e,
+                        "the FUSE session failed and its mount could not be detached"
+                    ),
                 }
+                self.on_failure(&myself, state, &error.to_string())?;
             }
             _ => {}
         }

@@ -522,3 +522,416 @@ fn sigterm_unmounts_cleanly() {
     assert!(!curvine_fuse::mountpoint::is_mounted(&m.dir));
     assert!(m.log_text().contains("unmount"), "{}", m.log_text());
 }
+
+/// A tool the test needs: CI has it (the test command installs it);
+/// elsewhere its absence skips the test.
+fn tool(name: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "{name} is missing: integration/run-tests.sh installs it"
+        );
+        eprintln!("{name} not installed: skipping");
+    }
+    found
+}
+
+/// Test cases of pjdfstest that need what the namespace does not have:
+/// FIFOs, sockets and device files (mknod answers ENOTSUP) and hard links
+/// (link answers ENOTSUP).
+fn needs_unsupported_feature(case: &str) -> bool {
+    const LINK_CASES: &[&str] = &[
+        "rename::preserve_metadata::regular",
+        "rename::to_multiply_linked::regular",
+        "unlink::unchanged_ctime_failed::regular",
+        "unlink::update_ctime_success::regular",
+        "open::fifo_nonblock_wronly",
+        "open::socket_error",
+    ];
+    ["::fifo", "::socket", "::char", "::block"]
+        .iter()
+        .any(|t| case.ends_with(t))
+        || case.starts_with("link::")
+        || case.starts_with("mkfifo::")
+        || case.starts_with("mknod::")
+        || LINK_CASES.contains(&case)
+}
+
+#[test]
+fn the_pjdfstest_posix_suite_passes() {
+    let Some(pjdfstest) = tool("pjdfstest") else {
+        return;
+    };
+    let (dir, _node, m) = setup(&["--allow-other"]);
+    // The suite switches to other users, who must reach the mount.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.path().join("pjdfstest.toml");
+    fs::write(
+        &conf,
+        r#"
+[features]
+posix_fallocate = {}
+rename_ctime = {}
+
+[settings]
+naptime = 0.02
+allow_remount = false
+
+[dummy_auth]
+entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
+"#,
+    )
+    .unwrap();
+    let suite = m.path("suite");
+    fs::create_dir(&suite).unwrap();
+    fs::set_permissions(&suite, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(pjdfstest)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(&suite)
+        .current_dir(&suite)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let (mut passed, mut failed, mut unsupported) = (0, Vec::new(), 0);
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(case), Some(result), None) = (words.next(), words.next(), words.next()) else {
+            continue;
+        };
+        match result {
+            "ok" => passed += 1,
+            "FAILED" if needs_unsupported_feature(case) => unsupported += 1,
+            "FAILED" => failed.push(case.to_string()),
+            _ => {}
+        }
+    }
+    assert!(failed.is_empty(), "POSIX cases failed: {failed:?}\n{text}");
+    assert!(passed >= 180, "only {passed} cases passed:\n{text}");
+    eprintln!(
+        "pjdfstest: {passed} passed, {unsupported} need FIFOs, sockets, devices or hard links"
+    );
+}
+
+#[test]
+fn fio_verifies_random_writes_and_concurrent_readers_and_writers() {
+    let Some(fio) = tool("fio") else { return };
+    let (_dir, _node, m) = setup(&["-c", "data.block_size=4MiB"]);
+    let job = |args: &[&str]| {
+        let out = Command::new(&fio)
+            .args([
+                "--ioengine=psync",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--output-format=terse",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fio {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let f = m.path("rand").to_string_lossy().into_owned();
+    // Random 4k writes over 16 MiB, then every block read back and checked.
+    job(&[
+        "--name=randwrite",
+        &format!("--filename={f}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=16m",
+    ]);
+    // The same through direct I/O (no page cache), with mixed sizes.
+    job(&[
+        "--name=direct",
+        &format!("--filename={f}"),
+        "--rw=randwrite",
+        "--bsrange=4k-256k",
+        "--size=16m",
+        "--direct=1",
+    ]);
+    // Readers of one file while writers write others.
+    let d = m.path("mix");
+    fs::create_dir(&d).unwrap();
+    let shared = d.join("shared").to_string_lossy().into_owned();
+    // Each 64k block of the shared file holds its own offset, which the
+    // readers check (a block served from the wrong place fails too).
+    job(&[
+        "--name=layout",
+        &format!("--filename={shared}"),
+        "--rw=write",
+        "--size=24m",
+        "--bs=64k",
+        "--verify=pattern",
+        "--verify_pattern=%o",
+    ]);
+    job(&[
+        "--name=readers",
+        &format!("--filename={shared}"),
+        "--rw=randread",
+        "--bs=64k",
+        "--verify=pattern",
+        "--verify_pattern=%o",
+        "--size=24m",
+        "--numjobs=4",
+        "--io_size=16m",
+        "--name=writers",
+        &format!("--directory={}", d.display()),
+        "--rw=write",
+        "--bs=128k",
+        "--size=8m",
+        "--numjobs=3",
+    ]);
+}
+
+/// `find` output of a tree: type, mode, size, mtime, owner, link target, path.
+fn listing(root: &Path) -> String {
+    let out = run(Command::new("find")
+        .arg(".")
+        .args(["-printf", "%y %m %s %T@ %u %g %l %p\n"])
+        .current_dir(root));
+    // Directory sizes are each file system's own (tmpfs counts entries).
+    let mut lines: Vec<String> = out
+        .lines()
+        .filter(|l| !l.ends_with(" ."))
+        .map(|l| match l.strip_prefix("d ") {
+            Some(rest) => {
+                let mut w: Vec<&str> = rest.splitn(3, ' ').collect();
+                w[1] = "-";
+                format!("d {}", w.join(" "))
+            }
+            None => l.to_string(),
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n")
+}
+
+/// A tree with files of several sizes and modes, symlinks (one dangling),
+/// an empty directory and set times.
+fn make_tree(root: &Path) {
+    fs::create_dir_all(root.join("a/b/c")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    fs::write(root.join("zero"), b"").unwrap();
+    fs::write(root.join("a/one"), b"1").unwrap();
+    fs::write(root.join("a/b/mid"), random_bytes(100_000, 3)).unwrap();
+    fs::write(root.join("a/b/c/big"), random_bytes(3 * 1024 * 1024 + 5, 4)).unwrap();
+    fs::set_permissions(root.join("a/one"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(root.join("a/b/mid"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("b/mid", root.join("a/link")).unwrap();
+    std::os::unix::fs::symlink("../nowhere", root.join("a/dangling")).unwrap();
+    // Times in the past (tools skip setting a time within the same second).
+    run(Command::new("find").arg(root).args([
+        "-exec",
+        "touch",
+        "-h",
+        "-d",
+        "2005-06-07 08:09:10.111",
+        "{}",
+        "+",
+    ]));
+    run(Command::new("touch")
+        .args(["-h", "-d", "2001-02-03 04:05:06.789"])
+        .arg(root.join("a/link")));
+    run(Command::new("touch")
+        .args(["-d", "2002-03-04 05:06:07.123456789"])
+        .arg(root.join("a/one")));
+    run(Command::new("touch")
+        .args(["-d", "2003-01-01"])
+        .arg(root.join("a/b")));
+}
+
+#[test]
+fn cp_rsync_and_tar_give_what_they_give_on_tmpfs() {
+    let Some(_rsync) = tool("rsync") else { return };
+    let (dir, _node, m) = setup(&[]);
+    let src = dir.path().join("src");
+    make_tree(&src);
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let archive = dir.path().join("tree.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src)
+        .arg("."));
+    for target in [m.dir.as_path(), shm.path()] {
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(target.join("cp")));
+        run(Command::new("rsync")
+            .arg("-a")
+            .arg(format!("{}/", src.display()))
+            .arg(target.join("rsync")));
+        fs::create_dir(target.join("tar")).unwrap();
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(target.join("tar")));
+    }
+    for copy in ["cp", "rsync", "tar"] {
+        let ours = listing(&m.dir.join(copy));
+        let tmpfs = listing(&shm.path().join(copy));
+        assert_eq!(
+            ours, tmpfs,
+            "{copy} into the mount differs from {copy} into tmpfs"
+        );
+        run(Command::new("diff")
+            .arg("-r")
+            .arg("--no-dereference")
+            .arg(m.dir.join(copy))
+            .arg(shm.path().join(copy)));
+    }
+    // rsync again finds nothing to do (sizes and times match).
+    let again = run(Command::new("rsync")
+        .args(["-a", "--itemize-changes"])
+        .arg(format!("{}/", src.display()))
+        .arg(m.dir.join("rsync")));
+    assert_eq!(again.trim(), "", "rsync found differences: {again}");
+}
+
+#[test]
+fn git_init_add_commit_inside_the_mount() {
+    let Some(git) = tool("git") else { return };
+    let (dir, _node, m) = setup(&[]);
+    let src = dir.path().join("src");
+    make_tree(&src);
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let mut ids = Vec::new();
+    for target in [m.dir.join("repo"), shm.path().join("repo")] {
+        run(Command::new("cp").arg("-a").arg(&src).arg(&target));
+        let g = |args: &[&str]| {
+            run(Command::new(&git)
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@e",
+                    "-c",
+                    "init.defaultBranch=main",
+                ])
+                .args(args)
+                .current_dir(&target)
+                .env("GIT_AUTHOR_DATE", "2020-01-01T00:00:00Z")
+                .env("GIT_COMMITTER_DATE", "2020-01-01T00:00:00Z"))
+        };
+        g(&["init", "-q"]);
+        g(&["add", "-A"]);
+        g(&["commit", "-q", "-m", "tree"]);
+        fs::write(target.join("a/one"), b"changed").unwrap();
+        g(&["commit", "-q", "-a", "-m", "change"]);
+        g(&["fsck", "--full", "--strict"]);
+        assert_eq!(g(&["status", "--porcelain"]), "");
+        assert_eq!(g(&["log", "--oneline"]).lines().count(), 2);
+        ids.push(g(&["rev-parse", "HEAD"]));
+    }
+    assert_eq!(ids[0], ids[1], "the same commits as on tmpfs");
+}
+
+#[test]
+fn reads_stay_correct_while_blocks_move_between_tiers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!(
+        "data.tiers=[MEM:6MiB]{},[HDD:512MiB]{}",
+        dir.path().join("mem").display(),
+        dir.path().join("hdd").display()
+    );
+    let node = NodeProcess::start(
+        &dir.path().join("n0"),
+        &[
+            "-c",
+            &tiers,
+            "-c",
+            "data.evict_interval=50ms",
+            "-c",
+            "data.block_size=1MiB",
+        ],
+    );
+    // Direct I/O: every read goes to the cluster, not the page cache.
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &["--direct-io"]);
+    let files: Vec<Vec<u8>> = (0..6)
+        .map(|i| random_bytes(3 * 1024 * 1024 + i, 50 + i as u64))
+        .collect();
+    for (i, data) in files.iter().enumerate() {
+        fs::write(m.path(&format!("f{i}")), data).unwrap();
+    }
+    std::thread::scope(|s| {
+        for t in 0..3 {
+            let (m, files) = (&m, &files);
+            s.spawn(move || {
+                for round in 0..4 {
+                    for (i, data) in files.iter().enumerate() {
+                        let got = fs::read(m.path(&format!("f{i}"))).unwrap();
+                        assert!(got == *data, "reader {t} round {round}: f{i} differs");
+                    }
+                }
+            });
+        }
+        // More data keeps the MEM tier over its watermark meanwhile.
+        s.spawn(|| {
+            for i in 0..6 {
+                fs::write(
+                    m.path(&format!("extra{i}")),
+                    random_bytes(2 * 1024 * 1024, 90 + i),
+                )
+                .unwrap();
+            }
+        });
+    });
+    let report = node.cli_ok(&["report"]);
+    assert!(report.contains("HDD"), "{report}");
+}
+
+#[test]
+fn s3_objects_read_and_written_through_the_mount() {
+    let Some(s3) = curvine_integration::TestS3::get() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let loc = s3.location("fuse");
+    let ufs = s3.ufs(&loc);
+    let big = random_bytes(3 * 1024 * 1024 + 17, 11);
+    runtime().block_on(async {
+        ufs.write_all("in/hello.txt", b"from s3".to_vec())
+            .await
+            .unwrap();
+        ufs.write_all("in/big", big.clone()).await.unwrap();
+    });
+    let mut args: Vec<String> = vec![
+        "mount".into(),
+        loc.clone(),
+        "/s3".into(),
+        "--block-size".into(),
+        "1MiB".into(),
+    ];
+    args.extend(s3.props());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    node.cli_ok(&args);
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    let names: Vec<String> = fs::read_dir(m.path("s3/in"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(names, ["big", "hello.txt"]);
+    assert_eq!(fs::read(m.path("s3/in/hello.txt")).unwrap(), b"from s3");
+    assert!(fs::read(m.path("s3/in/big")).unwrap() == big);
+    // A file written through the mount reaches the bucket at close.
+    fs::write(m.path("s3/out.txt"), b"written through fuse").unwrap();
+    let obj = runtime().block_on(ufs.read_all("out.txt")).unwrap();
+    assert_eq!(obj, b"written through fuse");
+}
