@@ -2,7 +2,8 @@
 //!
 //! `fs.write` / `fs.read` go through the client library to a cluster;
 //! `local.write` / `local.read` do plain file I/O on a local directory (the
-//! baseline, e.g. on tmpfs). `--client-threads` workers share `--file-num`
+//! baseline, e.g. on tmpfs); `fuse.write` / `fuse.read` do the same plain
+//! file I/O on a directory inside a FUSE mount of the cluster. `--client-threads` workers share `--file-num`
 //! files of `--file-size` bytes, moving `--buf-size` bytes per call.
 //! Throughput is total bytes / wall time. With `--checksum true` every buffer
 //! is checksummed (crc32c, the same SIMD implementation for every action) when written, and every buffer read is
@@ -28,6 +29,9 @@ pub enum Action {
     FsRead,
     LocalWrite,
     LocalRead,
+    /// Plain file I/O on `--dir` inside a FUSE mount of the cluster.
+    FuseWrite,
+    FuseRead,
 }
 
 impl Action {
@@ -37,6 +41,8 @@ impl Action {
             "fs.read" => Action::FsRead,
             "local.write" => Action::LocalWrite,
             "local.read" => Action::LocalRead,
+            "fuse.write" => Action::FuseWrite,
+            "fuse.read" => Action::FuseRead,
             _ => return None,
         })
     }
@@ -47,11 +53,16 @@ impl Action {
             Action::FsRead => "fs.read",
             Action::LocalWrite => "local.write",
             Action::LocalRead => "local.read",
+            Action::FuseWrite => "fuse.write",
+            Action::FuseRead => "fuse.read",
         }
     }
 
     fn writes(self) -> bool {
-        matches!(self, Action::FsWrite | Action::LocalWrite)
+        matches!(
+            self,
+            Action::FsWrite | Action::LocalWrite | Action::FuseWrite
+        )
     }
 }
 

@@ -32,12 +32,13 @@ use curvine_node::Client;
     about = "Benchmarks of a curvine cluster and their local baselines"
 )]
 struct Args {
-    /// fs.write|fs.read|local.write|local.read (large files), or
+    /// fs.write|fs.read|fuse.write|fuse.read|local.write|local.read (large files), or
     /// meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all and the
     /// same with the prefix local. to run against a local directory.
     #[arg(long)]
     action: String,
-    /// Directory the benchmark works in (a cluster path, or a local path for local.*).
+    /// Directory the benchmark works in (a cluster path, or a local path
+    /// for local.* and fuse.*: a directory inside the FUSE mount).
     #[arg(long, default_value = "/curvine-bench")]
     dir: String,
     /// Config file for the client.
@@ -391,7 +392,7 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let phases = phases.ok_or_else(|| {
         format!(
-            "unknown action '{}' (use fs.write|fs.read|local.write|local.read, meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all, or local.meta.*)",
+            "unknown action '{}' (use fs.write|fs.read|fuse.write|fuse.read|local.write|local.read, meta.create|meta.stat|meta.ls|meta.rename|meta.unlink|meta.all, or local.meta.*)",
             args.action
         )
     })?;

@@ -246,6 +246,9 @@ pub struct FuseConf {
     /// Directory for the data of random writes until the file is flushed
     /// (empty: the system's temporary directory).
     pub stage_dir: String,
+    /// Block size of files created through the mount (0: the cluster's
+    /// `data.block_size`). A file of one block can be read by passthrough.
+    pub block_size: ByteSize,
 }
 
 impl Default for FuseConf {
@@ -269,6 +272,7 @@ impl Default for FuseConf {
             allow_other: false,
             default_permissions: true,
             stage_dir: String::new(),
+            block_size: ByteSize(0),
         }
     }
 }
@@ -1019,6 +1023,14 @@ impl Config {
                 "fuse.max_readahead",
                 self.fuse.max_readahead.to_string(),
                 "expected at least 4KiB",
+            ));
+        }
+        let fbs = self.fuse.block_size.0;
+        if fbs != 0 && (!(64 << 10..=2 << 30).contains(&fbs) || !fbs.is_multiple_of(64 << 10)) {
+            return Err(invalid(
+                "fuse.block_size",
+                self.fuse.block_size.to_string(),
+                "expected 0 (the cluster's) or a multiple of 64KiB from 64KiB to 2GiB",
             ));
         }
         if !self.fuse.fs_path.starts_with('/') {

@@ -154,7 +154,7 @@ struct FileHandleState {
     /// The handle's reader and the inode generation it was opened at.
     reader: tokio::sync::Mutex<Option<(FileReader, u64)>>,
     /// Kept while the kernel reads the file through passthrough.
-    _backing: Option<fuser::BackingId>,
+    backing: Option<Arc<fuser::BackingId>>,
 }
 
 struct DirState {
@@ -196,6 +196,9 @@ pub struct Fs {
     passthrough: std::sync::atomic::AtomicBool,
     /// Tells the kernel when attributes it cached changed here.
     notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Passthrough handles open per inode, and the backing file they share
+    /// (the kernel wants every open of such an inode to use it).
+    passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
 }
 
 impl Fs {
@@ -216,6 +219,7 @@ impl Fs {
             negative_ttl: conf.negative_timeout.0,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
+            passthrough_handles: Mutex::new(HashMap::new()),
             conf,
         }
     }
@@ -709,6 +713,56 @@ impl Fs {
         }
     }
 
+    /// Passthrough handles of an inode open now.
+    fn passthrough_open(&self, ino: u64) -> u32 {
+        self.passthrough_handles
+            .lock()
+            .get(&ino)
+            .map(|(n, _)| *n)
+            .unwrap_or(0)
+    }
+
+    /// Opens a handle whose reads the kernel serves from the file's block
+    /// file on this host (the inode's shared one, or a new one); `None` when
+    /// the file is not one block on this host.
+    async fn open_passthrough(
+        &self,
+        ino: u64,
+        reply: &ReplyOpen,
+    ) -> Option<(u64, Arc<fuser::BackingId>)> {
+        let shared = self
+            .passthrough_handles
+            .lock()
+            .get(&ino)
+            .map(|(_, b)| b.clone());
+        let backing = match shared {
+            Some(b) => b,
+            None => {
+                let path = self.inodes.path(ino).ok()?;
+                let file = self.passthrough_file(&path).await?;
+                match reply.open_backing(&file) {
+                    Ok(b) => Arc::new(b),
+                    Err(e) => {
+                        tracing::debug!(path, error = %e, "passthrough refused by the kernel");
+                        return None;
+                    }
+                }
+            }
+        };
+        self.passthrough_handles
+            .lock()
+            .entry(ino)
+            .or_insert_with(|| (0, backing.clone()))
+            .0 += 1;
+        let fh = self.add_handle(Handle::File(Box::new(FileHandleState {
+            ino,
+            writer: None,
+            reader: tokio::sync::Mutex::new(None),
+            backing: Some(backing.clone()),
+        })));
+        Some((fh, backing))
+    }
+
     /// Opens the block file of a file whose data is one block on this host
     /// for passthrough.
     async fn passthrough_file(&self, path: &str) -> Option<std::fs::File> {
@@ -1070,6 +1124,12 @@ impl Filesystem for CurvineFs {
                 return;
             }
             let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
+            if writes && fs.passthrough_open(ino) > 0 {
+                // The kernel reads the file from its block file now, which
+                // is never written in place.
+                reply.error(Errno::from_i32(libc::ETXTBSY));
+                return;
+            }
             let mut attr = attr;
             let writer = if writes {
                 let w = fs.join_writer(ino, owner, None);
@@ -1095,35 +1155,20 @@ impl Filesystem for CurvineFs {
             let passthrough = !writes
                 && fs.passthrough.load(Ordering::SeqCst)
                 && !fs.conf.direct_io
-                && fs.writer(ino).is_none();
-            if passthrough {
-                if let Ok(path) = fs.inodes.path(ino) {
-                    if let Some(file) = fs.passthrough_file(&path).await {
-                        match reply.open_backing(&file) {
-                            Ok(backing) => {
-                                // Keep the backing id; the kernel reads the block file.
-                                let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
-                                    ino,
-                                    writer: None,
-                                    reader: tokio::sync::Mutex::new(None),
-                                    _backing: None,
-                                })));
-                                reply.opened_passthrough(FileHandle(fh), open_flags, &backing);
-                                fs.set_backing(fh, backing);
-                                return;
-                            }
-                            Err(e) => {
-                                tracing::debug!(path, error = %e, "passthrough refused by the kernel");
-                            }
-                        }
-                    }
+                && fs.writer(ino).is_none()
+                && fs.open_count(ino) == fs.passthrough_open(ino);
+            if passthrough || fs.passthrough_open(ino) > 0 {
+                if let Some((fh, backing)) = fs.open_passthrough(ino, &reply).await {
+                    // Page-cache flags do not go with passthrough.
+                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                    return;
                 }
             }
             let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
                 ino,
                 writer,
                 reader: tokio::sync::Mutex::new(None),
-                _backing: None,
+                backing: None,
             })));
             reply.opened(FileHandle(fh), open_flags);
         });
@@ -1241,6 +1286,15 @@ impl Filesystem for CurvineFs {
         if let Handle::File(f) = &*handle {
             if let Some(w) = &f.writer {
                 fs.release_writer(ino.0, w);
+            }
+            if f.backing.is_some() {
+                let mut pt = fs.passthrough_handles.lock();
+                if let Some((n, _)) = pt.get_mut(&ino.0) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        pt.remove(&ino.0);
+                    }
+                }
             }
         }
         reply.ok();
@@ -1541,6 +1595,10 @@ impl Filesystem for CurvineFs {
                 truncate: flags & libc::O_TRUNC != 0,
                 mode,
                 owner: Some((uid, gid)),
+                spec: curvine_messages::block::FileSpec {
+                    block_size: fs.conf.block_size.0,
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             let w = try_reply!(reply, FileWriter::open(&fs.client, &path, &options).await);
@@ -1553,7 +1611,7 @@ impl Filesystem for CurvineFs {
                 ino,
                 writer: Some(writer),
                 reader: tokio::sync::Mutex::new(None),
-                _backing: None,
+                backing: None,
             })));
             let mut open_flags = FopenFlags::empty();
             if fs.conf.direct_io {
@@ -1636,21 +1694,6 @@ impl Fs {
         let _writers = self.writers.lock();
         if w.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
             w.close();
-        }
-    }
-
-    fn set_backing(&self, fh: u64, backing: fuser::BackingId) {
-        let mut handles = self.handles.lock();
-        if let Some(h) = handles.get(&fh) {
-            if let Handle::File(f) = &**h {
-                let replaced = Handle::File(Box::new(FileHandleState {
-                    ino: f.ino,
-                    writer: None,
-                    reader: tokio::sync::Mutex::new(None),
-                    _backing: Some(backing),
-                }));
-                handles.insert(fh, Arc::new(replaced));
-            }
         }
     }
 }

@@ -96,6 +96,9 @@ pub struct MountArgs {
     /// Readdirplus off: directory reads return names only (fuse.readdirplus = false).
     #[arg(long)]
     pub no_readdirplus: bool,
+    /// Block size of files created through the mount (fuse.block_size, e.g. 256MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub block_size: Option<String>,
 }
 
 /// Config sources given on a command line.
@@ -150,6 +153,7 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             "--meta-cache-ttl",
         ),
         ("fuse.stage_dir", args.stage_dir.clone(), "--stage-dir"),
+        ("fuse.block_size", args.block_size.clone(), "--block-size"),
     ];
     for (key, value, name) in values {
         if let Some(v) = value {

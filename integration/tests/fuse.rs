@@ -935,3 +935,39 @@ fn s3_objects_read_and_written_through_the_mount() {
     let obj = runtime().block_on(ufs.read_all("out.txt")).unwrap();
     assert_eq!(obj, b"written through fuse");
 }
+
+#[test]
+fn passthrough_reads_one_block_files_from_the_block_file() {
+    let (_dir, node, m) = setup(&["--passthrough", "--block-size", "1MiB"]);
+    let small = random_bytes(700_000, 21);
+    let big = random_bytes(3 * 1024 * 1024 + 9, 22);
+    fs::write(m.path("small"), &small).unwrap();
+    fs::write(m.path("big"), &big).unwrap();
+    // One block on this host: the kernel reads the block file itself.
+    let mut r1 = File::open(m.path("small")).unwrap();
+    let mut got = Vec::new();
+    r1.read_to_end(&mut got).unwrap();
+    assert!(got == small);
+    let r2 = File::open(m.path("small")).unwrap();
+    let mut part = vec![0u8; 1000];
+    r2.read_exact_at(&mut part, 5000).unwrap();
+    assert_eq!(part, small[5000..6000]);
+    // The block file is never written in place: a writer waits for the
+    // passthrough readers to close.
+    let busy = OpenOptions::new().write(true).open(m.path("small"));
+    assert_eq!(errno(busy), libc::ETXTBSY);
+    drop(r1);
+    drop(r2);
+    let mut w = OpenOptions::new()
+        .write(true)
+        .open(m.path("small"))
+        .unwrap();
+    w.write_all(b"changed").unwrap();
+    drop(w);
+    let now = fs::read(m.path("small")).unwrap();
+    assert_eq!(&now[..7], b"changed");
+    assert_eq!(&now[7..], &small[7..]);
+    assert_eq!(cluster_read(&node, "/small"), now);
+    // Files of several blocks read through the mount as usual.
+    assert!(fs::read(m.path("big")).unwrap() == big);
+}
