@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes bench/RESULTS.md (to stdout) from the raw figures the benchmark
-scripts keep in bench/results: data.jsonl (B1, bench/run-data.sh) and
-meta.jsonl (B4, bench/run-meta.sh), each with an .info.json about its run."""
+scripts keep in bench/results: data.jsonl (B1, bench/run-data.sh),
+meta.jsonl (B4, bench/run-meta.sh), cluster.jsonl, ufs.jsonl (B2,
+bench/run-ufs.sh) and fuse.jsonl (B1 and B3 through the mount,
+bench/run-fuse.sh), each with an .info.json about its run."""
 
 import json
 import os
@@ -234,6 +236,72 @@ def ufs_section(rows, meta):
     print()
 
 
+def fuse_section(rows, meta):
+    print("## B1 and B3 through the FUSE mount (`fuse.write|fuse.read`, fio)\n")
+    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+          f"`bench/run-fuse.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
+          "`bench/results/fuse.jsonl`")
+    print(f"- B1: {meta.get('files', '?')} files of 100MB per run, 128KiB buffers, "
+          "`--checksum true`; one node with a MEM tier in /dev/shm; the page cache is "
+          f"dropped before each read; {meta.get('reps', '?')} repetitions (median, "
+          "min-max in brackets). `mount` is the default mount; `passthrough` mounts "
+          "with `--passthrough --block-size 128MiB`, so each file is one block the "
+          "kernel reads itself")
+    print(f"- B3: fio `--direct=1 --iodepth=1 --ioengine=libaio`, {meta.get('runtime', '?')}s "
+          f"per job, on a {meta.get('fio_size', '?')} file cached in the MEM tier (passthrough: "
+          f"a {meta.get('fio_pt_size', '?')} file of one block); baseline: the same job on "
+          "the same bytes in tmpfs\n")
+
+    def med(label, action, threads):
+        xs = [r["gib_per_sec"] for r in rows if r.get("label") == label
+              and r.get("action") == action and r.get("threads") == threads]
+        return (statistics.median(xs), min(xs), max(xs)) if xs else None
+
+    def cell(m):
+        return f"{m[0]:.2f} [{m[1]:.2f}-{m[2]:.2f}]" if m else "-"
+
+    print("| figure | tasks | mount GiB/s | tmpfs GiB/s | ratio | target |")
+    print("|---|---|---|---|---|---|")
+    for title, label, action, base, target in (
+        ("fuse.write", "mount", "fuse.write", "local.write", 0.6),
+        ("fuse.read", "mount", "fuse.read", "local.read", 0.7),
+        ("fuse.write, passthrough mount", "passthrough", "fuse.write", "local.write", None),
+        ("fuse.read, passthrough", "passthrough", "fuse.read", "local.read", 0.9),
+    ):
+        for t in (2, 8):
+            c, b = med(label, action, t), med("tmpfs", base, t)
+            if c and b:
+                tgt = f">= {target:.2f}" if target else ""
+                print(f"| {title} | {t} | {cell(c)} | {cell(b)} | {ratio(c[0], b[0])} | {tgt} |")
+    fio = [r for r in rows if r.get("action") == "fio"]
+    if fio:
+        print("\n| fio job | jobs | mount | tmpfs | ratio | passthrough | tmpfs | ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+
+        def one(label, rw, bs, jobs):
+            xs = [r for r in fio if r["label"] == label and r["rw"] == rw and r["bs"] == bs
+                  and r["threads"] == jobs]
+            if not xs:
+                return None
+            key = "mib_per_sec" if rw == "read" else "iops"
+            return statistics.median(x[key] for x in xs)
+
+        for rw, bs, unit in (("read", "256k", "MiB/s"), ("randread", "4k", "IOPS")):
+            for jobs in (1, 4, 16):
+                m, t = one("mount", rw, bs, jobs), one("tmpfs", rw, bs, jobs)
+                p, tp = one("passthrough", rw, bs, jobs), one("tmpfs-pt", rw, bs, jobs)
+                if m is None or t is None:
+                    continue
+                print(f"| {rw} {bs} | {jobs} | {m:,.0f} {unit} | {t:,.0f} {unit} | {ratio(m, t)} | "
+                      f"{(f'{p:,.0f} {unit}' if p else '-')} | {(f'{tp:,.0f} {unit}' if tp else '-')} | "
+                      f"{ratio(p, tp) if p and tp else '-'} |")
+    notes = os.path.join(HERE, "notes-fuse.md")
+    if os.path.exists(notes):
+        print()
+        print(open(notes).read().rstrip())
+    print()
+
+
 def main():
     header()
     rows, meta = load("data")
@@ -248,6 +316,9 @@ def main():
     rows, meta = load("ufs")
     if rows:
         ufs_section(rows, meta)
+    rows, meta = load("fuse")
+    if rows:
+        fuse_section(rows, meta)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,8 @@ pub struct Fs {
     passthrough: std::sync::atomic::AtomicBool,
     /// Tells the kernel when attributes it cached changed here.
     notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Locks of opens deciding on passthrough, by inode.
+    open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Passthrough handles open per inode, and the backing file they share
     /// (the kernel wants every open of such an inode to use it).
     passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
@@ -220,6 +222,7 @@ impl Fs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
             passthrough_handles: Mutex::new(HashMap::new()),
+            open_locks: Mutex::new(HashMap::new()),
             conf,
         }
     }
@@ -713,6 +716,15 @@ impl Fs {
         }
     }
 
+    /// The lock under which opens of an inode choose passthrough or not.
+    fn open_lock(&self, ino: u64) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.open_locks.lock();
+        if locks.len() > 4096 {
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        locks.entry(ino).or_default().clone()
+    }
+
     /// Passthrough handles of an inode open now.
     fn passthrough_open(&self, ino: u64) -> u32 {
         self.passthrough_handles
@@ -1124,6 +1136,12 @@ impl Filesystem for CurvineFs {
                 return;
             }
             let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
+            // With passthrough, opens of one inode decide one at a time: the
+            // kernel wants all of them on the same backing file, or none.
+            let _decide = match fs.passthrough.load(Ordering::SeqCst) {
+                true => Some(fs.open_lock(ino).lock_owned().await),
+                false => None,
+            };
             if writes && fs.passthrough_open(ino) > 0 {
                 // The kernel reads the file from its block file now, which
                 // is never written in place.
