@@ -196,6 +196,8 @@ pub struct Fs {
     passthrough: std::sync::atomic::AtomicBool,
     /// Tells the kernel when attributes it cached changed here.
     notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Extended attributes found absent, with when (see `xattr_absent`).
+    absent_xattrs: Mutex<HashMap<(u64, String), Instant>>,
     /// Locks of opens deciding on passthrough, by inode.
     open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Passthrough handles open per inode, and the backing file they share
@@ -223,8 +225,38 @@ impl Fs {
             notifier: std::sync::OnceLock::new(),
             passthrough_handles: Mutex::new(HashMap::new()),
             open_locks: Mutex::new(HashMap::new()),
+            absent_xattrs: Mutex::new(HashMap::new()),
             conf,
         }
+    }
+
+    /// Whether an extended attribute was found absent within the TTL.
+    fn xattr_absent(&self, ino: u64, name: &str) -> bool {
+        let ttl = self.conf.meta_cache_ttl.0;
+        self.absent_xattrs
+            .lock()
+            .get(&(ino, name.to_string()))
+            .is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    fn remember_absent_xattr(&self, ino: u64, name: &str) {
+        if self.conf.meta_cache_ttl.0.is_zero() {
+            return;
+        }
+        let mut absent = self.absent_xattrs.lock();
+        if absent.len() > 100_000 {
+            absent.clear();
+        }
+        absent.insert((ino, name.to_string()), Instant::now());
+    }
+
+    fn forget_absent_xattrs(&self, ino: u64) {
+        self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
+    }
+
+    /// The runtime the mount's tasks run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.rt
     }
 
     pub fn stage_dir(&self) -> PathBuf {
@@ -265,12 +297,15 @@ impl Fs {
 
     /// A writer task finished its last close: it ends unless a handle
     /// opened the file for writing meanwhile.
-    pub fn writer_done(&self, ino: u64, writer: &Arc<Writer>) -> bool {
+    pub fn writer_done(&self, ino: u64, flags: &Arc<write::Flags>) -> bool {
         let mut writers = self.writers.lock();
-        if writer.handles.load(Ordering::SeqCst) > 0 {
+        if flags.handles.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        if writers.get(&ino).is_some_and(|w| Arc::ptr_eq(w, writer)) {
+        if writers
+            .get(&ino)
+            .is_some_and(|w| Arc::ptr_eq(&w.flags, flags))
+        {
             writers.remove(&ino);
         }
         true
@@ -563,6 +598,33 @@ impl Fs {
         Ok(st.entries.get(i).cloned())
     }
 
+    /// A read answered at once from a block file the handle's reader has
+    /// open, or `None` (the reader is busy, or the bytes need the node).
+    fn read_now(&self, ino: u64, fh: u64, off: u64, size: u32) -> Option<FsResult<Vec<u8>>> {
+        let handle = self.handle(fh).ok()?;
+        let Handle::File(file) = &*handle else {
+            return None;
+        };
+        let gen = self.generation(ino);
+        let mut slot = file.reader.try_lock().ok()?;
+        let (reader, g) = slot.as_mut()?;
+        if *g != gen {
+            return None;
+        }
+        let len = (size as u64).min(reader.size().saturating_sub(off)) as usize;
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match reader.read_local_now(off + done as u64, &mut buf[done..])? {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        buf.truncate(done);
+        Some(Ok(buf))
+    }
+
     async fn read(&self, ino: u64, fh: u64, off: u64, size: u32) -> FsResult<Vec<u8>> {
         let handle = self.handle(fh)?;
         let Handle::File(file) = &*handle else {
@@ -601,7 +663,7 @@ impl Fs {
     ) -> Arc<Writer> {
         let mut writers = self.writers.lock();
         if let Some(w) = writers.get(&ino) {
-            w.handles.fetch_add(1, Ordering::SeqCst);
+            w.flags.handles.fetch_add(1, Ordering::SeqCst);
             if opened.is_some() {
                 tracing::warn!(ino, "a file created while open for writing here");
             }
@@ -1209,6 +1271,15 @@ impl Filesystem for CurvineFs {
             w.read(offset, size, reply);
             return;
         }
+        // Data in a block file of this host the handle has open: answered
+        // here, without a hand-off to a task (one wake-up less per read).
+        if let Some(data) = fs.read_now(ino.0, fh.0, offset, size) {
+            match data {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+            return;
+        }
         self.spawn(async move {
             let data = try_reply!(reply, fs.read(ino.0, fh.0, offset, size).await);
             reply.data(&data);
@@ -1237,7 +1308,7 @@ impl Filesystem for CurvineFs {
         match &*handle {
             Handle::File(f) if f.writer.is_some() => {
                 if let Some(w) = &f.writer {
-                    w.write(offset, data.to_vec(), reply)
+                    w.write(offset, data, reply)
                 }
             }
             _ => reply.error(Errno::from_i32(libc::EBADF)),
@@ -1526,7 +1597,10 @@ impl Filesystem for CurvineFs {
                 XattrMode::Any
             };
             let path = try_reply!(reply, fs.inodes.path(ino.0));
-            try_reply!(reply, fs.client.set_xattr(&path, name, &value, mode).await);
+            fs.forget_absent_xattrs(ino.0);
+            let result = fs.client.set_xattr(&path, name, &value, mode).await;
+            fs.forget_absent_xattrs(ino.0);
+            try_reply!(reply, result);
             fs.inodes.expire(ino.0);
             reply.ok();
         });
@@ -1534,6 +1608,12 @@ impl Filesystem for CurvineFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let fs = self.0.clone();
+        // The kernel asks for security.capability before every write: a
+        // known absence is answered here, without a task.
+        if name.to_str().is_some_and(|n| fs.xattr_absent(ino.0, n)) {
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
         let name = name.to_os_string();
         self.spawn(async move {
             let name = try_reply!(reply, name_str(&name));
@@ -1542,8 +1622,15 @@ impl Filesystem for CurvineFs {
                 return;
             }
             let path = try_reply!(reply, fs.inodes.path(ino.0));
-            let value = try_reply!(reply, fs.client.get_xattr(&path, name).await);
-            xattr_reply(reply, size, &value);
+            match fs.client.get_xattr(&path, name).await {
+                Ok(value) => xattr_reply(reply, size, &value),
+                Err(e) => {
+                    if matches!(e, FsError::NoData(_)) {
+                        fs.remember_absent_xattr(ino.0, name);
+                    }
+                    reply.error(errno(&e));
+                }
+            }
         });
     }
 
@@ -1567,7 +1654,9 @@ impl Filesystem for CurvineFs {
         self.spawn(async move {
             let name = try_reply!(reply, name_str(&name));
             let path = try_reply!(reply, fs.inodes.path(ino.0));
-            try_reply!(reply, fs.client.remove_xattr(&path, name).await);
+            let result = fs.client.remove_xattr(&path, name).await;
+            fs.forget_absent_xattrs(ino.0);
+            try_reply!(reply, result);
             fs.inodes.expire(ino.0);
             reply.ok();
         });
@@ -1710,7 +1799,7 @@ impl Fs {
     /// A handle that wrote a file was released.
     fn release_writer(&self, _ino: u64, w: &Arc<Writer>) {
         let _writers = self.writers.lock();
-        if w.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if w.flags.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
             w.close();
         }
     }

@@ -60,9 +60,8 @@ pub enum WriteOp {
     Close,
 }
 
-/// What the mount's other parts see of a writer task.
-pub struct Writer {
-    tx: mpsc::UnboundedSender<WriteOp>,
+/// What a writer task and the rest of the mount share about a file.
+pub struct Flags {
     /// Writes queued and not yet applied.
     pending: AtomicU64,
     /// Writes applied and not yet committed.
@@ -74,25 +73,53 @@ pub struct Writer {
     pub handles: AtomicU32,
 }
 
+/// What the mount's other parts see of a writer task.
+pub struct Writer {
+    tx: mpsc::UnboundedSender<WriteOp>,
+    pub flags: Arc<Flags>,
+    /// The task's state: the task holds it while it applies an operation;
+    /// a fuser thread takes it for a write that needs no waiting.
+    core: Arc<tokio::sync::Mutex<Task>>,
+}
+
 impl Writer {
     /// Whether the file has writes that other clients do not see yet.
     pub fn dirty(&self) -> bool {
-        self.pending.load(Ordering::SeqCst) > 0 || self.unsettled.load(Ordering::SeqCst)
+        self.flags.pending.load(Ordering::SeqCst) > 0 || self.flags.unsettled.load(Ordering::SeqCst)
     }
 
     /// Size and mtime of the file with the uncommitted writes.
     pub fn overlay(&self, attr: &mut Attr) {
         if self.dirty() {
-            attr.size = self.size.load(Ordering::SeqCst);
-            attr.mtime_ns = self.mtime_ns.load(Ordering::SeqCst);
+            attr.size = self.flags.size.load(Ordering::SeqCst);
+            attr.mtime_ns = self.flags.mtime_ns.load(Ordering::SeqCst);
             attr.ctime_ns = attr.ctime_ns.max(attr.mtime_ns);
         }
     }
 
-    pub fn write(&self, off: u64, data: Vec<u8>, reply: ReplyWrite) {
-        self.pending.fetch_add(1, Ordering::SeqCst);
-        if let Err(mpsc::error::SendError(op)) = self.tx.send(WriteOp::Write { off, data, reply }) {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
+    /// Applies a write: at once when it continues a stream into a block
+    /// file of this host and nothing is queued before it, else through the
+    /// task (in order with what is queued).
+    pub fn write(&self, off: u64, data: &[u8], reply: ReplyWrite) {
+        if self.flags.pending.load(Ordering::SeqCst) == 0 {
+            if let Ok(mut task) = self.core.try_lock() {
+                if let Some(result) = task.write_now(off, data) {
+                    match result {
+                        Ok(()) => reply.written(data.len() as u32),
+                        Err(e) => reply.error(errno(&e)),
+                    }
+                    return;
+                }
+            }
+        }
+        self.flags.pending.fetch_add(1, Ordering::SeqCst);
+        let op = WriteOp::Write {
+            off,
+            data: data.to_vec(),
+            reply,
+        };
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
+            self.flags.pending.fetch_sub(1, Ordering::SeqCst);
             if let WriteOp::Write { reply, .. } = op {
                 reply.error(fuser::Errno::EIO);
             }
@@ -146,8 +173,7 @@ pub fn start(
     size: u64,
 ) -> Arc<Writer> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer = Arc::new(Writer {
-        tx,
+    let flags = Arc::new(Flags {
         pending: AtomicU64::new(0),
         unsettled: AtomicBool::new(false),
         size: AtomicU64::new(size),
@@ -155,19 +181,65 @@ pub fn start(
         handles: AtomicU32::new(1),
     });
     let task = Task {
-        fs,
+        fs: fs.clone(),
         ino,
         owner,
         state: match opened {
             Some(w) => State::Stream(Box::new(w)),
             None => State::Idle,
         },
-        shared: writer.clone(),
+        shared: flags.clone(),
         failed: None,
     };
-    task.fs.inodes.pin(ino);
-    tokio::spawn(task.run(rx));
-    writer
+    fs.inodes.pin(ino);
+    let core = Arc::new(tokio::sync::Mutex::new(task));
+    tokio::spawn(run(core.clone(), rx));
+    Arc::new(Writer { tx, flags, core })
+}
+
+/// The writer task: applies queued operations one at a time.
+async fn run(core: Arc<tokio::sync::Mutex<Task>>, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
+    while let Some(op) = rx.recv().await {
+        // Replies to writes and reads go out after the state is released,
+        // so the kernel's next write can take the fast path.
+        match op {
+            WriteOp::Write { off, data, reply } => {
+                let result = {
+                    let mut task = core.lock().await;
+                    let result = task.write(off, &data).await;
+                    task.shared.pending.fetch_sub(1, Ordering::SeqCst);
+                    if let Err(e) = &result {
+                        tracing::warn!(ino = task.ino, off, len = data.len(), error = %e, "write failed");
+                    }
+                    result
+                };
+                match result {
+                    Ok(()) => reply.written(data.len() as u32),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
+            WriteOp::Read { off, size, reply } => {
+                let result = {
+                    let mut task = core.lock().await;
+                    let result = task.read(off, size).await;
+                    if let Err(e) = &result {
+                        tracing::warn!(ino = task.ino, off, size, error = %e, "read failed");
+                    }
+                    result
+                };
+                match result {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
+            op => {
+                let mut task = core.lock().await;
+                if task.apply(op).await {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 enum State {
@@ -181,7 +253,7 @@ struct Task {
     ino: u64,
     owner: (u32, u32),
     state: State,
-    shared: Arc<Writer>,
+    shared: Arc<Flags>,
     /// A write that failed after it was acknowledged cannot happen (writes
     /// are acknowledged when applied); this holds a commit failure of an
     /// implicit commit (a mode switch) until a flush reports it.
@@ -189,28 +261,13 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
-        while let Some(op) = rx.recv().await {
+    /// Applies one operation; true when the task is done (last close).
+    async fn apply(&mut self, op: WriteOp) -> bool {
+        {
             match op {
-                WriteOp::Write { off, data, reply } => {
-                    let len = data.len();
-                    let result = self.write(off, &data).await;
-                    self.shared.pending.fetch_sub(1, Ordering::SeqCst);
-                    match result {
-                        Ok(()) => reply.written(len as u32),
-                        Err(e) => {
-                            tracing::warn!(ino = self.ino, off, len, error = %e, "write failed");
-                            reply.error(errno(&e));
-                        }
-                    }
+                WriteOp::Write { .. } | WriteOp::Read { .. } => {
+                    unreachable!("writes and reads are applied by the task loop")
                 }
-                WriteOp::Read { off, size, reply } => match self.read(off, size).await {
-                    Ok(data) => reply.data(&data),
-                    Err(e) => {
-                        tracing::warn!(ino = self.ino, off, size, error = %e, "read failed");
-                        reply.error(errno(&e));
-                    }
-                },
                 WriteOp::Commit { done } => {
                     let _ = done.send(self.commit().await);
                 }
@@ -226,11 +283,38 @@ impl Task {
                     }
                     if self.fs.writer_done(self.ino, &self.shared) {
                         self.fs.inodes.unpin(self.ino);
-                        return;
+                        return true;
                     }
                 }
             }
         }
+        false
+    }
+
+    /// A write applied without waiting (see [`Writer::write`]).
+    fn write_now(&mut self, off: u64, data: &[u8]) -> Option<FsResult<()>> {
+        let State::Stream(w) = &mut self.state else {
+            return None;
+        };
+        if w.position() != off {
+            return None;
+        }
+        let _runtime = self.fs.runtime().enter();
+        let result = w.write_now(data)?;
+        if result.is_ok() {
+            self.applied(off + data.len() as u64);
+        }
+        Some(result)
+    }
+
+    /// Records an applied write ending at `end`.
+    fn applied(&self, end: u64) {
+        let size = self.size().max(end);
+        self.shared.size.store(size, Ordering::SeqCst);
+        self.shared
+            .mtime_ns
+            .store(curvine_messages::now_ns(), Ordering::SeqCst);
+        self.shared.unsettled.store(true, Ordering::SeqCst);
     }
 
     fn path(&self) -> FsResult<String> {
@@ -291,12 +375,7 @@ impl Task {
                 s.write(off, data)?;
             }
         }
-        let size = self.size().max(end);
-        self.shared.size.store(size, Ordering::SeqCst);
-        self.shared
-            .mtime_ns
-            .store(curvine_messages::now_ns(), Ordering::SeqCst);
-        self.shared.unsettled.store(true, Ordering::SeqCst);
+        self.applied(end);
         Ok(())
     }
 

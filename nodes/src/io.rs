@@ -568,6 +568,9 @@ async fn fetch_remote(client: &Client, src: &Source, off: u64, buf: &mut [u8]) -
     Ok(())
 }
 
+/// Block files a reader keeps open for short-circuit reads.
+const LOCAL_BLOCKS_OPEN: usize = 64;
+
 /// Reads a file as it was when opened.
 pub struct FileReader {
     client: Client,
@@ -706,8 +709,12 @@ impl FileReader {
         }
         match open_local_block(&self.client, src).await {
             Some(block) => {
-                if self.local.len() >= 4 {
-                    self.local.clear();
+                // Random readers jump between blocks: keep a good number of
+                // them open (each reopen is a request to the node).
+                if self.local.len() >= LOCAL_BLOCKS_OPEN {
+                    if let Some(&drop) = self.local.keys().find(|i| **i != index) {
+                        self.local.remove(&drop);
+                    }
                 }
                 let block = Arc::new(block);
                 self.local.insert(index, block.clone());
@@ -718,6 +725,28 @@ impl FileReader {
                 None
             }
         }
+    }
+
+    /// Reads at `offset` without waiting, when every byte asked for is in
+    /// a block file of this host the reader has open (short-circuit):
+    /// `None` when the read needs the node or the network. Verified like
+    /// every read.
+    pub fn read_local_now(&mut self, offset: u64, buf: &mut [u8]) -> Option<FsResult<usize>> {
+        if offset >= self.attr.size || buf.is_empty() {
+            return Some(Ok(0));
+        }
+        let index = (offset / self.bs) as u32;
+        let off = offset % self.bs;
+        let block = self.blocks.get(&index)?;
+        let n = (buf.len() as u64)
+            .min(self.attr.size - offset)
+            .min(self.bs - off)
+            .min(block.info.len.saturating_sub(off)) as usize;
+        if n == 0 {
+            return None;
+        }
+        let local = self.local.get(&index)?;
+        Some(local.read_at(off, &mut buf[..n]).map(|_| n))
     }
 
     /// Reads at the current position; returns 0 at the end of the file.
@@ -1177,28 +1206,7 @@ impl FileWriter {
             return Err(FsError::Io("no block open".into()));
         };
         match &mut sink.kind {
-            SinkKind::Local {
-                file,
-                crcs,
-                unit_crc,
-                unit_fill,
-                ..
-            } => {
-                file.write_all(data)
-                    .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
-                let mut rest = data;
-                while !rest.is_empty() {
-                    let n = (CHECKSUM_UNIT - *unit_fill).min(rest.len());
-                    unit_crc.update(&rest[..n]);
-                    *unit_fill += n;
-                    rest = &rest[n..];
-                    if *unit_fill == CHECKSUM_UNIT {
-                        crcs.push(unit_crc.value());
-                        **unit_crc = Crc32c::default();
-                        *unit_fill = 0;
-                    }
-                }
-            }
+            SinkKind::Local { .. } => write_local(sink, data)?,
             SinkKind::Remote { tx, buf, task } => {
                 let mut rest = data;
                 while !rest.is_empty() {
@@ -1221,8 +1229,20 @@ impl FileWriter {
                 }
             }
         }
-        sink.len += data.len() as u64;
-        self.pos += data.len() as u64;
+        self.wrote(data.len());
+        Ok(())
+    }
+
+    /// Moves the position past bytes written into the current block and
+    /// asks for the next block once this one is half full.
+    fn wrote(&mut self, n: usize) {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.len += n as u64;
+        }
+        let Some(sink) = self.sink.as_ref() else {
+            return;
+        };
+        self.pos += n as u64;
         self.size = self.size.max(self.pos);
         let half = self.bs / 2;
         if sink.len >= half && self.next.is_none() {
@@ -1230,7 +1250,29 @@ impl FileWriter {
             let task = self.grant(next);
             self.next = Some((next, task));
         }
-        Ok(())
+    }
+
+    /// Writes at the current position without waiting, when the bytes fit
+    /// inside the block being written straight into its file on this host
+    /// (short-circuit): `None` when the write needs more (a new block, the
+    /// data port), which [`FileWriter::write`] does. Must run inside the
+    /// tokio runtime (it may ask for the next block in the background).
+    pub fn write_now(&mut self, data: &[u8]) -> Option<FsResult<()>> {
+        if self.failed || data.is_empty() {
+            return None;
+        }
+        let sink = self.sink.as_mut()?;
+        if !matches!(sink.kind, SinkKind::Local { .. })
+            || self.pos % self.bs + data.len() as u64 >= self.bs
+        {
+            return None;
+        }
+        if let Err(e) = write_local(sink, data) {
+            self.failed = true;
+            return Some(Err(e));
+        }
+        self.wrote(data.len());
+        Some(Ok(()))
     }
 
     /// Finishes the current block: copies the old bytes after the written
@@ -1421,6 +1463,35 @@ impl FileWriter {
             })
             .await
     }
+}
+
+/// Appends bytes to a block file written directly, with its unit crcs.
+fn write_local(sink: &mut Sink, data: &[u8]) -> FsResult<()> {
+    let SinkKind::Local {
+        file,
+        crcs,
+        unit_crc,
+        unit_fill,
+        ..
+    } = &mut sink.kind
+    else {
+        return Err(FsError::Io("the block is not written locally".into()));
+    };
+    file.write_all(data)
+        .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = (CHECKSUM_UNIT - *unit_fill).min(rest.len());
+        unit_crc.update(&rest[..n]);
+        *unit_fill += n;
+        rest = &rest[n..];
+        if *unit_fill == CHECKSUM_UNIT {
+            crcs.push(unit_crc.value());
+            **unit_crc = Crc32c::default();
+            *unit_fill = 0;
+        }
+    }
+    Ok(())
 }
 
 fn block_info(grant: &BlockGrant, len: u64, crc: u32) -> BlockInfo {
