@@ -429,6 +429,21 @@ impl Fs {
         Ok((caller.uid, caller.gid, mode))
     }
 
+    /// Path, owner and mode of something a caller creates as `name` in
+    /// `parent` (a directory when `dir`).
+    async fn new_entry(
+        &self,
+        parent: u64,
+        name: &str,
+        caller: Caller,
+        mode: u32,
+        dir: bool,
+    ) -> FsResult<(String, u32, u32, u32)> {
+        let path = self.inodes.child_path(parent, name)?;
+        let (uid, gid, mode) = self.new_owner(parent, caller, mode & 0o7777, dir).await?;
+        Ok((path, uid, gid, mode))
+    }
+
     /// Checks the rules of chmod, chown and utimens for a caller.
     fn check_setattr(&self, caller: Caller, attr: &Attr, set: &mut SetAttr) -> FsResult<()> {
         let owner = caller.root() || caller.uid == attr.uid;
@@ -1019,10 +1034,9 @@ impl Filesystem for CurvineFs {
         let name = name.to_os_string();
         self.spawn(async move {
             let name = try_reply!(reply, name_str(&name));
-            let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
-            let (uid, gid, mode) = try_reply!(
+            let (path, uid, gid, mode) = try_reply!(
                 reply,
-                fs.new_owner(parent.0, caller, mode & 0o7777 & !umask, false)
+                fs.new_entry(parent.0, name, caller, mode & !umask, false)
                     .await
             );
             let attr = try_reply!(
@@ -1056,10 +1070,9 @@ impl Filesystem for CurvineFs {
         let name = name.to_os_string();
         self.spawn(async move {
             let name = try_reply!(reply, name_str(&name));
-            let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
-            let (uid, gid, mode) = try_reply!(
+            let (path, uid, gid, mode) = try_reply!(
                 reply,
-                fs.new_owner(parent.0, caller, mode & 0o7777 & !umask, true)
+                fs.new_entry(parent.0, name, caller, mode & !umask, true)
                     .await
             );
             let attr = try_reply!(
@@ -1690,10 +1703,9 @@ impl Filesystem for CurvineFs {
         let name = name.to_os_string();
         self.spawn(async move {
             let name = try_reply!(reply, name_str(&name));
-            let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
-            let (uid, gid, mode) = try_reply!(
+            let (path, uid, gid, mode) = try_reply!(
                 reply,
-                fs.new_owner(parent.0, caller, mode & 0o7777 & !umask, false)
+                fs.new_entry(parent.0, name, caller, mode & !umask, false)
                     .await
             );
             let options = WriteOptions {
@@ -1773,7 +1785,7 @@ fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
 }
 
 /// Attributes of nothing (a negative entry's).
-fn empty_attr() -> Attr {
+pub(crate) fn empty_attr() -> Attr {
     Attr {
         ino: 0,
         kind: FileKind::File,

@@ -365,20 +365,9 @@ mod tests {
             ino,
             kind,
             mode: 0o755,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
             nlink: 1,
-            symlink: None,
-            block_size: 0,
             replicas: 1,
-            parent: 0,
-            storage: None,
-            writing: None,
-            ufs: None,
+            ..crate::fs::empty_attr()
         }
     }
 
