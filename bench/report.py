@@ -195,7 +195,7 @@ def cluster_section(rows, meta):
 
 
 def ufs_section(rows, meta):
-    print("## B2: small files over S3 (client library)\n")
+    print("## B2: small files over S3 (client library and FUSE mount)\n")
     print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
           f"`bench/run-ufs.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
           "`bench/results/ufs.jsonl`")
@@ -206,7 +206,10 @@ def ufs_section(rows, meta):
           "`direct` is a GET per file from S3 (every file once, random order); "
           "`first read` is every file once through a fresh cache_mode mount (each read "
           "goes to S3 and fills the cache); `warm` is "
-          f"{meta.get('reads', '?')} files picked at random once all are cached\n")
+          f"{meta.get('reads', '?')} files picked at random once all are cached; the "
+          "`FUSE mount` rows do the same with plain file reads (threads of one "
+          "`curvine-bench --action local.small-read`) under a default FUSE mount of "
+          "the node\n")
 
     def med(label, phase, threads, key="files_per_sec"):
         xs = [r[key] for r in rows if r.get("label") == label and r.get("phase") == phase
@@ -217,8 +220,13 @@ def ufs_section(rows, meta):
     print("|---|---|---|---|---|")
     for t in (2, 8):
         base = med("direct", "direct", t)
-        for title, phase in (("first read through the cache", "cold"), ("warm reads", "warm")):
-            v = med("cache", phase, t)
+        for title, label, phase in (
+            ("first read through the cache", "cache", "cold"),
+            ("warm reads", "cache", "warm"),
+            ("FUSE mount: first read", "fuse", "cold"),
+            ("FUSE mount: warm reads", "fuse", "warm"),
+        ):
+            v = med(label, phase, t)
             if v and base:
                 print(f"| {title} | {t} | {v:,.0f} | {base:,.0f} | {ratio(v, base)} |")
     load = [r for r in rows if r.get("label") == "load"]

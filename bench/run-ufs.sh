@@ -3,8 +3,10 @@
 # 60-140 KB on the test S3 server (moto, on loopback), read with 2 and 8
 # readers straight from S3 (a GET per file, the seed's baseline), then
 # through a cache_mode mount of a node: first read (through to S3, filling
-# the cache) and warm reads; and a load job of the bucket against the same
-# objects read directly. Writes bench/results/ufs.jsonl and bench/RESULTS.md.
+# the cache) and warm reads, through the client library and through a FUSE
+# mount of the node (plain file reads, like the seed's load_img.py); and a
+# load job of the bucket against the same objects read directly. Writes
+# bench/results/ufs.jsonl and bench/RESULTS.md.
 #
 #   bench/run-ufs.sh           # 5,000 files, 20,000 warm reads, 3 repetitions
 #   bench/run-ufs.sh --quick   # 1,000 files, 5,000 warm reads, 1 repetition
@@ -22,7 +24,9 @@ bin=target/release
 work=$(mktemp -d /var/tmp/curvine-bench-ufs.XXXXXX)
 shm=$(mktemp -d /dev/shm/curvine-bench-ufs.XXXXXX)
 node_pid=
+mnt=$work/mnt
 cleanup() {
+  "$bin/curvine-cli" fuse umount --lazy "$mnt" >/dev/null 2>&1 || true
   [ -n "$node_pid" ] && { kill "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
   integration/s3-server.sh stop "$work/s3" || true
   rm -rf "$work" "$shm"
@@ -46,6 +50,8 @@ for _ in $(seq 100); do
 done
 addr="127.0.0.1:$port"
 cli() { "$bin/curvine-cli" --cluster "$addr" "$@"; }
+mkdir -p "$mnt"
+cli fuse mount "$mnt" --daemon --log-file "$work/fuse.log" -c log.level=warn >&2
 
 mkdir -p bench/results
 results=bench/results/ufs.jsonl
@@ -65,6 +71,12 @@ for r in $(seq "$reps"); do
       --file-num "$files" --reads "$reads" --client-threads "$t" --json --label "cache" \
       | tee -a "$results" >&2
     cli umount "/b2-$r-$t" >&2
+    # The same through the FUSE mount, on a fresh mount of the bucket.
+    cli mount "$bucket" "/b2f-$r-$t" "${props[@]}" >&2
+    "$bin/curvine-bench" --action local.small-read --dir "$mnt/b2f-$r-$t" \
+      --file-num "$files" --reads "$reads" --client-threads "$t" --json --label "fuse" \
+      | tee -a "$results" >&2
+    cli umount "/b2f-$r-$t" >&2
   done
   # A load job of the whole bucket into a fresh mount.
   cli mount "$bucket" "/load-$r" "${props[@]}" >&2

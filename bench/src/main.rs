@@ -90,7 +90,7 @@ struct Args {
     /// properties are given with -c s3.*=...
     #[arg(long)]
     ufs: Option<String>,
-    /// Random reads of the warm phase of fs.small-read.
+    /// Random reads of the warm phase of fs.small-read and local.small-read.
     #[arg(long, default_value_t = 20_000)]
     reads: u64,
 }

@@ -11,7 +11,10 @@
 //! - `fs.small-read`: reads the same files through the cluster under
 //!   `--dir` (a mount of that location): first every file once in a random
 //!   order (`cold`: each read goes through to the UFS and fills the cache),
-//!   then `--reads` files picked at random (`warm`).
+//!   then `--reads` files picked at random (`warm`);
+//! - `local.small-read`: the same phases with plain file reads under the
+//!   local directory `--dir` (a FUSE mount of the cluster, or any directory
+//!   holding the files), like the seed's `load_img.py` without the decode.
 //!
 //! Each phase prints `<action> files, cost, files/s, MB/s`.
 
@@ -55,7 +58,10 @@ struct SmallResult {
 }
 
 pub fn is_small_action(action: &str) -> bool {
-    matches!(action, "ufs.put" | "ufs.read" | "fs.small-read")
+    matches!(
+        action,
+        "ufs.put" | "ufs.read" | "fs.small-read" | "local.small-read"
+    )
 }
 
 fn name(i: u64) -> String {
@@ -182,6 +188,24 @@ pub async fn run(p: Params, client: Option<Client>) -> Result<(), String> {
             }
             Ok(())
         }
+        "local.small-read" => {
+            let root = p.dir.trim_end_matches('/').to_string();
+            let read = move |i: u64| {
+                let path = format!("{root}/{}", name(i));
+                async move {
+                    let p2 = path.clone();
+                    let data = tokio::task::spawn_blocking(move || std::fs::read(&p2))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| format!("{path}: {e}"))?;
+                    if data.len() != size(i) {
+                        return Err(format!("{path}: {} bytes", data.len()));
+                    }
+                    Ok(data.len() as u64)
+                }
+            };
+            small_phases(&p, read).await
+        }
         "fs.small-read" => {
             let client = Arc::new(client.ok_or("no client")?);
             let root = p.dir.trim_end_matches('/').to_string();
@@ -204,14 +228,23 @@ pub async fn run(p: Params, client: Option<Client>) -> Result<(), String> {
                     }
                 }
             };
-            let (bytes, secs) = drive(shuffled(p.files, 2), p.threads, read.clone()).await?;
-            report(&p, "cold", p.files, bytes, secs);
-            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-            let picks: Vec<u64> = (0..p.reads).map(|_| rng.gen_range(0..p.files)).collect();
-            let (bytes, secs) = drive(picks, p.threads, read).await?;
-            report(&p, "warm", p.reads, bytes, secs);
-            Ok(())
+            small_phases(&p, read).await
         }
         other => Err(format!("unknown small-file action {other}")),
     }
+}
+
+/// Every file once in a random order (`cold`), then `--reads` random picks (`warm`).
+async fn small_phases<F, Fut>(p: &Params, read: F) -> Result<(), String>
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<u64, String>> + Send,
+{
+    let (bytes, secs) = drive(shuffled(p.files, 2), p.threads, read.clone()).await?;
+    report(p, "cold", p.files, bytes, secs);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let picks: Vec<u64> = (0..p.reads).map(|_| rng.gen_range(0..p.files)).collect();
+    let (bytes, secs) = drive(picks, p.threads, read).await?;
+    report(p, "warm", p.reads, bytes, secs);
+    Ok(())
 }

@@ -155,7 +155,7 @@ fn data_actions_write_read_and_verify() {
 }
 
 #[test]
-fn small_file_actions_run_against_s3_and_a_mount() {
+fn small_file_actions_run_against_s3_a_mount_and_a_fuse_mount() {
     let Some(s3) = curvine_integration::TestS3::get() else {
         return;
     };
@@ -202,4 +202,20 @@ fn small_file_actions_run_against_s3_and_a_mount() {
         "every file read whole"
     );
     assert_eq!(cached[1]["files"], 60);
+    // The same files through a FUSE mount with plain file reads.
+    let m = curvine_integration::FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    let mnt_b2 = m.path("b2");
+    let local = run(&[
+        "--action",
+        "local.small-read",
+        "--dir",
+        mnt_b2.to_str().unwrap(),
+    ]);
+    assert_eq!(local[0]["phase"], "cold");
+    assert_eq!(
+        local[0]["bytes"].as_u64(),
+        Some(bytes),
+        "every file read whole"
+    );
+    assert_eq!(local[1]["files"], 60);
 }
