@@ -971,3 +971,131 @@ fn passthrough_reads_one_block_files_from_the_block_file() {
     // Files of several blocks read through the mount as usual.
     assert!(fs::read(m.path("big")).unwrap() == big);
 }
+
+/// A TCP proxy in front of the S3 server that can be told to hold what it
+/// forwards: requests through it then hang, as against a stuck store.
+struct StallProxy {
+    addr: String,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn stall_proxy(target: &str) -> StallProxy {
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let stalled = Arc::new(AtomicBool::new(false));
+    let (target, flag) = (target.to_string(), stalled.clone());
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                let flag = flag.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        while flag.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    StallProxy { addr, stalled }
+}
+
+#[test]
+fn a_hung_ufs_read_does_not_hold_other_requests() {
+    use std::sync::atomic::Ordering;
+    let Some(s3) = curvine_integration::TestS3::get() else {
+        return;
+    };
+    let endpoint = s3
+        .endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let proxy = stall_proxy(&endpoint);
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let loc = s3.location("stall");
+    let ufs = s3.ufs(&loc);
+    let big = random_bytes(2 * 1024 * 1024, 31);
+    runtime().block_on(async {
+        ufs.write_all("slow/big", big.clone()).await.unwrap();
+        ufs.write_all("fast/small", b"cached".to_vec())
+            .await
+            .unwrap();
+    });
+    // The mount reaches S3 through the proxy.
+    let mut args: Vec<String> = vec!["mount".into(), loc.clone(), "/s3".into()];
+    for p in s3.props() {
+        args.push(match p.strip_prefix("s3.endpoint_url=") {
+            Some(_) => format!("s3.endpoint_url=http://{}", proxy.addr),
+            None => p,
+        });
+    }
+    node.cli_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    assert_eq!(fs::read(m.path("s3/fast/small")).unwrap(), b"cached");
+    assert_eq!(
+        fs::metadata(m.path("s3/slow/big")).unwrap().len(),
+        big.len() as u64
+    );
+    fs::write(m.path("local.txt"), b"local").unwrap();
+
+    // S3 stops answering; a read of an object not cached hangs on it.
+    proxy.stalled.store(true, Ordering::SeqCst);
+    let slow_path = m.path("s3/slow/big");
+    let slow = std::thread::spawn(move || fs::read(slow_path));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!slow.is_finished(), "the read should wait for S3");
+
+    // Meanwhile everything else through the mount answers.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (m_dir, started) = (m.dir.clone(), std::time::Instant::now());
+    std::thread::spawn(move || {
+        let p = |r: &str| m_dir.join(r);
+        let result = (|| -> std::io::Result<()> {
+            assert_eq!(fs::read(p("local.txt"))?, b"local");
+            assert_eq!(fs::read(p("s3/fast/small"))?, b"cached");
+            fs::write(p("new.txt"), b"written while S3 hangs")?;
+            assert_eq!(fs::read(p("new.txt"))?, b"written while S3 hangs");
+            fs::create_dir(p("d"))?;
+            assert!(fs::read_dir(&m_dir)?.count() >= 4);
+            Ok(())
+        })();
+        let _ = tx.send(result);
+    });
+    let done = rx.recv_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(done, Ok(Ok(()))),
+        "other requests were held: {done:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(!slow.is_finished(), "the S3 read is still waiting");
+
+    // S3 answers again: the held read completes with the object.
+    proxy.stalled.store(false, Ordering::SeqCst);
+    let got = slow.join().unwrap().unwrap();
+    assert!(got == big);
+}
