@@ -1230,7 +1230,7 @@ impl Filesystem for CurvineFs {
                     match w.open_truncate().await {
                         Ok(a) => attr = a,
                         Err(e) => {
-                            fs.release_writer(ino, &w);
+                            fs.release_writer(&w);
                             reply.error(errno(&e));
                             return;
                         }
@@ -1387,7 +1387,7 @@ impl Filesystem for CurvineFs {
         };
         if let Handle::File(f) = &*handle {
             if let Some(w) = &f.writer {
-                fs.release_writer(ino.0, w);
+                fs.release_writer(w);
             }
             if f.backing.is_some() {
                 let mut pt = fs.passthrough_handles.lock();
@@ -1809,7 +1809,7 @@ pub(crate) fn empty_attr() -> Attr {
 
 impl Fs {
     /// A handle that wrote a file was released.
-    fn release_writer(&self, _ino: u64, w: &Arc<Writer>) {
+    fn release_writer(&self, w: &Arc<Writer>) {
         let _writers = self.writers.lock();
         if w.flags.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
             w.close();

@@ -31,6 +31,24 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// SIGKILL a child process and reap it.
+fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// SIGTERM a child process and wait; returns its exit code.
+fn terminate_child(child: &mut Option<Child>) -> Option<i32> {
+    let mut child = child.take()?;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    child.wait().ok().and_then(|s| s.code())
+}
+
 /// A node process with its own data directory.
 pub struct NodeProcess {
     pub data_dir: PathBuf,
@@ -184,20 +202,12 @@ impl NodeProcess {
 
     /// SIGKILL: no chance to flush anything.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// SIGTERM and wait; returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        // SAFETY: sending a signal to our own child process.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        child.wait().ok().and_then(|s| s.code())
+        terminate_child(&mut self.child)
     }
 
     pub fn client_conf(&self) -> ClientConf {
@@ -597,26 +607,14 @@ impl FuseMount {
         );
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-
     /// SIGKILL: the mount is left dead.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// SIGTERM and wait; returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        // SAFETY: sending a signal to our own child process.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        child.wait().ok().and_then(|s| s.code())
+        terminate_child(&mut self.child)
     }
 
     /// Waits for the process to exit by itself (after an unmount).
