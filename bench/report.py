@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Writes bench/RESULTS.md (to stdout) from the raw figures the benchmark
-scripts keep in bench/results: data.jsonl (B1, bench/run-data.sh),
-meta.jsonl (B4, bench/run-meta.sh), cluster.jsonl, ufs.jsonl (B2,
-bench/run-ufs.sh) and fuse.jsonl (B1 and B3 through the mount,
-bench/run-fuse.sh), each with an .info.json about its run."""
+"""Renders RESULTS.md, and a PNG chart per benchmark group beside it in
+plots/, from the raw figures the benchmark scripts keep in results/:
+data.jsonl (B1, run-data.sh), fuse.jsonl (B1 through the mount and B3,
+run-fuse.sh), ufs.jsonl (B2, run-ufs.sh), meta.jsonl (B4, run-meta.sh) and
+cluster.jsonl (run-cluster.sh), each with an .info.json about its run, and
+run.info.json from run-all.sh.
 
+    bench/report.py [--results bench/results] [--out bench/RESULTS.md]
+"""
+
+import argparse
 import json
 import os
 import platform
@@ -12,321 +17,509 @@ import statistics
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
 
 
 def sh(cmd):
     try:
-        return subprocess.check_output(cmd, shell=True, text=True).strip()
+        return subprocess.check_output(cmd, shell=True, text=True, stderr=subprocess.DEVNULL).strip()
     except Exception:
         return "?"
 
 
-def load(name):
-    path = os.path.join(RESULTS, name + ".jsonl")
-    info = os.path.join(RESULTS, name + ".info.json")
-    if not os.path.exists(path):
-        return None, None
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    meta = json.load(open(info)) if os.path.exists(info) else {}
-    return rows, meta
-
-
 def ratio(a, b):
-    return f"{a / b:.2f}" if b else "-"
+    return f"{a / b:.2f}" if a is not None and b else "-"
 
 
-def header():
+def med(xs):
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+def spread(xs):
+    """(median, min, max) of xs, or None."""
+    xs = list(xs)
+    return (statistics.median(xs), min(xs), max(xs)) if xs else None
+
+
+def cell(m, fmt="{:.2f}"):
+    if not m:
+        return "-"
+    if m[1] == m[2]:
+        return fmt.format(m[0])
+    return f"{fmt.format(m[0])} [{fmt.format(m[1])}-{fmt.format(m[2])}]"
+
+
+def num(v):
+    return f"{v:,.0f}" if v is not None else "-"
+
+
+def select(rows, key, **kw):
+    return [r[key] for r in rows if all(r.get(k) == v for k, v in kw.items()) and key in r]
+
+
+class Plots:
+    """Grouped horizontal bar charts, one PNG per benchmark group."""
+
+    def __init__(self, out_dir):
+        self.dir = os.path.join(out_dir, "plots")
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            self.plt = plt
+        except ImportError:
+            self.plt = None
+        self.written = []
+
+    def bars(self, name, title, unit, cats, series, log=False):
+        """cats: row labels; series: [(name, [value or None per cat])].
+        Returns a markdown link to the chart, or a note why there is none."""
+        if not cats or not series:
+            return ""
+        if self.plt is None:
+            return "(no chart: matplotlib is not installed; `pip install matplotlib`)\n"
+        plt = self.plt
+        os.makedirs(self.dir, exist_ok=True)
+        n = len(series)
+        h = 0.8 / n
+        fig, ax = plt.subplots(figsize=(10, 0.9 + 0.32 * len(cats) * max(n, 2)))
+        colors = ["#1f6fb4", "#9a9a9a", "#e0803a", "#4b9a4b", "#b4463a", "#8a6fb4"]
+        for i, (label, values) in enumerate(series):
+            ys = [k - 0.4 + h / 2 + i * h for k in range(len(cats))]
+            vs = [v if v is not None else 0 for v in values]
+            ax.barh(ys, vs, height=h * 0.92, label=label, color=colors[i % len(colors)])
+            for y, v in zip(ys, values):
+                if v:
+                    ax.text(v, y, f" {v:,.2f}" if v < 100 else f" {v:,.0f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(cats)))
+        ax.set_yticklabels(cats, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(unit)
+        if log:
+            ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.margins(x=0.15)
+        fig.tight_layout()
+        path = os.path.join(self.dir, name + ".png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        self.written.append(path)
+        return f"![{title}](plots/{name}.png)\n"
+
+
+class Report:
+    def __init__(self, results, out_dir):
+        self.results = results
+        self.lines = []
+        self.targets = []
+        self.plots = Plots(out_dir)
+
+    def p(self, *text):
+        self.lines.extend(text)
+
+    def load(self, name):
+        path = os.path.join(self.results, name + ".jsonl")
+        info = os.path.join(self.results, name + ".info.json")
+        if not os.path.exists(path):
+            return None, {}
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+        meta = json.load(open(info)) if os.path.exists(info) else {}
+        return rows, meta
+
+    def notes(self, name):
+        path = os.path.join(HERE, f"notes-{name}.md")
+        if os.path.exists(path):
+            self.p("", open(path).read().rstrip())
+
+    def target(self, group, figure, target, measured, met, why):
+        """One stated target of the project: its figure, the target, what
+        this run measured, and why it stands where it does."""
+        self.targets.append((group, figure, target, measured, met, why))
+
+    def run_line(self, meta, script):
+        mode = meta.get("mode") or ("quick" if meta.get("quick") else "full")
+        flag = "" if mode == "full" else f" --{mode}"
+        return (f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
+                f"`bench/{script}{flag}`")
+
+
+def header(r):
+    run = json.load(open(os.path.join(r.results, "run.info.json"))) \
+        if os.path.exists(os.path.join(r.results, "run.info.json")) else {}
+    _, ufs = r.load("ufs")
     mem = sh("free -g | awk '/Mem:/ {print $2}'")
     cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
-    print("# Benchmark results\n")
-    print(f"- machine: {os.cpu_count()} cores ({cpu}), {mem} GiB, kernel {platform.release()}")
-    print("- every figure is next to a baseline measured in the same run; the")
-    print("  machine is noisy, so ratios are the figures to compare, and repeated")
-    print("  runs are summarised by their median\n")
+    disk = sh("df -T /var/tmp | awk 'NR==2 {print $2}'")
+    r.p("# Benchmark results", "")
+    if run:
+        mode = run.get("mode", "full")
+        groups = ", ".join(f"{k} {v // 60}m{v % 60:02d}s" for k, v in run.get("groups", {}).items())
+        r.p(f"- run: {run.get('date')}, commit {run.get('commit')}, "
+            f"`bench/run-all.sh{'' if mode == 'full' else ' --' + mode}` "
+            f"({run.get('seconds', 0) // 60}m{run.get('seconds', 0) % 60:02d}s: {groups})")
+        if mode != "full":
+            r.p(f"- **{mode} run**: small sizes, one repetition; the figures show the suite "
+                "works, not what the system does")
+    r.p(f"- machine: {os.cpu_count()} cores ({cpu}), {mem} GiB memory, kernel "
+        f"{platform.release()}, /var/tmp on {disk}, tmpfs in /dev/shm")
+    if ufs.get("s3_server"):
+        r.p(f"- S3 server: {ufs['s3_server']} on loopback, credentials enforced")
+    r.p("- every figure is next to a baseline measured in the same run; the machine is",
+        "  noisy, so ratios are the figures to compare, and repeated runs are summarised",
+        "  by their median (min-max in brackets)",
+        "- raw figures: `bench/results/*.jsonl`; charts: `bench/plots/`", "")
 
 
-def data_section(rows, meta):
-    print("## B1. Large files (`curvine-bench --action fs.write|fs.read`)\n")
-    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
-          f"`bench/run-data.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
-          "`bench/results/data.jsonl`")
-    print(f"- {meta.get('files', '?')} files of {meta.get('file_size', '?')} per run, "
-          "128KiB buffers, `--checksum true` (crc32c of every buffer written, every "
-          "buffer read verified), one node on the same host as the client, "
-          f"{meta.get('reps', '?')} repetitions per figure (median shown, "
-          "min-max in brackets)")
-    print("- baselines: the same tool doing plain file I/O (`local.write|local.read`) "
-          "on a tmpfs directory, or on the disk for the disk rows; `iperf3` over "
-          "loopback for the data-port rows\n")
+def data_section(r, rows, meta):
+    r.p("## B1. Large files through the client library (`curvine-bench --action fs.write|fs.read`)", "")
+    r.p(r.run_line(meta, "run-data.sh") + "; raw figures in `results/data.jsonl`")
+    r.p(f"- {meta.get('files', '?')} files of {meta.get('file_size', '?')} per run, "
+        "128KiB buffers, `--checksum true` (crc32c of every buffer written, every "
+        "buffer read verified), one node on the same host as the client, "
+        f"{meta.get('reps', '?')} repetitions per figure")
+    r.p("- baselines: the same tool doing plain file I/O (`local.write|local.read`) "
+        "on a tmpfs directory, or on the disk for the disk rows; `iperf3` over "
+        "loopback for the data-port rows", "")
 
-    def med(label, action, threads):
-        xs = [r["gib_per_sec"] for r in rows
-              if r.get("label") == label and r["action"] == action and r["threads"] == threads]
-        if not xs:
-            return None
-        return statistics.median(xs), min(xs), max(xs)
+    def m(label, action, t):
+        return spread(select(rows, "gib_per_sec", label=label, action=action, threads=t))
 
-    def cell(m):
-        return f"{m[0]:.2f} [{m[1]:.2f}-{m[2]:.2f}]" if m else "-"
-
-    print("| figure | tasks | curvine GiB/s | baseline GiB/s | ratio | target |")
-    print("|---|---|---|---|---|---|")
-    threads = sorted({r["threads"] for r in rows})
-    targets = []
+    r.p("| figure | tasks | curvine GiB/s | baseline GiB/s | ratio | target |", "|---|---|---|---|---|---|")
     specs = [
-        ("write, MEM tier, short-circuit", "mem", "fs.write", "tmpfs", "local.write", 0.8),
-        ("read, MEM tier, short-circuit", "mem", "fs.read", "tmpfs", "local.read", 0.9),
-        ("read, MEM tier, data port (no short-circuit)", "mem-remote", "fs.read", "iperf3", "iperf3", 0.7),
-        ("write, MEM tier, data port (no short-circuit)", "mem-remote", "fs.write", "tmpfs", "local.write", None),
-        ("write, disk tier", "disk", "fs.write", "disk", "local.write", None),
-        ("read, disk tier, page cache dropped", "disk", "fs.read", "disk", "local.read", None),
+        ("write, MEM tier, short-circuit", "mem", "fs.write", "tmpfs", "local.write", 0.8,
+         "per 100 MB file the writer waits for two metadata commits with fsync (create and "
+         "close); with 8 tasks on 2 cores beside the node those commits are on every file's "
+         "critical path (notes below)"),
+        ("read, MEM tier, short-circuit", "mem", "fs.read", "tmpfs", "local.read", 0.9,
+         "both sides are the kernel's copy out of tmpfs pages; the client also verifies the "
+         "crc32c of every 64 KiB unit it reads"),
+        ("read, MEM tier, data port (no short-circuit)", "mem-remote", "fs.read", "iperf3", "iperf3", 0.7,
+         "the client copies each chunk once more (socket, chunk buffer, caller) where iperf3 "
+         "discards the bytes; client, node and baseline share 2 cores"),
+        ("write, MEM tier, data port (no short-circuit)", "mem-remote", "fs.write", "tmpfs", "local.write", None, ""),
+        ("write, disk tier", "disk", "fs.write", "disk", "local.write", None, ""),
+        ("read, disk tier, page cache dropped", "disk", "fs.read", "disk", "local.read", None, ""),
     ]
-    for title, label, action, base_label, base_action, target in specs:
-        for t in threads:
-            c = med(label, action, t)
-            b = med(base_label, base_action, t)
+    cats, cur, base = [], [], []
+    for title, label, action, blabel, baction, target, why in specs:
+        for t in (2, 8):
+            c, b = m(label, action, t), m(blabel, baction, t)
             if not c or not b:
                 continue
-            r = c[0] / b[0]
-            tgt = f">= {target:.2f}" if target else ""
+            x = c[0] / b[0]
+            r.p(f"| {title} | {t} | {cell(c)} | {cell(b)} | {x:.2f} | "
+                f"{f'>= {target:.2f}' if target else ''} |")
+            cats.append(f"{title}, {t} tasks")
+            cur.append(c[0])
+            base.append(b[0])
             if target:
-                targets.append((f"{title}, {t} tasks", target, r))
-            print(f"| {title} | {t} | {cell(c)} | {cell(b)} | {r:.2f} | {tgt} |")
-    if targets:
-        print("\n### Against the targets\n")
-        print("| figure | target ratio | measured | status |")
-        print("|---|---|---|---|")
-        for name, target, r in targets:
-            print(f"| {name} | {target:.2f} | {r:.2f} | {'met' if r >= target else 'not met'} |")
-    notes = os.path.join(HERE, "notes-data.md")
-    if os.path.exists(notes):
-        print()
-        print(open(notes).read().rstrip())
-    print()
+                r.target("B1", f"{title}, {t} tasks", f">= {target:.2f} of {blabel}",
+                         f"{x:.2f}", x >= target, why)
+    r.p("", r.plots.bars("b1", "B1: large files through the client library", "GiB/s", cats,
+                         [("curvine", cur), ("baseline (tmpfs, disk or iperf3)", base)]))
+    r.notes("data")
+    r.p("")
 
 
-def meta_section(rows, meta):
-    by = {(r["action"], r["threads"]): r for r in rows}
-    print("## B4. Metadata through the client library\n")
-    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
-          f"`bench/run-meta.sh` ({meta.get('entries', '?')} entries in 100 directories); "
-          f"node data on {meta.get('fstype', '?')}; raw figures in `bench/results/meta.jsonl`\n")
-    print("One node, default config (16 shards in one LMDB environment, fsync on every")
-    print("commit), client and node on the same 2 cores. Baseline: the same program")
-    print("doing the same operations with plain system calls on tmpfs, same run.")
-    print("`ls` counts directory listings (each returns 1,000 entries with attributes).\n")
-    print("| operation | tasks | curvine ops/s | tmpfs ops/s | ratio |")
-    print("|---|---|---|---|---|")
-    for op in ["create", "stat", "ls", "rename", "unlink"]:
-        for t in sorted({r["threads"] for r in rows}):
-            c = by.get((f"meta.{op}", t))
-            l = by.get((f"local.meta.{op}", t))
-            if c and l:
-                print(f"| {op} | {t} | {c['ops_per_sec']:,.0f} | {l['ops_per_sec']:,.0f} | "
-                      f"{ratio(c['ops_per_sec'], l['ops_per_sec'])} |")
-    print("\nDurable baseline: the same program on the node's disk, each change made")
-    print("durable with fsync of the file and its directory (8 tasks), same run:\n")
-    print("| operation | curvine ops/s | ext4 + fsync ops/s | ratio |")
-    print("|---|---|---|---|")
-    for op in ["create", "rename", "unlink"]:
-        c = by.get((f"meta.{op}", 8))
-        l = by.get((f"local.meta.sync.{op}", 8))
+def fuse_section(r, rows, meta):
+    r.p("## B1 and B3 through the FUSE mount (`fuse.write|fuse.read`, fio)", "")
+    r.p(r.run_line(meta, "run-fuse.sh") + "; raw figures in `results/fuse.jsonl`")
+    r.p(f"- B1: {meta.get('files', '?')} files of {meta.get('file_size', '100MB')} per run, "
+        "128KiB buffers, `--checksum true`; one node with a MEM tier in /dev/shm; the page "
+        f"cache is dropped before each read; {meta.get('reps', '?')} repetitions. `mount` is "
+        "the default mount; `passthrough` mounts with `--passthrough --block-size 128MiB`, "
+        "so each file is one block the kernel reads itself")
+    r.p(f"- B3: fio `--direct=1 --iodepth=1 --ioengine=libaio`, {meta.get('runtime', '?')}s per "
+        f"job, on a {meta.get('fio_size', '?')} file cached in the MEM tier (passthrough: a "
+        f"{meta.get('fio_pt_size', '?')} file of one block); baseline: the same job on the "
+        "same bytes in tmpfs", "")
+
+    def m(label, action, t):
+        return spread(select(rows, "gib_per_sec", label=label, action=action, threads=t))
+
+    r.p("| figure | tasks | mount GiB/s | tmpfs GiB/s | ratio | target |", "|---|---|---|---|---|---|")
+    cats, cur, base = [], [], []
+    why_rw = ("without passthrough every read or write is a request through /dev/fuse "
+              "answered by the mount process: about half its CPU goes to the wakeups and "
+              "task switches of that round trip, not to moving bytes (notes below)")
+    for title, label, action, baction, target, why in (
+        ("fuse.write", "mount", "fuse.write", "local.write", 0.6, why_rw),
+        ("fuse.read", "mount", "fuse.read", "local.read", 0.7, why_rw),
+        ("fuse.write, passthrough mount", "passthrough", "fuse.write", "local.write", None, ""),
+        ("fuse.read, passthrough", "passthrough", "fuse.read", "local.read", 0.9,
+         "the kernel reads the block file itself"),
+    ):
+        for t in (2, 8):
+            c, b = m(label, action, t), m("tmpfs", baction, t)
+            if not c or not b:
+                continue
+            x = c[0] / b[0]
+            r.p(f"| {title} | {t} | {cell(c)} | {cell(b)} | {x:.2f} | "
+                f"{f'>= {target:.2f}' if target else ''} |")
+            cats.append(f"{title}, {t} tasks")
+            cur.append(c[0])
+            base.append(b[0])
+            if target:
+                r.target("B1 FUSE", f"{title}, {t} tasks", f">= {target:.2f} of tmpfs",
+                         f"{x:.2f}", x >= target, why)
+    r.p("", r.plots.bars("b1-fuse", "B1 through the FUSE mount", "GiB/s", cats,
+                         [("curvine mount", cur), ("tmpfs", base)]))
+    fio = [x for x in rows if x.get("action") == "fio"]
+    if fio:
+        def one(label, rw, bs, jobs):
+            key = "mib_per_sec" if rw == "read" else "iops"
+            return med(select(fio, key, label=label, rw=rw, bs=bs, threads=jobs))
+
+        r.p("", "| fio job | jobs | mount | tmpfs | ratio | passthrough | tmpfs | ratio |",
+            "|---|---|---|---|---|---|---|---|")
+        cats, series = [], {k: [] for k in ("mount", "passthrough", "tmpfs")}
+        for rw, bs, unit in (("read", "256k", "MiB/s"), ("randread", "4k", "IOPS")):
+            for jobs in (1, 4, 16):
+                mo, t = one("mount", rw, bs, jobs), one("tmpfs", rw, bs, jobs)
+                pt, tp = one("passthrough", rw, bs, jobs), one("tmpfs-pt", rw, bs, jobs)
+                if mo is None or t is None:
+                    continue
+                r.p(f"| {rw} {bs} | {jobs} | {num(mo)} {unit} | {num(t)} {unit} | {ratio(mo, t)} | "
+                    f"{num(pt)} {unit} | {num(tp)} {unit} | {ratio(pt, tp)} |")
+                if rw == "randread":
+                    cats.append(f"4k randread, {jobs} jobs")
+                    series["mount"].append(mo)
+                    series["passthrough"].append(pt)
+                    series["tmpfs"].append(t)
+                if rw == "randread" and jobs == 16:
+                    r.target("B3", "fio 4k randread, 16 jobs, default mount", ">= 0.50 of tmpfs",
+                             ratio(mo, t), mo / t >= 0.5, why_rw)
+                    if pt and tp:
+                        r.target("B3", "fio 4k randread, 16 jobs, passthrough", ">= 0.50 of tmpfs",
+                                 ratio(pt, tp), pt / tp >= 0.5, "the kernel reads the block file itself")
+        r.p("", r.plots.bars("b3", "B3: fio 4k randread, direct I/O", "IOPS (log)", cats,
+                             [(k, v) for k, v in series.items()], log=True))
+    r.notes("fuse")
+    r.p("")
+
+
+def ufs_section(r, rows, meta):
+    r.p("## B2. Small files over S3", "")
+    r.p(r.run_line(meta, "run-ufs.sh") + "; raw figures in `results/ufs.jsonl`")
+    r.p(f"- {meta.get('files', '?')} files of 60-140 KB (JPEG pictures of 320x240, padded) in a "
+        f"bucket of {meta.get('s3_server', 'the S3 server')}; one node with a MEM tier; "
+        f"{meta.get('reps', '?')} repetitions")
+    r.p("- `S3 direct` (the baseline): `curvine-bench --action ufs.read`, a GET per file from a "
+        "native client, every file once in a random order, P requests at a time")
+    r.p("- every file-system row is `bench/load_img.py` with P processes reading whole files: "
+        "`cold` reads every file once in a random order through a fresh mount, `warm` then "
+        f"reads {meta.get('reads', '?')} files picked at random. `curvine FUSE` is a "
+        "cache_mode mount of the bucket through the default FUSE mount; `curvine client` "
+        "does the same through the client library (`curvine-bench --action fs.small-read`, "
+        "P tasks); the peers mount the same bucket: "
+        f"{meta.get('rclone', 'rclone')} `mount --vfs-cache-mode full` and "
+        f"{meta.get('s3fs', 's3fs')} with `use_cache`, each with an empty cache", "")
+
+    def m(label, phase, t, key="files_per_sec"):
+        return med(select(rows, key, label=label, phase=phase, threads=t))
+
+    readers = [
+        ("curvine FUSE", "fuse"), ("curvine client", "cache"), ("rclone mount", "rclone"),
+        ("s3fs", "s3fs"), ("tmpfs", "tmpfs"),
+    ]
+    r.p("| reader | P | cold files/s | warm files/s | S3 direct files/s | cold / direct | warm / direct |",
+        "|---|---|---|---|---|---|---|")
+    cats, cold_s, warm_s = [], [], []
+    for t in (2, 8):
+        base = m("direct", "direct", t)
+        if base is not None:
+            cats.append(f"S3 direct (baseline), P={t}")
+            cold_s.append(base)
+            warm_s.append(None)
+        for title, label in readers:
+            c, w = m(label, "cold", t), m(label, "warm", t)
+            if c is None and w is None:
+                continue
+            r.p(f"| {title} | {t} | {num(c)} | {num(w)} | {num(base)} | {ratio(c, base)} | "
+                f"{ratio(w, base)} |")
+            cats.append(f"{title}, P={t}")
+            cold_s.append(c)
+            warm_s.append(w)
+    w8 = m("fuse", "warm", 8)
+    if w8 is not None:
+        r.target("B2", "warm small-file reads through the mount, 8 readers", ">= 8,000 files/s",
+                 f"{w8:,.0f} files/s", w8 >= 8000,
+                 "warm reads are served from the MEM tier (one block per file) through the "
+                 "mount's metadata cache and the kernel's page cache")
+    r.p("", r.plots.bars("b2", "B2: small files, cold and warm reads", "files/s (log)", cats,
+                         [("cold (first read)", cold_s), ("warm", warm_s)], log=True))
+
+    variants = [(v, m(f"fuse-meta-{v}", "warm", 8)) for v in ("none", "kernel", "client", "both")]
+    if any(v for _, v in variants):
+        none = variants[0][1]
+        r.p("Warm reads through the FUSE mount with its metadata caches (8 readers, the files "
+            "cached by a load job first): the kernel's (`entry_timeout`, `attr_timeout` 1s), "
+            "the mount's own (`meta_cache_ttl` 1s), both (the default) or neither:", "",
+            "| metadata caches | files/s | vs neither |", "|---|---|---|")
+        for v, x in variants:
+            r.p(f"| {v} | {num(x)} | {ratio(x, none)} |")
+        r.p("")
+    dec = [("curvine FUSE", m("fuse-decode", "warm", 8)), ("tmpfs", m("tmpfs-decode", "warm", 8))]
+    if any(x for _, x in dec):
+        r.p("Warm reads that also decode every picture with Pillow (`load_img.py --decode`, "
+            "8 processes):", "", "| reader | files/s |", "|---|---|")
+        for title, x in dec:
+            r.p(f"| {title} | {num(x)} |")
+        r.p("")
+    fs8 = m("fuse-fsmode", "warm", 8)
+    ing = {s: med(select(rows, "files_per_sec", label=f"ingest-{s}")) for s in ("fsmode", "tmpfs")}
+    if ing["fsmode"] or ing["tmpfs"]:
+        r.p("Ingest: `rclone copy SRC DST --transfers=16` of the same files from tmpfs, into a "
+            "directory of an fs_mode mount (through FUSE; the node persists them to S3 in the "
+            "background) and into tmpfs; then warm reads of the copied files:", "",
+            "| figure | curvine fs_mode mount | tmpfs | ratio |", "|---|---|---|---|",
+            f"| rclone copy, files/s | {num(ing['fsmode'])} | {num(ing['tmpfs'])} | "
+            f"{ratio(ing['fsmode'], ing['tmpfs'])} |")
+        t8 = m("tmpfs", "warm", 8)
+        if fs8 is not None:
+            r.p(f"| warm reads of the copy, 8 processes, files/s | {num(fs8)} | {num(t8)} | "
+                f"{ratio(fs8, t8)} |")
+        r.p("")
+    load = [x for x in rows if x.get("label") == "load"]
+    base, base_mb = m("direct", "direct", 8), m("direct", "direct", 8, "mb_per_sec")
+    if load and base:
+        f = med(x["files_per_sec"] for x in load)
+        mb = med(x["mb_per_sec"] for x in load)
+        r.p("A load job of the whole bucket (`curvine-cli load`), against S3 direct with 8 readers:",
+            "", "| figure | load job | S3 direct | ratio |", "|---|---|---|---|",
+            f"| files/s | {num(f)} | {num(base)} | {ratio(f, base)} |",
+            f"| MB/s | {mb:,.1f} | {base_mb:,.1f} | {ratio(mb, base_mb)} |", "")
+    r.notes("ufs")
+    r.p("")
+
+
+def meta_section(r, rows, meta):
+    r.p("## B4. Metadata", "")
+    r.p(r.run_line(meta, "run-meta.sh") + "; raw figures in `results/meta.jsonl`")
+    r.p(f"- {meta.get('entries', '?')} entries in 100 directories through the client library "
+        f"({meta.get('mount_entries', '?')} through the FUSE mount); node data on "
+        f"{meta.get('fstype', '?')}; one node, default config (16 shards in one LMDB "
+        "environment, fsync on every commit), client and node on the same 2 cores")
+    r.p("- baseline: the same program doing the same operations with plain system calls on "
+        "tmpfs, same run; the mount rows run that program in a directory of a default FUSE "
+        "mount of the node. `ls` counts directory listings (each returns 1,000 entries with "
+        "attributes)", "")
+
+    def m(action, t, label=None):
+        return med(select(rows, "ops_per_sec", action=action, threads=t, label=label))
+
+    r.p("| operation | tasks | client library ops/s | tmpfs ops/s | ratio | FUSE mount ops/s | tmpfs ops/s | ratio |",
+        "|---|---|---|---|---|---|---|---|")
+    cats, lib, mnt, tmp = [], [], [], []
+    for op in ("create", "stat", "ls", "rename", "unlink"):
+        for t in (1, 2, 8):
+            c, l = m(f"meta.{op}", t), m(f"local.meta.{op}", t)
+            fm, ft = m(f"local.meta.{op}", t, "mount"), m(f"local.meta.{op}", t, "mount-tmpfs")
+            if c is None and fm is None:
+                continue
+            r.p(f"| {op} | {t} | {num(c)} | {num(l)} | {ratio(c, l)} | {num(fm)} | {num(ft)} | "
+                f"{ratio(fm, ft)} |")
+            if t == 8:
+                cats.append(op)
+                lib.append(c)
+                mnt.append(fm)
+                tmp.append(l)
+    r.p("", r.plots.bars("b4", "B4: metadata, 8 tasks", "ops/s (log)", cats,
+                         [("client library", lib), ("FUSE mount", mnt), ("tmpfs", tmp)], log=True))
+    r.p("Durable baseline: the same program on the node's disk, each change made durable with "
+        "fsync of the file and its directory (8 tasks), same run:", "",
+        "| operation | curvine ops/s | disk + fsync ops/s | ratio |", "|---|---|---|---|")
+    for op in ("create", "rename", "unlink"):
+        c, l = m(f"meta.{op}", 8), m(f"local.meta.sync.{op}", 8)
         if c and l:
-            print(f"| {op} | {c['ops_per_sec']:,.0f} | {l['ops_per_sec']:,.0f} | "
-                  f"{ratio(c['ops_per_sec'], l['ops_per_sec'])} |")
-    c8 = by.get(("meta.create", 8))
-    s8 = by.get(("meta.stat", 8))
-    print("\n### Against the targets\n")
-    print("| figure | target | measured | status |")
-    print("|---|---|---|---|")
+            r.p(f"| {op} | {num(c)} | {num(l)} | {ratio(c, l)} |")
+    c8, s8 = m("meta.create", 8), m("meta.stat", 8)
     if c8:
-        ok = "met" if c8["ops_per_sec"] >= 15000 else "not met"
-        print(f"| creates/s, 8 tasks | 15,000 | {c8['ops_per_sec']:,.0f} | {ok} |")
+        r.target("B4", "creates/s, 8 tasks", ">= 15,000 ops/s", f"{c8:,.0f}", c8 >= 15000,
+                 "each change is acknowledged after its LMDB commit is on disk (two ordered "
+                 "fdatasyncs, about 0.5 ms with 8 at once here); with 8 tasks each waiting on "
+                 "its own change, throughput is near 8 / commit latency (notes below)")
     if s8:
-        ok = "met" if s8["ops_per_sec"] >= 25000 else "not met"
-        print(f"| uncached stats/s, 8 tasks | 25,000 | {s8['ops_per_sec']:,.0f} | {ok} |")
-    notes = os.path.join(HERE, "notes-meta.md")
-    if os.path.exists(notes):
-        print()
-        print(open(notes).read().rstrip())
-    print()
+        r.target("B4", "uncached stats/s, 8 tasks", ">= 25,000 ops/s", f"{s8:,.0f}", s8 >= 25000,
+                 "a stat is a read transaction on the shard's LMDB environment, no disk I/O")
+    r.notes("meta")
+    r.p("")
 
 
-def cluster_section(rows, meta):
-    print("## Cluster: 3 node processes on this machine beside one node\n")
-    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
-          f"`bench/run-cluster.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
-          "`bench/results/cluster.jsonl`")
-    print(f"- 8 client tasks talking to the first node; metadata: {meta.get('entries', '?')} "
-          f"entries in 100 directories (`meta.all`); B1: {meta.get('files', '?')} files of "
-          f"{meta.get('file_size', '?')}, 128KiB buffers, checksums on; "
-          f"{meta.get('reps', '?')} repetitions, median shown")
-    print("- the cluster's 16 shards are spread 6/5/5 over its nodes, so about two")
-    print("  thirds of the metadata requests go from the node the client talks to")
-    print("  into another node over ractor_cluster; all processes share the same 2 cores\n")
+def cluster_section(r, rows, meta):
+    r.p("## Cluster: 3 node processes on this machine beside one node", "")
+    r.p(r.run_line(meta, "run-cluster.sh") + "; raw figures in `results/cluster.jsonl`")
+    r.p(f"- 8 client tasks talking to the first node; metadata: {meta.get('entries', '?')} "
+        f"entries in 100 directories (`meta.all`); B1: {meta.get('files', '?')} files of "
+        f"{meta.get('file_size', '?')}, 128KiB buffers, checksums on; "
+        f"{meta.get('reps', '?')} repetitions, median shown")
+    r.p("- the cluster's 16 shards are spread 6/5/5 over its nodes, so about two thirds of "
+        "the metadata requests go from the node the client talks to into another node over "
+        "ractor_cluster; all processes share the same 2 cores", "")
 
-    def med(label, action):
-        xs = [r.get("ops_per_sec", r.get("gib_per_sec")) for r in rows
-              if r.get("label") == label and r["action"] == action]
-        return statistics.median(xs) if xs else None
+    def m(label, action):
+        return med(x.get("ops_per_sec", x.get("gib_per_sec")) for x in rows
+                   if x.get("label") == label and x["action"] == action)
 
-    print("| figure | one node | 3-node cluster | ratio |")
-    print("|---|---|---|---|")
-    for op in ["create", "stat", "ls", "rename", "unlink"]:
-        a, b = med("single", f"meta.{op}"), med("cluster", f"meta.{op}")
+    r.p("| figure | one node | 3-node cluster | ratio |", "|---|---|---|---|")
+    cats, one, three = [], [], []
+    for op in ("create", "stat", "ls", "rename", "unlink"):
+        a, b = m("single", f"meta.{op}"), m("cluster", f"meta.{op}")
         if a and b:
-            print(f"| {op} ops/s | {a:,.0f} | {b:,.0f} | {ratio(b, a)} |")
-    specs = [
+            r.p(f"| {op} ops/s | {num(a)} | {num(b)} | {ratio(b, a)} |")
+            cats.append(f"{op} ops/s")
+            one.append(a)
+            three.append(b)
+    for title, la, lb, action in (
         ("write GiB/s (short-circuit)", "single", "cluster", "fs.write"),
         ("read GiB/s (short-circuit)", "single", "cluster", "fs.read"),
         ("read GiB/s (data port)", "single-remote", "cluster-remote", "fs.read"),
         ("write GiB/s, 2 replicas (cluster) vs 1 (one node)", "single", "cluster-replicas2", "fs.write"),
-    ]
-    for title, la, lb, action in specs:
-        a, b = med(la, action), med(lb, action)
-        if a and b:
-            print(f"| {title} | {a:.2f} | {b:.2f} | {ratio(b, a)} |")
-    notes = os.path.join(HERE, "notes-cluster.md")
-    if os.path.exists(notes):
-        print()
-        print(open(notes).read().rstrip())
-    print()
-
-
-def ufs_section(rows, meta):
-    print("## B2: small files over S3 (client library and FUSE mount)\n")
-    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
-          f"`bench/run-ufs.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
-          "`bench/results/ufs.jsonl`")
-    print(f"- S3 server: {meta.get('s3_server', '?')} on loopback, credentials enforced; "
-          f"{meta.get('files', '?')} files of 60-140 KB; one node with a MEM tier; "
-          f"{meta.get('reps', '?')} repetitions, median shown")
-    print("- readers are tasks of one `curvine-bench` process reading whole files: "
-          "`direct` is a GET per file from S3 (every file once, random order); "
-          "`first read` is every file once through a fresh cache_mode mount (each read "
-          "goes to S3 and fills the cache); `warm` is "
-          f"{meta.get('reads', '?')} files picked at random once all are cached; the "
-          "`FUSE mount` rows do the same with plain file reads (threads of one "
-          "`curvine-bench --action local.small-read`) under a default FUSE mount of "
-          "the node\n")
-
-    def med(label, phase, threads, key="files_per_sec"):
-        xs = [r[key] for r in rows if r.get("label") == label and r.get("phase") == phase
-              and r.get("threads") == threads]
-        return statistics.median(xs) if xs else None
-
-    print("| figure | readers | files/s | baseline: S3 direct files/s | ratio |")
-    print("|---|---|---|---|---|")
-    for t in (2, 8):
-        base = med("direct", "direct", t)
-        for title, label, phase in (
-            ("first read through the cache", "cache", "cold"),
-            ("warm reads", "cache", "warm"),
-            ("FUSE mount: first read", "fuse", "cold"),
-            ("FUSE mount: warm reads", "fuse", "warm"),
-        ):
-            v = med(label, phase, t)
-            if v and base:
-                print(f"| {title} | {t} | {v:,.0f} | {base:,.0f} | {ratio(v, base)} |")
-    load = [r for r in rows if r.get("label") == "load"]
-    base = med("direct", "direct", 8)
-    base_mb = med("direct", "direct", 8, "mb_per_sec")
-    if load and base:
-        f = statistics.median(r["files_per_sec"] for r in load)
-        mb = statistics.median(r["mb_per_sec"] for r in load)
-        print(f"| load job (files/s) | {meta.get('files', '?')} files | {f:,.0f} | {base:,.0f} | {ratio(f, base)} |")
-        print(f"| load job (MB/s) | | {mb:,.1f} | {base_mb:,.1f} | {ratio(mb, base_mb)} |")
-    notes = os.path.join(HERE, "notes-ufs.md")
-    if os.path.exists(notes):
-        print()
-        print(open(notes).read().rstrip())
-    print()
-
-
-def fuse_section(rows, meta):
-    print("## B1 and B3 through the FUSE mount (`fuse.write|fuse.read`, fio)\n")
-    print(f"- run: {meta.get('date', '?')}, commit {meta.get('commit', '?')}, "
-          f"`bench/run-fuse.sh{' --quick' if meta.get('quick') else ''}`; raw figures in "
-          "`bench/results/fuse.jsonl`")
-    print(f"- B1: {meta.get('files', '?')} files of 100MB per run, 128KiB buffers, "
-          "`--checksum true`; one node with a MEM tier in /dev/shm; the page cache is "
-          f"dropped before each read; {meta.get('reps', '?')} repetitions (median, "
-          "min-max in brackets). `mount` is the default mount; `passthrough` mounts "
-          "with `--passthrough --block-size 128MiB`, so each file is one block the "
-          "kernel reads itself")
-    print(f"- B3: fio `--direct=1 --iodepth=1 --ioengine=libaio`, {meta.get('runtime', '?')}s "
-          f"per job, on a {meta.get('fio_size', '?')} file cached in the MEM tier (passthrough: "
-          f"a {meta.get('fio_pt_size', '?')} file of one block); baseline: the same job on "
-          "the same bytes in tmpfs\n")
-
-    def med(label, action, threads):
-        xs = [r["gib_per_sec"] for r in rows if r.get("label") == label
-              and r.get("action") == action and r.get("threads") == threads]
-        return (statistics.median(xs), min(xs), max(xs)) if xs else None
-
-    def cell(m):
-        return f"{m[0]:.2f} [{m[1]:.2f}-{m[2]:.2f}]" if m else "-"
-
-    print("| figure | tasks | mount GiB/s | tmpfs GiB/s | ratio | target |")
-    print("|---|---|---|---|---|---|")
-    for title, label, action, base, target in (
-        ("fuse.write", "mount", "fuse.write", "local.write", 0.6),
-        ("fuse.read", "mount", "fuse.read", "local.read", 0.7),
-        ("fuse.write, passthrough mount", "passthrough", "fuse.write", "local.write", None),
-        ("fuse.read, passthrough", "passthrough", "fuse.read", "local.read", 0.9),
     ):
-        for t in (2, 8):
-            c, b = med(label, action, t), med("tmpfs", base, t)
-            if c and b:
-                tgt = f">= {target:.2f}" if target else ""
-                print(f"| {title} | {t} | {cell(c)} | {cell(b)} | {ratio(c[0], b[0])} | {tgt} |")
-    fio = [r for r in rows if r.get("action") == "fio"]
-    if fio:
-        print("\n| fio job | jobs | mount | tmpfs | ratio | passthrough | tmpfs | ratio |")
-        print("|---|---|---|---|---|---|---|---|")
+        a, b = m(la, action), m(lb, action)
+        if a and b:
+            r.p(f"| {title} | {a:.2f} | {b:.2f} | {ratio(b, a)} |")
+    r.p("", r.plots.bars("cluster", "Metadata: one node vs a 3-node cluster, 8 tasks",
+                         "ops/s (log)", cats, [("one node", one), ("3-node cluster", three)],
+                         log=True))
+    r.notes("cluster")
+    r.p("")
 
-        def one(label, rw, bs, jobs):
-            xs = [r for r in fio if r["label"] == label and r["rw"] == rw and r["bs"] == bs
-                  and r["threads"] == jobs]
-            if not xs:
-                return None
-            key = "mib_per_sec" if rw == "read" else "iops"
-            return statistics.median(x[key] for x in xs)
 
-        for rw, bs, unit in (("read", "256k", "MiB/s"), ("randread", "4k", "IOPS")):
-            for jobs in (1, 4, 16):
-                m, t = one("mount", rw, bs, jobs), one("tmpfs", rw, bs, jobs)
-                p, tp = one("passthrough", rw, bs, jobs), one("tmpfs-pt", rw, bs, jobs)
-                if m is None or t is None:
-                    continue
-                print(f"| {rw} {bs} | {jobs} | {m:,.0f} {unit} | {t:,.0f} {unit} | {ratio(m, t)} | "
-                      f"{(f'{p:,.0f} {unit}' if p else '-')} | {(f'{tp:,.0f} {unit}' if tp else '-')} | "
-                      f"{ratio(p, tp) if p and tp else '-'} |")
-    notes = os.path.join(HERE, "notes-fuse.md")
-    if os.path.exists(notes):
-        print()
-        print(open(notes).read().rstrip())
-    print()
+def targets_section(r):
+    if not r.targets:
+        return []
+    out = ["## The stated targets", "",
+           "Every target set for the system on this machine, what this run measured, and why "
+           "it stands where it does (the group's section below has the details).", "",
+           "| group | figure | target | measured | status | why |", "|---|---|---|---|---|---|"]
+    for group, figure, target, measured, met, why in r.targets:
+        out.append(f"| {group} | {figure} | {target} | {measured} | "
+                   f"{'met' if met else '**not met**'} | {why} |")
+    out.append("")
+    return out
 
 
 def main():
-    header()
-    rows, meta = load("data")
-    if rows:
-        data_section(rows, meta)
-    rows, meta = load("meta")
-    if rows:
-        meta_section(rows, meta)
-    rows, meta = load("cluster")
-    if rows:
-        cluster_section(rows, meta)
-    rows, meta = load("ufs")
-    if rows:
-        ufs_section(rows, meta)
-    rows, meta = load("fuse")
-    if rows:
-        fuse_section(rows, meta)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    a = ap.parse_args()
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    r = Report(a.results, out_dir)
+    header(r)
+    head = len(r.lines)
+    for name, section in (("data", data_section), ("fuse", fuse_section), ("ufs", ufs_section),
+                          ("meta", meta_section), ("cluster", cluster_section)):
+        rows, meta = r.load(name)
+        if rows:
+            section(r, rows, meta)
+    r.lines[head:head] = targets_section(r)
+    with open(a.out, "w") as f:
+        f.write("\n".join(r.lines).rstrip() + "\n")
 
 
 if __name__ == "__main__":

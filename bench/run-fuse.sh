@@ -3,54 +3,37 @@
 # to the same tool on tmpfs in the same run. One node with a MEM tier in
 # /dev/shm; two mounts of it: the default one, and one with passthrough and
 # a block size that keeps each benchmark file in one block. Writes
-# bench/results/fuse.jsonl and bench/RESULTS.md.
+# results/fuse.jsonl and RESULTS.md.
 #
 #   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 10s per job
-#   bench/run-fuse.sh --quick   # B1: 4 files, 1 repetition; B3: 1GiB file, 5s per job
+#   bench/run-fuse.sh --quick   # B1: 2 files, 1 repetition; B3: 1GiB file, 1s per job
+#   bench/run-fuse.sh --smoke   # B1: 1 file of 4MB; B3: 64MiB file, 1s per job
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
+bench_init "$@"
 
-files=20; reps=3; fio_size=4G; fio_pt_size=2G; runtime=10; quick=false
-if [ "${1:-}" = "--quick" ]; then files=4; reps=1; fio_size=1G; fio_pt_size=1G; runtime=5; quick=true; fi
+case $mode in
+  full) files=20; size=100MB; reps=3; fio_mib=4096; fio_pt_mib=2048; runtime=10 ;;
+  quick) files=2; size=100MB; reps=1; fio_mib=1024; fio_pt_mib=1024; runtime=1 ;;
+  smoke) files=1; size=4MB; reps=1; fio_mib=64; fio_pt_mib=64; runtime=1 ;;
+esac
 
-command -v fio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio fuse3 >/dev/null
-cargo build --release --bins --locked
-bin=$PWD/target/release
-work=$(mktemp -d /var/tmp/curvine-bench-fuse.XXXXXX)
-shm=$(mktemp -d /dev/shm/curvine-bench-fuse.XXXXXX)
+need fio fio
+need fusermount3 fuse3
+warm_memory 12
 mnt=$work/mnt; ptmnt=$work/ptmnt
-mkdir -p "$mnt" "$ptmnt" "$shm/local" "$shm/tier"
-node_pid=""
-cleanup() {
-  for m in "$mnt" "$ptmnt"; do "$bin/curvine-cli" fuse umount --lazy "$m" >/dev/null 2>&1 || true; done
-  [ -n "$node_pid" ] && { kill "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
-  rm -rf "$work" "$shm"
-}
-trap cleanup EXIT
-
-echo "warming up memory" >&2
-dd if=/dev/zero of="$shm/warm" bs=1M count=12288 status=none 2>/dev/null || true
-rm -f "$shm/warm"
-
-port=$((20000 + RANDOM % 20000))
+mkdir -p "$shm/local"
+port=$(free_port)
 addr=127.0.0.1:$port
-"$bin/curvine-node" start --data-dir "$work/node" --listen "$addr" \
-  -c "node.cluster_listen=127.0.0.1:$((port + 1))" -c "data.listen=127.0.0.1:$((port + 2))" \
-  -c "data.tiers=[MEM:14GiB]$shm/tier" -c log.level=warn 2>"$work/node.log" &
-node_pid=$!
-for _ in $(seq 100); do grep -q "serving clients" "$work/node.log" 2>/dev/null && break; sleep 0.1; done
-"$bin/curvine-cli" --cluster "$addr" fuse mount "$mnt" --daemon --log-file "$work/fuse.log" -c log.level=warn >&2
-"$bin/curvine-cli" --cluster "$addr" fuse mount "$ptmnt" --daemon --log-file "$work/ptfuse.log" \
-  --passthrough --block-size 128MiB -c log.level=warn >&2
+start_node node 127.0.0.1 "$port" "[MEM:14GiB]$shm/tier"
+fuse_mount "$addr" "$mnt"
+fuse_mount "$addr" "$ptmnt" --passthrough --block-size 128MiB
 
-mkdir -p bench/results
-results=bench/results/fuse.jsonl
-: > "$results"
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+results fuse
 b1() {
   local label=$1 action=$2 dir=$3 t=$4
   "$bin/curvine-bench" --action "$action" --dir "$dir" --client-threads "$t" --file-num "$files" \
-    --file-size 100MB --buf-size 128KB --checksum true --json --label "$label" | tee -a "$results" >&2
+    --file-size "$size" --buf-size 128KB --checksum true --json --label "$label" | record
 }
 
 # B1: write then read the same files; the page cache is dropped before each
@@ -65,7 +48,7 @@ for t in 2 8; do
       esac
       mkdir -p "$dir"
       b1 "$side" "$wa" "$dir" "$t"
-      drop
+      drop_caches
       b1 "$side" "$ra" "$dir" "$t"
       rm -rf "$dir"
     done
@@ -75,42 +58,35 @@ done
 # B3: fio on one file loaded into the cache, read through the mount with
 # direct I/O, next to the same job on the same file in tmpfs.
 fio_job() {
-  local label=$1 file=$2 rw=$3 bs=$4 jobs=$5 size=$6
+  local label=$1 file=$2 rw=$3 bs=$4 jobs=$5 mib=$6
   fio --name=read_test --filename="$file" --rw="$rw" --bs="$bs" --numjobs="$jobs" --iodepth=1 \
-    --ioengine=libaio --direct=1 --readonly --group_reporting --size="$size" --runtime="$runtime" \
+    --ioengine=libaio --direct=1 --readonly --group_reporting --size="${mib}M" --runtime="$runtime" \
     --time_based --output-format=json 2>"$work/fio.err" | python3 -c '
 import json, sys
 text = sys.stdin.read()
 if "{" not in text:
     sys.exit("fio printed no result: " + open(sys.argv[6]).read())
 j = json.loads(text[text.index("{"):])["jobs"][0]["read"]
-label, rw, bs, jobs, size = sys.argv[1:6]
+label, rw, bs, jobs, mib = sys.argv[1:6]
 print(json.dumps({"action": "fio", "label": label, "rw": rw, "bs": bs, "threads": int(jobs),
-                  "size": size, "iops": j["iops"], "mib_per_sec": j["bw"] / 1024}))' "$label" "$rw" "$bs" "$jobs" "$size" "$work/fio.err" \
-    | tee -a "$results" >&2
+                  "size": mib + "MiB", "iops": j["iops"], "mib_per_sec": j["bw"] / 1024}))' \
+    "$label" "$rw" "$bs" "$jobs" "$mib" "$work/fio.err" | record
 }
-dd if=/dev/urandom of="$shm/local/fio" bs=1M count=$(( ${fio_size%G} * 1024 )) status=none
+dd if=/dev/urandom of="$shm/local/fio" bs=1M count="$fio_mib" status=none
 cp "$shm/local/fio" "$mnt/fio"
 # Passthrough needs the file in one block (2GiB at most).
-head -c "$(( ${fio_pt_size%G} << 30 ))" "$shm/local/fio" > "$shm/local/fio-pt"
+head -c "$((fio_pt_mib << 20))" "$shm/local/fio" > "$shm/local/fio-pt"
 "$bin/curvine-cli" --cluster "$addr" fs put --block-size 2GiB "$shm/local/fio-pt" /fio-pt >&2
 for spec in "read 256k" "randread 4k"; do
   set -- $spec
   for jobs in 1 4 16; do
-    fio_job mount "$mnt/fio" "$1" "$2" "$jobs" "$fio_size"
-    fio_job tmpfs "$shm/local/fio" "$1" "$2" "$jobs" "$fio_size"
-    fio_job passthrough "$ptmnt/fio-pt" "$1" "$2" "$jobs" "$fio_pt_size"
-    fio_job tmpfs-pt "$shm/local/fio-pt" "$1" "$2" "$jobs" "$fio_pt_size"
+    fio_job mount "$mnt/fio" "$1" "$2" "$jobs" "$fio_mib"
+    fio_job tmpfs "$shm/local/fio" "$1" "$2" "$jobs" "$fio_mib"
+    fio_job passthrough "$ptmnt/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
+    fio_job tmpfs-pt "$shm/local/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
   done
 done
 
-python3 - "$files" "$reps" "$fio_size" "$fio_pt_size" "$runtime" "$quick" > bench/results/fuse.info.json <<'PY'
-import json, subprocess, sys, datetime
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-print(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  "commit": commit, "files": int(sys.argv[1]), "reps": int(sys.argv[2]),
-                  "fio_size": sys.argv[3], "fio_pt_size": sys.argv[4], "runtime": int(sys.argv[5]),
-                  "quick": sys.argv[6] == "true"}))
-PY
-python3 bench/report.py > bench/RESULTS.md
-echo "wrote bench/RESULTS.md" >&2
+write_info fuse files="$files" file_size="$size" reps="$reps" fio_size="${fio_mib}MiB" \
+  fio_pt_size="${fio_pt_mib}MiB" runtime="$runtime"
+report

@@ -1,83 +1,113 @@
 #!/usr/bin/env bash
-# B2 (small files over S3), client-library part: a bucket of 5,000 files of
-# 60-140 KB on the test S3 server (moto, on loopback), read with 2 and 8
-# readers straight from S3 (a GET per file, the seed's baseline), then
-# through a cache_mode mount of a node: first read (through to S3, filling
-# the cache) and warm reads, through the client library and through a FUSE
-# mount of the node (plain file reads, like the seed's load_img.py); and a
-# load job of the bucket against the same objects read directly. Writes
-# bench/results/ufs.jsonl and bench/RESULTS.md.
+# B2, small files over S3: a bucket of FILES image files of 60-140 KB on the
+# test S3 server (moto, on loopback), read with 2 and 8 readers
+#   - straight from S3 (a GET per file from a native client: the baseline);
+#   - through a cache_mode mount of a node: through the client library and
+#     through a FUSE mount (first read, then warm);
+#   - through the peers on the same bucket: rclone mount --vfs-cache-mode
+#     full and s3fs with a local cache (cold, then warm);
+#   - from tmpfs;
+# every file-system row with the same reader (bench/load_img.py: P processes
+# reading whole files); warm reads through the mount with the kernel's and
+# the mount's metadata caches off and on, and with Pillow decoding each
+# picture; a load job of the bucket; and the ingest step: `rclone copy
+# --transfers=16` of the files into an fs_mode mount and into tmpfs. Writes
+# results/ufs.jsonl and RESULTS.md.
 #
-#   bench/run-ufs.sh           # 5,000 files, 20,000 warm reads, 3 repetitions
-#   bench/run-ufs.sh --quick   # 1,000 files, 5,000 warm reads, 1 repetition
+#   bench/run-ufs.sh           # 5,000 files, 20,000 warm reads, 2 repetitions
+#   bench/run-ufs.sh --quick   # 300 files, 1,200 warm reads, 1 repetition
+#   bench/run-ufs.sh --smoke   # 40 files
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
+bench_init "$@"
 
-files=5000
-reads=20000
-reps=3
-quick=false
-if [ "${1:-}" = "--quick" ]; then files=1000; reads=5000; reps=1; quick=true; fi
+case $mode in
+  full) files=5000; reads=20000; reps=2 ;;
+  quick) files=300; reads=1200; reps=1 ;;
+  smoke) files=40; reads=80; reps=1 ;;
+esac
 
-cargo build --release --bins --locked
-bin=target/release
-work=$(mktemp -d /var/tmp/curvine-bench-ufs.XXXXXX)
-shm=$(mktemp -d /dev/shm/curvine-bench-ufs.XXXXXX)
-node_pid=
-mnt=$work/mnt
-cleanup() {
-  "$bin/curvine-cli" fuse umount --lazy "$mnt" >/dev/null 2>&1 || true
-  [ -n "$node_pid" ] && { kill "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
-  integration/s3-server.sh stop "$work/s3" || true
-  rm -rf "$work" "$shm"
-}
-trap cleanup EXIT
-
-integration/s3-server.sh start "$work/s3"
-# shellcheck disable=SC1091
-source "$work/s3/s3.env"
-props=(-c "s3.endpoint_url=$UFS_TEST_S3_ENDPOINT" -c "s3.credentials.access=$UFS_TEST_S3_ACCESS"
-       -c "s3.credentials.secret=$UFS_TEST_S3_SECRET" -c s3.region_name=us-east-1)
+need fusermount3 fuse3
+need rclone rclone
+need s3fs s3fs
+python3 -c 'import PIL' 2>/dev/null || python3 -m pip install --quiet pillow >&2 || true
+decode=false
+python3 -c 'import PIL' 2>/dev/null && decode=true
+s3_start
 bucket="s3://$UFS_TEST_S3_BUCKET/b2"
-
-port=$((20000 + RANDOM % 20000))
-"$bin/curvine-node" start --data-dir "$work/node" --listen "127.0.0.1:$port" \
-  -c "data.tiers=[MEM:4GiB]$shm/node" -c log.level=warn 2>"$work/node.log" &
-node_pid=$!
-for _ in $(seq 100); do
-  grep -q "serving clients" "$work/node.log" 2>/dev/null && break
-  sleep 0.1
-done
+mnt=$work/mnt
+port=$(free_port)
 addr="127.0.0.1:$port"
+start_node node 127.0.0.1 "$port" "[MEM:4GiB]$shm/tier"
 cli() { "$bin/curvine-cli" --cluster "$addr" "$@"; }
-mkdir -p "$mnt"
-cli fuse mount "$mnt" --daemon --log-file "$work/fuse.log" -c log.level=warn >&2
+fuse_mount "$addr" "$mnt"
+# The same mount with the kernel's metadata cache (entry and attribute
+# timeouts), the mount's own (meta_cache_ttl), both (the default) or neither.
+fuse_mount "$addr" "$work/mnt-none" --entry-timeout 0s --attr-timeout 0s --meta-cache-ttl 0s
+fuse_mount "$addr" "$work/mnt-kernel" --meta-cache-ttl 0s
+fuse_mount "$addr" "$work/mnt-client" --entry-timeout 0s --attr-timeout 0s
 
-mkdir -p bench/results
-results=bench/results/ufs.jsonl
-: > "$results"
-echo "== putting $files files into $bucket" >&2
+# The peers, configured from the environment. rclone 1.60 cannot build its S3
+# client when AWS_CA_BUNDLE is set (this environment sets it for others).
+export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other \
+  RCLONE_CONFIG_BENCH_ENDPOINT="$UFS_TEST_S3_ENDPOINT" RCLONE_CONFIG_BENCH_REGION=us-east-1 \
+  RCLONE_CONFIG_BENCH_ACCESS_KEY_ID="$UFS_TEST_S3_ACCESS" \
+  RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY="$UFS_TEST_S3_SECRET"
+rclone_() { env -u AWS_CA_BUNDLE rclone --config /dev/null "$@"; }
+echo "$UFS_TEST_S3_ACCESS:$UFS_TEST_S3_SECRET" > "$work/s3fs.passwd"
+chmod 600 "$work/s3fs.passwd"
+# peer_mount rclone|s3fs MNT: a fresh mount of the bucket with an empty cache.
+peer_mount() {
+  local m=$2
+  mkdir -p "$m"
+  rm -rf "$work/$1-cache"
+  case $1 in
+    rclone) rclone_ mount "bench:$UFS_TEST_S3_BUCKET/b2" "$m" --vfs-cache-mode full \
+              --cache-dir "$work/rclone-cache" --daemon ;;
+    s3fs) s3fs "$UFS_TEST_S3_BUCKET:/b2" "$m" -o url="$UFS_TEST_S3_ENDPOINT" \
+            -o use_path_request_style -o endpoint=us-east-1 -o passwd_file="$work/s3fs.passwd" \
+            -o use_cache="$work/s3fs-cache" ;;
+  esac
+  mounts+=("$m")
+  for _ in $(seq 100); do mountpoint -q "$m" && return 0; sleep 0.1; done
+  echo "$1 did not mount $m" >&2
+  return 1
+}
+peer_umount() { fusermount3 -u "$1" 2>/dev/null || umount "$1"; }
+
+results ufs
+# reader LABEL DIR P [ARGS...]: bench/load_img.py on DIR with P processes.
+reader() {
+  local label=$1 dir=$2 p=$3; shift 3
+  python3 "$root/bench/load_img.py" "$dir" --num_workers "$p" --num_samples "$reads" \
+    --json --label "$label" "$@" | record
+}
+
+echo "== putting $files files into $bucket and into tmpfs" >&2
 "$bin/curvine-bench" --action ufs.put --ufs "$bucket" "${props[@]}" --file-num "$files" \
   --client-threads 16 >&2
+"$bin/curvine-bench" --action local.put --dir "$shm/src" --file-num "$files" --client-threads 4 >&2
 
 for r in $(seq "$reps"); do
   echo "== repetition $r" >&2
   for t in 2 8; do
     "$bin/curvine-bench" --action ufs.read --ufs "$bucket" "${props[@]}" --file-num "$files" \
-      --client-threads "$t" --json --label "direct" | tee -a "$results" >&2
-    # A fresh mount: nothing of the bucket is cached.
+      --client-threads "$t" --json --label direct | record
+    # A fresh mount each time: nothing of the bucket is cached.
     cli mount "$bucket" "/b2-$r-$t" "${props[@]}" >&2
     "$bin/curvine-bench" --cluster "$addr" --action fs.small-read --dir "/b2-$r-$t" \
-      --file-num "$files" --reads "$reads" --client-threads "$t" --json --label "cache" \
-      | tee -a "$results" >&2
+      --file-num "$files" --reads "$reads" --client-threads "$t" --json --label cache | record
     cli umount "/b2-$r-$t" >&2
-    # The same through the FUSE mount, on a fresh mount of the bucket.
     cli mount "$bucket" "/b2f-$r-$t" "${props[@]}" >&2
-    "$bin/curvine-bench" --action local.small-read --dir "$mnt/b2f-$r-$t" \
-      --file-num "$files" --reads "$reads" --client-threads "$t" --json --label "fuse" \
-      | tee -a "$results" >&2
+    reader fuse "$mnt/b2f-$r-$t" "$t"
     cli umount "/b2f-$r-$t" >&2
+    for peer in rclone s3fs; do
+      peer_mount "$peer" "$work/$peer-$r-$t"
+      reader "$peer" "$work/$peer-$r-$t" "$t"
+      peer_umount "$work/$peer-$r-$t"
+    done
   done
+
   # A load job of the whole bucket into a fresh mount.
   cli mount "$bucket" "/load-$r" "${props[@]}" >&2
   cli --json load --wait "/load-$r" | python3 -c '
@@ -87,18 +117,46 @@ secs = (j["finished_ns"] - j["created_ns"]) / 1e9
 print(json.dumps({"action": "load", "phase": "load", "threads": 0, "files": j["files_done"],
                   "bytes": j["bytes_done"], "seconds": secs, "files_per_sec": j["files_done"] / secs,
                   "mb_per_sec": j["bytes_done"] / 1e6 / secs, "label": "load",
-                  "failed": j["files_failed"]}))' | tee -a "$results" >&2
+                  "failed": j["files_failed"]}))' | record
+  # Warm reads of the loaded files with the metadata caches on and off.
+  for variant in none kernel client both; do
+    m=$work/mnt-$variant
+    [ "$variant" = both ] && m=$mnt
+    reader "fuse-meta-$variant" "$m/load-$r" 8 --phases warm
+  done
+  if $decode; then
+    reader fuse-decode "$mnt/load-$r" 8 --phases warm --decode
+  fi
   cli umount "/load-$r" >&2
 done
 
-python3 - "$files" "$reads" "$reps" "$quick" > bench/results/ufs.info.json <<'PY'
-import json, subprocess, sys, datetime
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-server = subprocess.run(["python3", "-c", "import moto; print(moto.__version__)"], capture_output=True, text=True).stdout.strip()
-print(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  "commit": commit, "files": int(sys.argv[1]), "reads": int(sys.argv[2]),
-                  "reps": int(sys.argv[3]), "quick": sys.argv[4] == "true",
-                  "s3_server": f"moto {server} (in memory, one Python process)"}))
-PY
-python3 bench/report.py > bench/RESULTS.md
-echo "wrote bench/RESULTS.md" >&2
+# Ingest (once): rclone copy into an fs_mode mount, and into tmpfs.
+cli mount "s3://$UFS_TEST_S3_BUCKET/ingest" "/ingest" --write-type fs_mode "${props[@]}" >&2
+for side in fsmode tmpfs; do
+  if [ "$side" = fsmode ]; then dst=$mnt/ingest/bdd; else dst=$shm/ingest; fi
+  start=$(date +%s.%N)
+  rclone_ copy "$shm/src" "$dst" --transfers=16 >&2
+  end=$(date +%s.%N)
+  python3 -c "
+import json, sys
+n, secs = $files, $end - $start
+print(json.dumps({'action': 'rclone-copy', 'phase': 'ingest', 'threads': 16, 'files': n,
+                'seconds': secs, 'files_per_sec': n / secs, 'label': 'ingest-$side'}))" | record
+  got=$(find "$dst" -type f | wc -l)
+  [ "$got" = "$files" ] || { echo "rclone copy into $dst left $got of $files files" >&2; exit 1; }
+done
+# The same reader on tmpfs, and on the fs_mode files just written.
+for t in 2 8; do
+  reader tmpfs "$shm/ingest" "$t"
+  reader fuse-fsmode "$mnt/ingest/bdd" "$t" --phases warm
+done
+if $decode; then
+  reader tmpfs-decode "$shm/ingest" 8 --phases warm --decode
+fi
+
+server=$(python3 -c "import moto; print(moto.__version__)")
+write_info ufs files="$files" reads="$reads" reps="$reps" \
+  s3_server="moto $server (in memory, one Python process)" \
+  rclone="$(rclone version | head -1)" s3fs="$(s3fs --version | head -1)" \
+  pillow="$(python3 -c 'import PIL; print(PIL.__version__)' 2>/dev/null || echo none)"
+report

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds the binaries once, then every test
 # (unit, conformance, property, crash and CLI tests on real node processes,
-# FUSE tests on real mounts).
+# FUSE tests on real mounts), then a smoke run of the benchmark suite.
 # Installs what the tests need when it is missing and starts a test S3
 # server (integration/s3-server.sh) for the UFS tests, stopping it after.
 set -euo pipefail
@@ -39,8 +39,29 @@ integration/s3-server.sh start "$s3dir"
 # shellcheck disable=SC1091
 source "$s3dir/s3.env"
 
+status=0
 if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
+  cargo nextest run --workspace --locked --no-fail-fast || status=$?
 else
-  cargo test --workspace --locked --no-fail-fast
+  cargo test --workspace --locked --no-fail-fast || status=$?
 fi
+
+# The benchmark suite at tiny sizes, so it cannot rot: every script, peer and
+# report section runs (with the debug binaries just built); no figure is
+# judged. It starts its own S3 server, nodes and mounts.
+echo "run-tests: benchmark suite smoke run (bench/run-all.sh --smoke)" >&2
+smoke=$(mktemp -d /tmp/curvine-bench-smoke.XXXXXX)
+if BENCH_OUT=$smoke BENCH_BIN_DIR=target/debug bench/run-all.sh --smoke >"$smoke/log" 2>&1; then
+  for section in "## The stated targets" "## B1. " "## B1 and B3" "## B2. " "## B4. " "## Cluster"; do
+    grep -qF "$section" "$smoke/RESULTS.md" || { echo "bench smoke: RESULTS.md lacks '$section'" >&2; status=1; }
+  done
+  for plot in b1 b1-fuse b2 b3 b4 cluster; do
+    [ -s "$smoke/plots/$plot.png" ] || { echo "bench smoke: no plots/$plot.png" >&2; status=1; }
+  done
+else
+  tail -40 "$smoke/log" >&2
+  echo "bench smoke: bench/run-all.sh --smoke failed (log above)" >&2
+  status=1
+fi
+rm -rf "$smoke"
+exit "$status"

@@ -1,7 +1,8 @@
 //! B2 (small files over S3), client-library part.
 //!
-//! Files are `small/d{i % 50}/f{i:05}` of 60-140 KB (the size follows from
-//! `i`, so every action agrees on the set without listing it):
+//! Files are `small/d{i % 50}/f{i:05}.jpg` of 60-140 KB, each a picture
+//! (see [`content`]); the size follows from `i`, so every action agrees on
+//! the set without listing it:
 //!
 //! - `ufs.put`: writes the files to `--ufs` (a location with `-c s3.*`
 //!   properties) with `--client-threads` requests at a time;
@@ -12,6 +13,8 @@
 //!   `--dir` (a mount of that location): first every file once in a random
 //!   order (`cold`: each read goes through to the UFS and fills the cache),
 //!   then `--reads` files picked at random (`warm`);
+//! - `local.put`: writes the same files under the local directory `--dir`
+//!   (the source of the ingest benchmark, `rclone copy` into a mount);
 //! - `local.small-read`: the same phases with plain file reads under the
 //!   local directory `--dir` (a FUSE mount of the cluster, or any directory
 //!   holding the files), like the seed's `load_img.py` without the decode.
@@ -60,12 +63,12 @@ struct SmallResult {
 pub fn is_small_action(action: &str) -> bool {
     matches!(
         action,
-        "ufs.put" | "ufs.read" | "fs.small-read" | "local.small-read"
+        "ufs.put" | "ufs.read" | "fs.small-read" | "local.put" | "local.small-read"
     )
 }
 
 fn name(i: u64) -> String {
-    format!("small/d{:02}/f{i:05}", i % 50)
+    format!("small/d{:02}/f{i:05}.jpg", i % 50)
 }
 
 fn size(i: u64) -> usize {
@@ -74,11 +77,58 @@ fn size(i: u64) -> usize {
     60_000 + (h % 80_001) as usize
 }
 
-fn content(i: u64) -> Vec<u8> {
+/// Width and height of the picture in every file.
+const PICTURE: (u16, u16) = (320, 240);
+
+/// File `i`: a JPEG picture (a gradient with noise, different per file, so
+/// readers that decode, like `bench/load_img.py --decode`, do real work),
+/// padded with comment segments to exactly `size(i)` bytes.
+pub fn content(i: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(i);
-    let mut v = vec![0u8; size(i)];
-    rng.fill(&mut v[..]);
-    v
+    let (w, h) = (PICTURE.0 as usize, PICTURE.1 as usize);
+    let base: [u8; 3] = rng.gen();
+    let mut pixels = vec![0u8; w * h * 3];
+    for y in 0..h {
+        for x in 0..w {
+            let p = (y * w + x) * 3;
+            for c in 0..3 {
+                let grad = (x * (c + 1) / 3 + y * (3 - c) / 3) as u8;
+                let noise = rng.gen_range(0..24u8);
+                pixels[p + c] = base[c].wrapping_add(grad).wrapping_add(noise);
+            }
+        }
+    }
+    let mut jpeg = Vec::with_capacity(size(i));
+    jpeg_encoder::Encoder::new(&mut jpeg, 85)
+        .encode(&pixels, PICTURE.0, PICTURE.1, jpeg_encoder::ColorType::Rgb)
+        .expect("encoding into memory does not fail");
+    pad_jpeg(jpeg, size(i))
+}
+
+/// Inserts comment segments (FF FE, 2-byte length, bytes) after the JPEG's
+/// start-of-image marker until it is `target` bytes long.
+fn pad_jpeg(jpeg: Vec<u8>, target: usize) -> Vec<u8> {
+    assert!(
+        jpeg.len() + 4 <= target,
+        "picture of {} bytes for a file of {target}",
+        jpeg.len()
+    );
+    let mut out = Vec::with_capacity(target);
+    out.extend_from_slice(&jpeg[..2]);
+    let mut left = target - jpeg.len();
+    while left > 0 {
+        // A segment is 4 to 65,537 bytes; never leave 1-3 bytes for the last.
+        let mut seg = left.min(65_537);
+        if (1..4).contains(&(left - seg)) {
+            seg -= 4;
+        }
+        out.extend_from_slice(&[0xff, 0xfe]);
+        out.extend_from_slice(&((seg - 2) as u16).to_be_bytes());
+        out.resize(out.len() + seg - 4, b' ');
+        left -= seg;
+    }
+    out.extend_from_slice(&jpeg[2..]);
+    out
 }
 
 /// Runs `work(i)` for every index in `order` on `threads` tasks; returns
@@ -188,6 +238,28 @@ pub async fn run(p: Params, client: Option<Client>) -> Result<(), String> {
             }
             Ok(())
         }
+        "local.put" => {
+            let root = p.dir.trim_end_matches('/').to_string();
+            let (bytes, secs) = drive((0..p.files).collect(), p.threads, move |i| {
+                let path = format!("{root}/{}", name(i));
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        let data = content(i);
+                        if let Some(parent) = std::path::Path::new(&path).parent() {
+                            std::fs::create_dir_all(parent)
+                                .map_err(|e| format!("{}: {e}", parent.display()))?;
+                        }
+                        std::fs::write(&path, &data).map_err(|e| format!("{path}: {e}"))?;
+                        Ok(data.len() as u64)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                }
+            })
+            .await?;
+            report(&p, "put", p.files, bytes, secs);
+            Ok(())
+        }
         "local.small-read" => {
             let root = p.dir.trim_end_matches('/').to_string();
             let read = move |i: u64| {
@@ -247,4 +319,31 @@ where
     let (bytes, secs) = drive(picks, p.threads, read).await?;
     report(p, "warm", p.reads, bytes, secs);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_jpegs_of_their_size() {
+        for i in [0, 1, 7, 4999, 12345] {
+            let c = content(i);
+            assert_eq!(c.len(), size(i));
+            assert_eq!(&c[..2], &[0xff, 0xd8]);
+            assert_eq!(&c[c.len() - 2..], &[0xff, 0xd9]);
+            assert_ne!(c, content(i + 1));
+        }
+        // Padding of every awkward length stays well formed.
+        for extra in 4..70_000 {
+            let jpeg = vec![0xff, 0xd8, 1, 2, 0xff, 0xd9];
+            let out = pad_jpeg(jpeg.clone(), jpeg.len() + extra);
+            assert_eq!(out.len(), jpeg.len() + extra);
+            let mut at = 2;
+            while out[at] == 0xff && out[at + 1] == 0xfe {
+                at += 2 + u16::from_be_bytes([out[at + 2], out[at + 3]]) as usize;
+            }
+            assert_eq!(&out[at..], &jpeg[2..], "padding of {extra}");
+        }
+    }
 }
