@@ -61,7 +61,7 @@ need() {
 # first touch of a page costs far more than later ones, which makes whichever
 # run comes first look slow. Touch the memory the runs will use once.
 warm_memory() {
-  [ "$mode" = smoke ] && return 0
+  [ "$mode" = full ] || return 0
   echo "warming up memory" >&2
   dd if=/dev/zero of="$shm/warm" bs=1M count=$(($1 * 1024)) status=none 2>/dev/null || true
   rm -f "$shm/warm"

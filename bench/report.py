@@ -311,7 +311,8 @@ def ufs_section(r, rows, meta):
         "native client, every file once in a random order, P requests at a time")
     r.p("- every file-system row is `bench/load_img.py` with P processes reading whole files: "
         "`cold` reads every file once in a random order through a fresh mount, `warm` then "
-        f"reads {meta.get('reads', '?')} files picked at random. `curvine FUSE` is a "
+        f"reads {meta.get('reads', '?')} files picked at random (the peers: as many as there are "
+        "files). `curvine FUSE` is a "
         "cache_mode mount of the bucket through the default FUSE mount; `curvine client` "
         "does the same through the client library (`curvine-bench --action fs.small-read`, "
         "P tasks); the peers mount the same bucket: "

@@ -5,7 +5,7 @@
 # the data port), all in the same run. Each figure is measured REPS times,
 # alternating with its baseline. Writes results/data.jsonl and RESULTS.md.
 #
-#   bench/run-data.sh           # 20 files of 100MB, 4 repetitions (about 5 minutes)
+#   bench/run-data.sh           # 20 files of 100MB, 3 repetitions (about 4 minutes)
 #   bench/run-data.sh --quick   # 2 files of 100MB, 1 repetition
 #   bench/run-data.sh --smoke   # 1 file of 4MB
 set -euo pipefail
@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 bench_init "$@"
 
 case $mode in
-  full) files=20; reps=4; size=100MB; iperf_secs=5 ;;
+  full) files=20; reps=3; size=100MB; iperf_secs=5 ;;
   quick) files=2; reps=1; size=100MB; iperf_secs=2 ;;
   smoke) files=1; reps=1; size=4MB; iperf_secs=1 ;;
 esac

@@ -5,16 +5,16 @@
 # a block size that keeps each benchmark file in one block. Writes
 # results/fuse.jsonl and RESULTS.md.
 #
-#   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 10s per job
-#   bench/run-fuse.sh --quick   # B1: 2 files, 1 repetition; B3: 1GiB file, 1s per job
+#   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 5s per job
+#   bench/run-fuse.sh --quick   # B1: 2 files, 1 repetition; B3: 512MiB file, 1s per job
 #   bench/run-fuse.sh --smoke   # B1: 1 file of 4MB; B3: 64MiB file, 1s per job
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init "$@"
 
 case $mode in
-  full) files=20; size=100MB; reps=3; fio_mib=4096; fio_pt_mib=2048; runtime=10 ;;
-  quick) files=2; size=100MB; reps=1; fio_mib=1024; fio_pt_mib=1024; runtime=1 ;;
+  full) files=20; size=100MB; reps=3; fio_mib=4096; fio_pt_mib=2048; runtime=5 ;;
+  quick) files=2; size=100MB; reps=1; fio_mib=512; fio_pt_mib=512; runtime=1 ;;
   smoke) files=1; size=4MB; reps=1; fio_mib=64; fio_pt_mib=64; runtime=1 ;;
 esac
 

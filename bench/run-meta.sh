@@ -7,16 +7,16 @@
 # per change, all measured in the same run. Writes results/meta.jsonl and
 # RESULTS.md.
 #
-#   bench/run-meta.sh            # 100,000 entries (client library), 20,000 (mount)
-#   bench/run-meta.sh --quick    # 5,000 entries
+#   bench/run-meta.sh            # 30,000 entries (client library), 10,000 (mount)
+#   bench/run-meta.sh --quick    # 2,000 entries (mount: 1,000)
 #   bench/run-meta.sh --smoke    # 200 entries
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init "$@"
 
 case $mode in
-  full) files=100000; mount_files=20000 ;;
-  quick) files=5000; mount_files=2000 ;;
+  full) files=30000; mount_files=10000 ;;
+  quick) files=2000; mount_files=1000 ;;
   smoke) files=200; mount_files=200 ;;
 esac
 
