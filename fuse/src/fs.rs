@@ -510,19 +510,42 @@ impl Fs {
         let attr = self.getattr(ino).await?;
         self.check_setattr(caller, &attr, &mut set)?;
         if let Some(w) = self.writer(ino).filter(|w| w.dirty()) {
-            // Writes first: their commit would otherwise overwrite times
-            // set now (cp -a sets them before it closes the file).
-            w.commit().await?;
+            let times_only = SetAttr {
+                atime: None,
+                mtime: None,
+                ..set.clone()
+            } == SetAttr::default();
+            if times_only && set != SetAttr::default() && self.conf.writeback_cache {
+                // The kernel's writeback cache sends the file's mtime while
+                // its writes are still arriving: the times go with the
+                // writes' commit, after them.
+                match w.set_times(set.clone()).await {
+                    Err(e) if write::ended(&e) => {}
+                    done => return done,
+                }
+            } else {
+                // Writes first: their commit would otherwise overwrite
+                // times set now (cp -a sets them before it closes the file).
+                match w.commit().await {
+                    Err(e) if write::ended(&e) => {}
+                    done => done?,
+                }
+            }
         }
         if let Some(size) = set.size.take() {
             if attr.kind == FileKind::Dir {
                 return Err(FsError::IsADirectory("cannot truncate a directory".into()));
             }
-            match self.writer(ino) {
-                Some(w) => {
-                    w.truncate(size).await?;
-                }
-                None => {
+            let by_writer = match self.writer(ino) {
+                Some(w) => match w.truncate(size).await {
+                    Err(e) if write::ended(&e) => false,
+                    done => done.map(|_| true)?,
+                },
+                None => false,
+            };
+            match by_writer {
+                true => {}
+                false => {
                     let path = self.inodes.path(ino)?;
                     let done = self
                         .client

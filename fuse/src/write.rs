@@ -34,6 +34,11 @@ use crate::fs::{errno, io_error, Fs};
 /// Bytes composed and written at once when a staged file is committed.
 const COMMIT_CHUNK: u64 = 1 << 20;
 
+/// Bytes of writes held ahead of a stream's position at most (see
+/// [`Task::ahead`]): the kernel's writeback keeps up to 64 requests of up
+/// to 1 MiB in flight.
+const AHEAD_MAX: usize = 64 << 20;
+
 pub enum WriteOp {
     Write {
         off: u64,
@@ -50,6 +55,13 @@ pub enum WriteOp {
     },
     Truncate {
         size: u64,
+        done: oneshot::Sender<FsResult<Attr>>,
+    },
+    /// New times for the file, set once the writes before them are
+    /// committed (the kernel's writeback cache sends its mtime while its
+    /// writes are still arriving).
+    SetTimes {
+        set: SetAttr,
         done: oneshot::Sender<FsResult<Attr>>,
     },
     /// An open with O_TRUNC: commit what is pending, then empty the file.
@@ -141,7 +153,7 @@ impl Writer {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(op(tx))
-            .map_err(|_| FsError::Io("the file's writer task has ended".into()))?;
+            .map_err(|_| FsError::Io(TASK_ENDED.into()))?;
         rx.await
             .map_err(|_| FsError::Io("the file's writer task ended before answering".into()))?
     }
@@ -152,6 +164,11 @@ impl Writer {
 
     pub async fn truncate(&self, size: u64) -> FsResult<Attr> {
         self.ask(|done| WriteOp::Truncate { size, done }).await
+    }
+
+    /// Sets times (only atime and mtime) after the queued writes.
+    pub async fn set_times(&self, set: SetAttr) -> FsResult<Attr> {
+        self.ask(|done| WriteOp::SetTimes { set, done }).await
     }
 
     pub async fn open_truncate(&self) -> FsResult<Attr> {
@@ -190,6 +207,9 @@ pub fn start(
         },
         shared: flags.clone(),
         failed: None,
+        ahead: BTreeMap::new(),
+        ahead_bytes: 0,
+        times: None,
     };
     fs.inodes.pin(ino);
     let core = Arc::new(tokio::sync::Mutex::new(task));
@@ -219,6 +239,7 @@ async fn run(core: Arc<tokio::sync::Mutex<Task>>, mut rx: mpsc::UnboundedReceive
                 }
             }
             WriteOp::Read { off, size, reply } => {
+                tracing::debug!(off, size, "read of a file being written");
                 let result = {
                     let mut task = core.lock().await;
                     let result = task.read(off, size).await;
@@ -235,12 +256,39 @@ async fn run(core: Arc<tokio::sync::Mutex<Task>>, mut rx: mpsc::UnboundedReceive
             op => {
                 let mut task = core.lock().await;
                 if task.apply(op).await {
+                    // Operations queued behind the last close (a truncate
+                    // by path, say) are still answered; later senders are
+                    // told the task ended and act without it.
+                    rx.close();
+                    while let Some(op) = rx.recv().await {
+                        match op {
+                            WriteOp::Write { reply, .. } => reply.error(fuser::Errno::EBADF),
+                            WriteOp::Read { off, size, reply } => {
+                                match task.read(off, size).await {
+                                    Ok(data) => reply.data(&data),
+                                    Err(e) => reply.error(errno(&e)),
+                                }
+                            }
+                            WriteOp::Close => {}
+                            op => {
+                                task.apply(op).await;
+                            }
+                        }
+                    }
                     return;
                 }
             }
         }
     }
 }
+
+/// Whether an error says the writer task had ended (the file's last
+/// handle was released meanwhile): the caller goes on without it.
+pub fn ended(e: &FsError) -> bool {
+    matches!(e, FsError::Io(m) if m == TASK_ENDED)
+}
+
+const TASK_ENDED: &str = "the file's writer task has ended";
 
 enum State {
     Idle,
@@ -258,6 +306,16 @@ struct Task {
     /// are acknowledged when applied); this holds a commit failure of an
     /// implicit commit (a mode switch) until a flush reports it.
     failed: Option<FsError>,
+    /// Writes that arrived ahead of the stream's position, by offset:
+    /// disjoint, all beyond the position. The kernel sends several writes
+    /// of a file at once (always with the writeback cache) and the fuser
+    /// threads hand them over in any order; holding the early ones until
+    /// the bytes before them arrive keeps a sequential writer streaming
+    /// instead of staging.
+    ahead: BTreeMap<u64, Vec<u8>>,
+    ahead_bytes: usize,
+    /// Times to set when the writes are next committed.
+    times: Option<SetAttr>,
 }
 
 impl Task {
@@ -276,6 +334,9 @@ impl Task {
                 }
                 WriteOp::OpenTruncate { done } => {
                     let _ = done.send(self.open_truncate().await);
+                }
+                WriteOp::SetTimes { set, done } => {
+                    let _ = done.send(self.set_times(set).await);
                 }
                 WriteOp::Close => {
                     if let Err(e) = self.commit().await {
@@ -301,10 +362,32 @@ impl Task {
         }
         let _runtime = self.fs.runtime().enter();
         let result = w.write_now(data)?;
-        if result.is_ok() {
-            self.applied(off + data.len() as u64);
+        if result.is_err() {
+            return Some(result);
         }
-        Some(result)
+        // Held writes that now continue the stream, as far as they need no
+        // waiting (the rest go with the next write or the commit).
+        let mut drained = Ok(());
+        while let Some(entry) = self.ahead.first_entry() {
+            if *entry.key() != w.position() {
+                break;
+            }
+            match w.write_now(entry.get()) {
+                Some(Ok(())) => self.ahead_bytes -= entry.remove().len(),
+                Some(Err(e)) => {
+                    drained = Err(e);
+                    break;
+                }
+                None => break,
+            }
+        }
+        self.applied(off + data.len() as u64);
+        if let Err(e) = drained {
+            // This write is in; an earlier, acknowledged one is not: the
+            // next flush reports it.
+            self.failed = Some(e);
+        }
+        Some(Ok(()))
     }
 
     /// Records an applied write ending at `end`.
@@ -335,13 +418,80 @@ impl Task {
     fn size(&self) -> u64 {
         match &self.state {
             State::Idle => self.fs.known_size(self.ino),
-            State::Stream(w) => w.size(),
+            State::Stream(w) => {
+                let held = self.ahead.last_key_value();
+                w.size().max(held.map_or(0, |(k, v)| k + v.len() as u64))
+            }
             State::Staged(s) => s.size,
         }
     }
 
+    /// Holds a write that lands beyond the stream's position, if it fits
+    /// the window and overlaps nothing held; true when held.
+    fn hold(&mut self, off: u64, data: &[u8]) -> bool {
+        let State::Stream(w) = &self.state else {
+            return false;
+        };
+        let end = off + data.len() as u64;
+        if off <= w.position() || data.is_empty() || self.ahead_bytes + data.len() > AHEAD_MAX {
+            return false;
+        }
+        let before = self.ahead.range(..end).next_back();
+        if before.is_some_and(|(k, v)| k + v.len() as u64 > off) {
+            return false;
+        }
+        self.ahead.insert(off, data.to_vec());
+        self.ahead_bytes += data.len();
+        true
+    }
+
+    /// Writes held writes that continue the stream; with `all`, every held
+    /// write, in offset order (the gaps before them stay holes).
+    async fn drain(&mut self, all: bool) -> FsResult<()> {
+        let State::Stream(w) = &mut self.state else {
+            return Ok(());
+        };
+        while let Some(entry) = self.ahead.first_entry() {
+            let off = *entry.key();
+            if off != w.position() {
+                if !all {
+                    break;
+                }
+                w.seek(off).await?;
+            }
+            let data = entry.remove();
+            self.ahead_bytes -= data.len();
+            w.write(&data).await?;
+        }
+        Ok(())
+    }
+
     async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
         let end = off + data.len() as u64;
+        if self.hold(off, data) {
+            self.applied(end);
+            return Ok(());
+        }
+        // A write at the position that reaches no held write streams on;
+        // any other goes after what is held.
+        let streams_on = matches!(&self.state, State::Stream(w) if w.position() == off)
+            && self.ahead.range(..end).next().is_none();
+        if !self.ahead.is_empty() && !streams_on {
+            tracing::debug!(
+                ino = self.ino,
+                off,
+                len = data.len(),
+                held = self.ahead.len(),
+                "a write the window cannot hold"
+            );
+            // Not a write the window can take (it overlaps held writes, or
+            // lands before the position): what is held goes first, in the
+            // order it arrived before this write.
+            if let Err(e) = self.drain(true).await {
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
+        }
         let sequential = match &self.state {
             State::Idle => off == 0 || off >= self.fs.known_size(self.ino),
             State::Stream(w) => w.position() == off,
@@ -350,16 +500,43 @@ impl Task {
         if sequential {
             if matches!(self.state, State::Idle) {
                 let mut w = self.open_writer(false).await?;
-                if off != 0 {
-                    w.seek(off).await?;
+                let known = self.fs.known_size(self.ino);
+                tracing::debug!(ino = self.ino, off, known, "a stream starts");
+                if off > known {
+                    // Beyond the end: the stream starts at the end and holds
+                    // this write, in case the bytes before it are on their way.
+                    w.seek(known).await?;
+                    self.state = State::Stream(Box::new(w));
+                    if self.hold(off, data) {
+                        self.applied(end);
+                        return Ok(());
+                    }
+                    if let State::Stream(w) = &mut self.state {
+                        w.seek(off).await?;
+                    }
+                } else {
+                    if off != 0 {
+                        w.seek(off).await?;
+                    }
+                    self.state = State::Stream(Box::new(w));
                 }
-                self.state = State::Stream(Box::new(w));
             }
             if let State::Stream(w) = &mut self.state {
                 w.write(data).await?;
             }
+            if let Err(e) = self.drain(false).await {
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
         } else {
-            if matches!(self.state, State::Stream(_)) {
+            if let State::Stream(w) = &self.state {
+                tracing::debug!(
+                    ino = self.ino,
+                    off,
+                    len = data.len(),
+                    position = w.position(),
+                    "a write away from the stream: staging"
+                );
                 // A write elsewhere: what streamed so far is committed, the
                 // rest is staged.
                 if let Err(e) = self.commit_state().await {
@@ -412,6 +589,19 @@ impl Task {
     }
 
     async fn commit_state(&mut self) -> FsResult<()> {
+        if !self.ahead.is_empty() {
+            tracing::debug!(
+                ino = self.ino,
+                held = self.ahead.len(),
+                "commit with writes held ahead"
+            );
+        }
+        if let Err(e) = self.drain(true).await {
+            self.ahead.clear();
+            self.ahead_bytes = 0;
+            let _ = std::mem::replace(&mut self.state, State::Idle);
+            return Err(e);
+        }
         let state = std::mem::replace(&mut self.state, State::Idle);
         let attr = match state {
             State::Idle => return Ok(()),
@@ -419,8 +609,53 @@ impl Task {
             State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
         };
         self.shared.unsettled.store(false, Ordering::SeqCst);
+        let attr = match (attr, self.times.take()) {
+            (Ok(_), Some(set)) => self.send_times(set).await,
+            (attr, _) => attr,
+        };
         self.fs.committed(self.ino, attr.as_ref().ok().cloned());
         attr.map(|_| ())
+    }
+
+    async fn send_times(&self, set: SetAttr) -> FsResult<Attr> {
+        self.fs
+            .client
+            .call(curvine_messages::rpc::SetAttrs {
+                path: self.path()?,
+                set,
+                follow: false,
+            })
+            .await
+    }
+
+    /// Times set while writes are pending go with their commit; with none
+    /// pending, at once.
+    async fn set_times(&mut self, set: SetAttr) -> FsResult<Attr> {
+        if matches!(self.state, State::Idle) {
+            let attr = self.send_times(set).await?;
+            self.fs.committed(self.ino, Some(attr.clone()));
+            return Ok(attr);
+        }
+        let merged = match self.times.take() {
+            Some(old) => SetAttr {
+                atime: set.atime.or(old.atime),
+                mtime: set.mtime.or(old.mtime),
+                ..old
+            },
+            None => set,
+        };
+        if let Some(curvine_messages::TimeSet::Ns(ns)) = merged.mtime {
+            self.shared.mtime_ns.store(ns, Ordering::SeqCst);
+        }
+        self.times = Some(merged);
+        let mut attr = self
+            .fs
+            .inodes
+            .attr(self.ino)
+            .ok_or_else(|| FsError::Stale(format!("inode {} is gone", self.ino)))?;
+        attr.size = self.size();
+        attr.mtime_ns = self.shared.mtime_ns.load(Ordering::SeqCst);
+        Ok(attr)
     }
 
     async fn truncate(&mut self, size: u64) -> FsResult<Attr> {

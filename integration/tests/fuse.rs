@@ -264,6 +264,48 @@ fn files_directories_and_their_errnos() {
 }
 
 #[test]
+fn writeback_cache_mount_streams_large_writes_and_keeps_their_times() {
+    // With the kernel's writeback cache, its writes of a file arrive at once
+    // and in any order, and it sends the file's mtime while they do.
+    let (_dir, node, m) = setup(&["--writeback-cache", "-c", "data.block_size=4MiB"]);
+    for round in 0..3u64 {
+        let data = random_bytes(48 * 1024 * 1024 + 777, 50 + round);
+        let name = format!("big{round}");
+        let mut f = File::create(m.path(&name)).unwrap();
+        for chunk in data.chunks(128 * 1024) {
+            f.write_all(chunk).unwrap();
+        }
+        drop(f);
+        assert!(
+            fs::read(m.path(&name)).unwrap() == data,
+            "round {round}: read back through the mount"
+        );
+        assert!(
+            cluster_read(&node, &format!("/{name}")) == data,
+            "round {round}: what other clients see"
+        );
+    }
+    // Times set while writes are still in the kernel's cache stay set.
+    let data = random_bytes(8 * 1024 * 1024, 60);
+    let mut f = File::create(m.path("dated")).unwrap();
+    f.write_all(&data).unwrap();
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    f.set_times(fs::FileTimes::new().set_modified(when))
+        .unwrap();
+    drop(f);
+    let meta = fs::metadata(m.path("dated")).unwrap();
+    assert_eq!(meta.modified().unwrap(), when);
+    assert_eq!(meta.len(), data.len() as u64);
+    let attr = runtime().block_on(async { node.client().await.stat("/dated").await.unwrap() });
+    assert_eq!(
+        attr.mtime_ns,
+        1_600_000_000 * 1_000_000_000,
+        "the cluster keeps the time set"
+    );
+    assert!(cluster_read(&node, "/dated") == data);
+}
+
+#[test]
 fn writes_sequential_random_sparse_and_truncated() {
     let (_dir, node, m) = setup(&["-c", "data.block_size=1MiB"]);
     // Sequential, several blocks, odd buffer sizes.
