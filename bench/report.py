@@ -231,7 +231,8 @@ def fuse_section(r, rows, meta):
         "128KiB buffers, `--checksum true`; one node with a MEM tier in /dev/shm; the page "
         f"cache is dropped before each read; {meta.get('reps', '?')} repetitions. `mount` is "
         "the default mount; `passthrough` mounts with `--passthrough --block-size 128MiB`, "
-        "so each file is one block the kernel reads itself")
+        "so each file is one block the kernel reads itself; `writeback-cache` mounts with "
+        "`--writeback-cache`")
     r.p(f"- B3: fio `--direct=1 --iodepth=1 --ioengine=libaio`, {meta.get('runtime', '?')}s per "
         f"job, on a {meta.get('fio_size', '?')} file cached in the MEM tier (passthrough: a "
         f"{meta.get('fio_pt_size', '?')} file of one block); baseline: the same job on the "
@@ -249,6 +250,8 @@ def fuse_section(r, rows, meta):
         ("fuse.write", "mount", "fuse.write", "local.write", 0.6, why_rw),
         ("fuse.read", "mount", "fuse.read", "local.read", 0.7, why_rw),
         ("fuse.write, passthrough mount", "passthrough", "fuse.write", "local.write", None, ""),
+        ("fuse.write, writeback-cache mount", "writeback", "fuse.write", "local.write", None, ""),
+        ("fuse.read, writeback-cache mount", "writeback", "fuse.read", "local.read", None, ""),
         ("fuse.read, passthrough", "passthrough", "fuse.read", "local.read", 0.9,
          "the kernel reads the block file itself"),
     ):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # B1 (fuse.write, fuse.read) and B3 (fio) through the FUSE mount, each next
 # to the same tool on tmpfs in the same run. One node with a MEM tier in
-# /dev/shm; two mounts of it: the default one, and one with passthrough and
-# a block size that keeps each benchmark file in one block. Writes
+# /dev/shm; three mounts of it: the default one, one with passthrough and
+# a block size that keeps each benchmark file in one block (B1 and B3), and
+# one with the kernel's writeback cache (B1). Writes
 # results/fuse.jsonl and RESULTS.md.
 #
 #   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 5s per job
@@ -21,13 +22,14 @@ esac
 need fio fio
 need fusermount3 fuse3
 warm_memory 12
-mnt=$work/mnt; ptmnt=$work/ptmnt
+mnt=$work/mnt; ptmnt=$work/ptmnt; wbmnt=$work/wbmnt
 mkdir -p "$shm/local"
 port=$(free_port)
 addr=127.0.0.1:$port
 start_node node 127.0.0.1 "$port" "[MEM:14GiB]$shm/tier"
 fuse_mount "$addr" "$mnt"
 fuse_mount "$addr" "$ptmnt" --passthrough --block-size 128MiB
+fuse_mount "$addr" "$wbmnt" --writeback-cache
 
 results fuse
 b1() {
@@ -40,10 +42,11 @@ b1() {
 # read so reads come from the cluster (or the tmpfs), not from written pages.
 for t in 2 8; do
   for r in $(seq "$reps"); do
-    for side in mount passthrough tmpfs; do
+    for side in mount passthrough writeback tmpfs; do
       case $side in
         mount) dir=$mnt/b1-$t-$r; wa=fuse.write; ra=fuse.read ;;
         passthrough) dir=$ptmnt/b1pt-$t-$r; wa=fuse.write; ra=fuse.read ;;
+        writeback) dir=$wbmnt/b1wb-$t-$r; wa=fuse.write; ra=fuse.read ;;
         tmpfs) dir=$shm/local/b1-$t-$r; wa=local.write; ra=local.read ;;
       esac
       mkdir -p "$dir"
