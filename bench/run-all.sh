@@ -48,8 +48,9 @@ if [ -z "${BENCH_BIN_DIR:-}" ]; then
 fi
 export BENCH_NO_REPORT=1
 
-# Start afresh: a group that is not run this time leaves no stale figures.
-rm -f "$BENCH_OUT"/results/*.jsonl "$BENCH_OUT"/results/*.info.json
+# The groups run now start afresh; others keep their last figures (each
+# section of RESULTS.md names the run and commit it comes from).
+for g in $groups; do rm -f "$BENCH_OUT/results/$g.jsonl" "$BENCH_OUT/results/$g.info.json"; done
 durations=()
 start=$(date +%s)
 for g in $groups; do
