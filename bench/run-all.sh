@@ -68,7 +68,7 @@ def sh(cmd):
 mode, total, *durs = sys.argv[1:]
 print(json.dumps({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    "commit": sh("git rev-parse --short HEAD") + (" (with uncommitted changes)" if sh("git status --porcelain --untracked-files=no") else ""),
+    "commit": sh("git rev-parse --short HEAD") + (" (with uncommitted changes)" if sh("git status --porcelain --untracked-files=no -- . ':!bench/results' ':!bench/RESULTS.md' ':!bench/plots'") else ""),
     "mode": mode or "full", "seconds": int(total),
     "groups": {k: int(v) for k, v in (d.split("=") for d in durs)},
 }))
