@@ -146,6 +146,29 @@ class Report:
                 f"`bench/{script}{flag}`")
 
 
+def ratio_rows(r, group, m, specs):
+    """Table rows of GiB/s figures next to their baselines, 2 and 8 tasks:
+    specs are (title, label, action, baseline label, baseline action,
+    target ratio or None, why). Records the targets; returns the chart's
+    rows and values."""
+    cats, cur, base = [], [], []
+    for title, label, action, blabel, baction, target, why in specs:
+        for t in (2, 8):
+            c, b = m(label, action, t), m(blabel, baction, t)
+            if not c or not b:
+                continue
+            x = c[0] / b[0]
+            r.p(f"| {title} | {t} | {cell(c)} | {cell(b)} | {x:.2f} | "
+                f"{f'>= {target:.2f}' if target else ''} |")
+            cats.append(f"{title}, {t} tasks")
+            cur.append(c[0])
+            base.append(b[0])
+            if target:
+                r.target(group, f"{title}, {t} tasks", f">= {target:.2f} of {blabel}",
+                         f"{x:.2f}", x >= target, why)
+    return cats, cur, base
+
+
 def header(r):
     run = json.load(open(os.path.join(r.results, "run.info.json"))) \
         if os.path.exists(os.path.join(r.results, "run.info.json")) else {}
@@ -203,21 +226,7 @@ def data_section(r, rows, meta):
         ("write, disk tier", "disk", "fs.write", "disk", "local.write", None, ""),
         ("read, disk tier, page cache dropped", "disk", "fs.read", "disk", "local.read", None, ""),
     ]
-    cats, cur, base = [], [], []
-    for title, label, action, blabel, baction, target, why in specs:
-        for t in (2, 8):
-            c, b = m(label, action, t), m(blabel, baction, t)
-            if not c or not b:
-                continue
-            x = c[0] / b[0]
-            r.p(f"| {title} | {t} | {cell(c)} | {cell(b)} | {x:.2f} | "
-                f"{f'>= {target:.2f}' if target else ''} |")
-            cats.append(f"{title}, {t} tasks")
-            cur.append(c[0])
-            base.append(b[0])
-            if target:
-                r.target("B1", f"{title}, {t} tasks", f">= {target:.2f} of {blabel}",
-                         f"{x:.2f}", x >= target, why)
+    cats, cur, base = ratio_rows(r, "B1", m, specs)
     r.p("", r.plots.bars("b1", "B1: large files through the client library", "GiB/s", cats,
                          [("curvine", cur), ("baseline (tmpfs, disk or iperf3)", base)]))
     r.notes("data")
@@ -242,32 +251,18 @@ def fuse_section(r, rows, meta):
         return spread(select(rows, "gib_per_sec", label=label, action=action, threads=t))
 
     r.p("| figure | tasks | mount GiB/s | tmpfs GiB/s | ratio | target |", "|---|---|---|---|---|---|")
-    cats, cur, base = [], [], []
     why_rw = ("without passthrough every read or write is a request through /dev/fuse "
               "answered by the mount process: about half its CPU goes to the wakeups and "
               "task switches of that round trip, not to moving bytes (notes below)")
-    for title, label, action, baction, target, why in (
-        ("fuse.write", "mount", "fuse.write", "local.write", 0.6, why_rw),
-        ("fuse.read", "mount", "fuse.read", "local.read", 0.7, why_rw),
-        ("fuse.write, passthrough mount", "passthrough", "fuse.write", "local.write", None, ""),
-        ("fuse.write, writeback-cache mount", "writeback", "fuse.write", "local.write", None, ""),
-        ("fuse.read, writeback-cache mount", "writeback", "fuse.read", "local.read", None, ""),
-        ("fuse.read, passthrough", "passthrough", "fuse.read", "local.read", 0.9,
+    cats, cur, base = ratio_rows(r, "B1 FUSE", m, [
+        ("fuse.write", "mount", "fuse.write", "tmpfs", "local.write", 0.6, why_rw),
+        ("fuse.read", "mount", "fuse.read", "tmpfs", "local.read", 0.7, why_rw),
+        ("fuse.write, passthrough mount", "passthrough", "fuse.write", "tmpfs", "local.write", None, ""),
+        ("fuse.write, writeback-cache mount", "writeback", "fuse.write", "tmpfs", "local.write", None, ""),
+        ("fuse.read, writeback-cache mount", "writeback", "fuse.read", "tmpfs", "local.read", None, ""),
+        ("fuse.read, passthrough", "passthrough", "fuse.read", "tmpfs", "local.read", 0.9,
          "the kernel reads the block file itself"),
-    ):
-        for t in (2, 8):
-            c, b = m(label, action, t), m("tmpfs", baction, t)
-            if not c or not b:
-                continue
-            x = c[0] / b[0]
-            r.p(f"| {title} | {t} | {cell(c)} | {cell(b)} | {x:.2f} | "
-                f"{f'>= {target:.2f}' if target else ''} |")
-            cats.append(f"{title}, {t} tasks")
-            cur.append(c[0])
-            base.append(b[0])
-            if target:
-                r.target("B1 FUSE", f"{title}, {t} tasks", f">= {target:.2f} of tmpfs",
-                         f"{x:.2f}", x >= target, why)
+    ])
     r.p("", r.plots.bars("b1-fuse", "B1 through the FUSE mount", "GiB/s", cats,
                          [("curvine mount", cur), ("tmpfs", base)]))
     fio = [x for x in rows if x.get("action") == "fio"]

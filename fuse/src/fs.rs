@@ -377,6 +377,21 @@ impl Fs {
         self.open.lock().get(&ino).copied().unwrap_or(0)
     }
 
+    /// A handle of an open file (writer and backing file when it has them).
+    fn add_file_handle(
+        &self,
+        ino: u64,
+        writer: Option<Arc<Writer>>,
+        backing: Option<Arc<fuser::BackingId>>,
+    ) -> u64 {
+        self.add_handle(Handle::File(Box::new(FileHandleState {
+            ino,
+            writer,
+            reader: tokio::sync::Mutex::new(None),
+            backing,
+        })))
+    }
+
     fn add_handle(&self, handle: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if let Handle::File(f) = &handle {
@@ -897,12 +912,7 @@ impl Fs {
             .entry(ino)
             .or_insert_with(|| (0, backing.clone()))
             .0 += 1;
-        let fh = self.add_handle(Handle::File(Box::new(FileHandleState {
-            ino,
-            writer: None,
-            reader: tokio::sync::Mutex::new(None),
-            backing: Some(backing.clone()),
-        })));
+        let fh = self.add_file_handle(ino, None, Some(backing.clone()));
         Some((fh, backing))
     }
 
@@ -1279,12 +1289,7 @@ impl Filesystem for CurvineFs {
                 if attr.kind != FileKind::Dir {
                     let attr = fs.with_writes(ino.0, attr);
                     let open_flags = fs.open_flags(ino.0, &attr) | FopenFlags::FOPEN_NOFLUSH;
-                    let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
-                        ino: ino.0,
-                        writer: None,
-                        reader: tokio::sync::Mutex::new(None),
-                        backing: None,
-                    })));
+                    let fh = fs.add_file_handle(ino.0, None, None);
                     reply.opened(FileHandle(fh), open_flags);
                     return;
                 }
@@ -1347,12 +1352,7 @@ impl Filesystem for CurvineFs {
                     return;
                 }
             }
-            let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
-                ino,
-                writer,
-                reader: tokio::sync::Mutex::new(None),
-                backing: None,
-            })));
+            let fh = fs.add_file_handle(ino, writer, None);
             reply.opened(FileHandle(fh), open_flags);
         });
     }
@@ -1814,12 +1814,7 @@ impl Filesystem for CurvineFs {
             let ino = fs.inodes.remember(parent.0, name, attr.clone());
             fs.inodes.drop_cached(ino);
             let writer = fs.join_writer(ino, (uid, gid), Some(w));
-            let fh = fs.add_handle(Handle::File(Box::new(FileHandleState {
-                ino,
-                writer: Some(writer),
-                reader: tokio::sync::Mutex::new(None),
-                backing: None,
-            })));
+            let fh = fs.add_file_handle(ino, Some(writer), None);
             let mut open_flags = FopenFlags::empty();
             if fs.conf.direct_io {
                 open_flags |= FopenFlags::FOPEN_DIRECT_IO;
