@@ -12,15 +12,15 @@ use ractor::ActorRef;
 use curvine_messages::cluster::{
     gateway_group, ClusterMap, Heartbeat, MemberInfo, MemberState, MemberView, PeerMsg,
 };
-use curvine_messages::shard::ShardMsg;
 use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
-use crate::host::ShardDirectory;
+use crate::host::{ShardDirectory, ShardRef};
+use crate::trace::Tracer;
 
 /// Where a shard's requests go.
 pub enum Route {
     /// A shard actor of this node.
-    Local(ActorRef<ShardMsg>),
+    Local(ShardRef),
     /// The gateway of the node serving the shard.
     Remote {
         node: String,
@@ -49,6 +49,8 @@ pub struct ClusterView {
     node_timeout: Duration,
     /// Bumped on every map or membership change, for waiters.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Where this node's actors record trace events.
+    pub tracer: Tracer,
 }
 
 impl ClusterView {
@@ -58,6 +60,7 @@ impl ClusterView {
         local: ShardDirectory,
         map: ClusterMap,
         node_timeout: Duration,
+        tracer: Tracer,
     ) -> Arc<ClusterView> {
         let node_id = me.node_id.clone();
         let shard_count = local.shard_count();
@@ -81,6 +84,7 @@ impl ClusterView {
             members: RwLock::new(members),
             node_timeout,
             changes: tokio::sync::watch::channel(0).0,
+            tracer,
         })
     }
 
@@ -89,7 +93,15 @@ impl ClusterView {
     pub fn standalone(local: ShardDirectory) -> Arc<ClusterView> {
         let me = MemberInfo::default();
         let map = ClusterMap::single("", local.shard_count());
-        Self::new(me, "local".into(), local, map, Duration::from_secs(3600))
+        let tracer = Tracer::new("", 1_000, 0.0);
+        Self::new(
+            me,
+            "local".into(),
+            local,
+            map,
+            Duration::from_secs(3600),
+            tracer,
+        )
     }
 
     pub fn local(&self) -> &ShardDirectory {
@@ -376,6 +388,7 @@ mod tests {
             ShardDirectory::new(2),
             ClusterMap::single("a", 2),
             Duration::from_secs(5),
+            Tracer::new("a", 1_000, 0.0),
         );
         let t0 = 1_000_000_000_000;
         let h = view.heard(&hb("b", ClusterMap::single("a", 2)), t0);

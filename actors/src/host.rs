@@ -9,16 +9,20 @@ use parking_lot::RwLock;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use curvine_messages::shard::ShardMsg;
+use curvine_messages::trace::Traced;
 use curvine_messages::{FsError, FsResult, ShardId};
 
 use crate::shard::{NamespaceShard, ShardArgs};
 use crate::supervisor::{RestartPolicy, RestartTracker};
 
+/// A shard actor: its mailbox holds messages with their trace context.
+pub type ShardRef = ActorRef<Traced<ShardMsg>>;
+
 /// Where each shard's actor is right now. A restarting shard is absent and
 /// callers see `Unavailable` (and retry).
 #[derive(Clone, Default)]
 pub struct ShardDirectory {
-    refs: Arc<RwLock<Vec<Option<ActorRef<ShardMsg>>>>>,
+    refs: Arc<RwLock<Vec<Option<ShardRef>>>>,
     restarts: Arc<RwLock<HashMap<ShardId, u64>>>,
 }
 
@@ -34,7 +38,7 @@ impl ShardDirectory {
         self.refs.read().len() as u32
     }
 
-    pub fn get(&self, shard: ShardId) -> FsResult<ActorRef<ShardMsg>> {
+    pub fn get(&self, shard: ShardId) -> FsResult<ShardRef> {
         match self.refs.read().get(shard as usize) {
             Some(Some(actor)) => Ok(actor.clone()),
             Some(None) => Err(FsError::Unavailable(format!("shard {shard} is restarting"))),
@@ -44,7 +48,7 @@ impl ShardDirectory {
         }
     }
 
-    fn set(&self, shard: ShardId, actor: Option<ActorRef<ShardMsg>>) {
+    fn set(&self, shard: ShardId, actor: Option<ShardRef>) {
         if let Some(slot) = self.refs.write().get_mut(shard as usize) {
             *slot = actor;
         }

@@ -19,5 +19,6 @@ pub mod shard;
 pub mod store;
 pub mod supervisor;
 pub mod token;
+pub mod trace;
 pub mod ufs;
 pub mod writer;

@@ -132,13 +132,14 @@ impl Namespace {
     fn cast(&self, shard: ShardId, msg: ShardMsg) {
         match self.cluster.route(shard) {
             Ok(Route::Local(actor)) => {
-                let _ = actor.cast(msg);
+                let _ = actor.cast(crate::trace::traced(msg));
             }
             Ok(Route::Remote { gateway, .. }) => {
                 let _ = gateway.cast(PeerMsg::Shard {
                     shard,
                     direct: false,
                     msg,
+                    trace: crate::trace::current().map(|c| (c, now_ns())),
                 });
             }
             Err(_) => {}
@@ -174,7 +175,10 @@ impl Namespace {
     ) -> FsResult<T> {
         let (route, direct) = self.target(shard, at)?;
         let result = match route {
-            Route::Local(actor) => actor.call(build, Some(wait)).await.map_err(drop),
+            Route::Local(actor) => actor
+                .call(|reply| crate::trace::traced(build(reply)), Some(wait))
+                .await
+                .map_err(drop),
             // A node that goes down while it holds the request (a partition
             // stalls its connection) fails the request then, not at the timeout.
             Route::Remote { gateway, node } => tokio::select! {
@@ -183,6 +187,7 @@ impl Namespace {
                         shard,
                         direct,
                         msg: build(reply),
+                        trace: crate::trace::current().map(|c| (c, now_ns())),
                     },
                     Some(wait),
                 ) => r.map_err(drop),
@@ -1209,7 +1214,12 @@ impl Namespace {
             .upgrade()
             .ok_or_else(|| FsError::Unavailable("the node is stopping".into()))?;
         let nodes = self.intent_nodes(&intent);
-        let task = tokio::spawn(async move { this.drive(intent).await });
+        // The steps stay in the caller's trace.
+        let ctx = crate::trace::current();
+        let task = tokio::spawn(crate::trace::scope(
+            ctx,
+            async move { this.drive(intent).await },
+        ));
         // A step waits for a node that is down (it must not be rolled back
         // while the node may still apply it); the caller learns at once.
         let down = async {

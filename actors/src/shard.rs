@@ -10,9 +10,11 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use curvine_messages::shard::ShardMsg;
+use curvine_messages::trace::{Outcome, Traced};
 use curvine_messages::{now_ns, FsResult};
 
 use crate::store::ShardStore;
+use crate::trace::{outcome_of, Span, Tracer};
 use crate::writer::Writer;
 
 pub struct NamespaceShard;
@@ -26,6 +28,7 @@ pub struct ShardArgs {
     pub group_commit_max: usize,
     pub commit_delay: Duration,
     pub op_record_ttl: Duration,
+    pub tracer: Tracer,
 }
 
 pub struct ShardState {
@@ -33,6 +36,12 @@ pub struct ShardState {
     writer: Writer,
     /// The cluster's rename lock (used on shard 0): holder and lease end.
     rename_lock: Option<(String, std::time::Instant)>,
+    tracer: Tracer,
+    /// The actor's name in trace events (`shard-3`).
+    name: String,
+    /// The span of the message being handled, if it is traced; ended by
+    /// the reply.
+    span: Option<Span>,
 }
 
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
@@ -42,44 +51,49 @@ fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
 
 impl ShardState {
     fn read<T>(
-        &self,
+        &mut self,
         reply: RpcReplyPort<FsResult<T>>,
         f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>,
     ) {
         let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
+        if let Some(span) = self.span.take() {
+            span.end(outcome_of(&result));
+        }
         answer(reply, result);
     }
 
-    fn write<T, F>(&self, reply: RpcReplyPort<FsResult<T>>, f: F)
+    fn write<T, F>(&mut self, reply: RpcReplyPort<FsResult<T>>, f: F)
     where
         T: Send + 'static,
         F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<T> + Send + 'static,
     {
         let store = self.store.clone();
-        self.writer.submit(
+        self.writer.submit_traced(
             move |txn| f(&store, txn),
             move |result| answer(reply, result),
+            self.span.take(),
         );
     }
 
     /// A mutation nobody waits for (a message that may be lost).
-    fn write_unanswered<F>(&self, f: F)
+    fn write_unanswered<F>(&mut self, f: F)
     where
         F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<()> + Send + 'static,
     {
         let store = self.store.clone();
-        self.writer.submit(move |txn| f(&store, txn), |_| {});
+        self.writer
+            .submit_traced(move |txn| f(&store, txn), |_| {}, self.span.take());
     }
 }
 
 impl Actor for NamespaceShard {
-    type Msg = ShardMsg;
+    type Msg = Traced<ShardMsg>;
     type State = ShardState;
     type Arguments = ShardArgs;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<ShardMsg>,
+        _myself: ActorRef<Traced<ShardMsg>>,
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
         let store = args.store;
@@ -97,16 +111,19 @@ impl Actor for NamespaceShard {
         );
         tracing::debug!(shard, "namespace shard started");
         Ok(ShardState {
+            name: format!("shard-{shard}"),
             store,
             writer,
             rename_lock: None,
+            tracer: args.tracer,
+            span: None,
         })
     }
 
     /// Waits until every mutation queued before the stop is committed.
     async fn post_stop(
         &self,
-        _myself: ActorRef<ShardMsg>,
+        _myself: ActorRef<Traced<ShardMsg>>,
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -123,10 +140,18 @@ impl Actor for NamespaceShard {
 
     async fn handle(
         &self,
-        _myself: ActorRef<ShardMsg>,
-        message: ShardMsg,
+        myself: ActorRef<Traced<ShardMsg>>,
+        message: Traced<ShardMsg>,
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
+        let Traced {
+            msg: message,
+            ctx,
+            sent_ns,
+        } = message;
+        state.span = state
+            .tracer
+            .start(ctx, sent_ns, &state.name, myself.get_id(), message.kind());
         if state
             .store
             .frozen
@@ -134,9 +159,13 @@ impl Actor for NamespaceShard {
             && !message.allowed_while_frozen()
         {
             let shard = state.store.shard;
-            message.fail(curvine_messages::FsError::Unavailable(format!(
+            let e = curvine_messages::FsError::Unavailable(format!(
                 "shard {shard} is moving to another node"
-            )));
+            ));
+            if let Some(span) = state.span.take() {
+                span.end(Outcome::Error(e.kind_name().to_string()));
+            }
+            message.fail(e);
             return Ok(());
         }
         match message {
@@ -417,6 +446,10 @@ impl Actor for NamespaceShard {
                 state.write(reply, move |s, t| s.end_intent(t, op))
             }
             ShardMsg::ForgetOp { op } => state.write_unanswered(move |s, t| s.forget_op(t, op)),
+        }
+        // Messages answered in the actor itself (locks, unfreeze).
+        if let Some(span) = state.span.take() {
+            span.end(Outcome::Ok);
         }
         Ok(())
     }

@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use heed::{Env, RwTxn, WithoutTls};
 
-use curvine_messages::{FsError, FsResult};
+use curvine_messages::{now_ns, FsError, FsResult};
 
 use crate::store::lmdb_err;
+use crate::trace::{outcome_of, Span};
 
 /// Called once the transaction a mutation ran in has committed (`Ok`) or failed.
 type Completion = Box<dyn FnOnce(FsResult<()>) + Send>;
@@ -86,16 +87,45 @@ impl Writer {
         F: FnOnce(&mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
+        self.submit_traced(mutation, reply, None)
+    }
+
+    /// [`Self::submit`] for a message handled in a trace: `span` ends when
+    /// the reply is sent, with a child span for the commit (from the
+    /// mutation's start in its group to the group's commit).
+    pub fn submit_traced<T, F, R>(&self, mutation: F, reply: R, span: Option<Span>)
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
+        R: FnOnce(FsResult<T>) + Send + 'static,
+    {
+        let queued_ns = span.as_ref().map_or(0, |_| now_ns());
         let job: Job = Box::new(move |txn| {
+            let start_ns = span.as_ref().map_or(0, |_| now_ns());
             let result = catch_unwind(AssertUnwindSafe(|| mutation(txn))).unwrap_or_else(|_| {
                 Err(FsError::Io(
                     "internal error: metadata mutation panicked".into(),
                 ))
             });
             let ok = result.is_ok();
-            let completion: Completion = Box::new(move |commit: FsResult<()>| match commit {
-                Ok(()) => reply(result),
-                Err(e) => reply(Err(e)),
+            let completion: Completion = Box::new(move |commit: FsResult<()>| {
+                let result = match commit {
+                    Ok(()) => result,
+                    Err(e) => Err(e),
+                };
+                if let Some(span) = span {
+                    let end_ns = now_ns();
+                    let outcome = outcome_of(&result);
+                    let writer = std::thread::current();
+                    span.child(
+                        writer.name().unwrap_or("lmdb-writer"),
+                        "commit",
+                        (queued_ns, start_ns, end_ns),
+                        outcome.clone(),
+                    );
+                    span.end_at(end_ns, outcome);
+                }
+                reply(result)
             });
             (ok, completion)
         });

@@ -30,6 +30,7 @@ fn start_stores(dir: &std::path::Path) -> Vec<ShardArgs> {
                 group_commit_max: 64,
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),
+                tracer: curvine_actors::trace::Tracer::new("n", 1_000, 0.0),
             }
         })
         .collect()

@@ -1,6 +1,7 @@
 //! `curvine-cli`: the command line of a curvine cluster.
 
 mod data;
+mod trace;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
@@ -90,6 +91,11 @@ enum Command {
     /// Mount the cluster as a POSIX file system (FUSE), or unmount it.
     #[command(subcommand)]
     Fuse(curvine_fuse::FuseCommand),
+    /// How requests travelled through the actors of the nodes: recent
+    /// events merged by time (filters below), a live stream (--follow), the
+    /// causal tree of one request (--tree ID), Chrome trace JSON (--chrome),
+    /// or one command traced end to end: `curvine-cli trace -- fs cat /x`.
+    Trace(trace::TraceArgs),
 }
 
 #[derive(Args)]
@@ -393,6 +399,14 @@ fn long_line(name: &str, attr: &Attr) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    run_traced(cli, None).await
+}
+
+/// Runs a command; with `trace`, every request it sends joins that trace.
+async fn run_traced(
+    cli: Cli,
+    trace: Option<curvine_messages::trace::TraceCtx>,
+) -> Result<(), Failure> {
     let setup = |e: String| Failure {
         what: "config".into(),
         error: e,
@@ -431,6 +445,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         error: e.to_string(),
         code: 1,
     })?;
+    let client = match trace {
+        Some(t) => client.traced(t),
+        None => client,
+    };
     let abs = |p: &str| normalize(p, "/").map_err(|e| fail("path", p, e));
     let props: std::collections::BTreeMap<String, String> = cli
         .global
@@ -730,8 +748,102 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Fs(fs) => run_fs(&client, fs, json_out, &abs).await?,
+        Command::Trace(args) => run_trace(&client, cli.global, args, json_out).await?,
     }
     Ok(())
+}
+
+async fn run_trace(
+    client: &Client,
+    global: Global,
+    args: trace::TraceArgs,
+    json_out: bool,
+) -> Result<(), Failure> {
+    let err = |e: FsError| fail("trace", "", e);
+    let mut query = args.query().map_err(err)?;
+    if let Some(words) = args.command_words().map_err(err)? {
+        // The command runs with the same global options, traced.
+        let inner = Cli::try_parse_from(std::iter::once("curvine-cli".to_string()).chain(words))
+            .map_err(|e| Failure {
+                what: "trace --run".into(),
+                error: e.to_string().trim().to_string(),
+                code: 2,
+            })?;
+        if matches!(
+            inner.command,
+            Command::Trace(_) | Command::Fuse(_) | Command::Conf(_)
+        ) {
+            return Err(fail(
+                "trace",
+                "",
+                FsError::InvalidArgument(
+                    "only commands that talk to the cluster can be traced".into(),
+                ),
+            ));
+        }
+        let inner = Cli {
+            global: Global {
+                json: false,
+                ..global
+            },
+            command: inner.command,
+        };
+        let ctx = curvine_messages::trace::TraceCtx::root();
+        let outcome = Box::pin(run_traced(inner, Some(ctx))).await;
+        // Casts sent by the command may still be on their way.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        query.trace = Some(ctx.trace);
+        let nodes = client.trace_events(query, Vec::new()).await.map_err(err)?;
+        let events = trace::merge(&nodes);
+        if let Some(file) = &args.chrome {
+            write_chrome(file, &events)?;
+        }
+        eprintln!("trace {}", curvine_messages::trace::format_id(ctx.trace));
+        if json_out {
+            print_json(&events.iter().map(trace::event_json).collect::<Vec<_>>());
+        } else {
+            for line in trace::tree_lines(&events) {
+                eprintln!("{line}");
+            }
+        }
+        return outcome;
+    }
+    if args.follow {
+        return trace::follow(client, query, json_out).await.map_err(err);
+    }
+    let nodes = client.trace_events(query, Vec::new()).await.map_err(err)?;
+    let events = trace::merge(&nodes);
+    if let Some(file) = &args.chrome {
+        write_chrome(file, &events)?;
+        eprintln!("wrote {} events to {file}", events.len());
+    }
+    if json_out {
+        print_json(&events.iter().map(trace::event_json).collect::<Vec<_>>());
+    } else if args.tree.is_some() {
+        if events.is_empty() {
+            return Err(fail(
+                "trace",
+                args.tree.as_deref().unwrap_or_default(),
+                FsError::NotFound(
+                    "no events of this trace on any node (the rings keep only recent events)"
+                        .into(),
+                ),
+            ));
+        }
+        for line in trace::tree_lines(&events) {
+            println!("{line}");
+        }
+    } else if args.chrome.is_none() {
+        for e in &events {
+            trace::print_line(e);
+        }
+    }
+    Ok(())
+}
+
+fn write_chrome(file: &str, events: &[curvine_messages::trace::TraceEvent]) -> Result<(), Failure> {
+    let text = serde_json::to_string(&trace::chrome_json(events)).unwrap_or_default();
+    std::fs::write(file, text).map_err(|e| fail("trace --chrome", file, FsError::Io(e.to_string())))
 }
 
 async fn run_fs(

@@ -34,6 +34,7 @@ pub struct Config {
     pub ufs: UfsConf,
     pub fuse: FuseConf,
     pub log: LogConf,
+    pub trace: TraceConf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -279,6 +280,16 @@ impl Default for FuseConf {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct TraceConf {
+    /// Trace events each node keeps in memory (the oldest go first).
+    pub ring_events: u32,
+    /// Share of requests traced (0 to 1); a traced command (`curvine-cli
+    /// trace -- ...`) is always traced.
+    pub sample_rate: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct LogConf {
     /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a tracing
     /// directive such as `info,curvine_actors=debug`.
@@ -424,6 +435,15 @@ impl Default for SupervisorConf {
             max_backoff: Dur(std::time::Duration::from_secs(10)),
             max_restarts: 10,
             restart_window: Dur(std::time::Duration::from_secs(60)),
+        }
+    }
+}
+
+impl Default for TraceConf {
+    fn default() -> Self {
+        TraceConf {
+            ring_events: 100_000,
+            sample_rate: 0.001,
         }
     }
 }
@@ -876,6 +896,20 @@ impl Config {
                 "meta.commit_delay",
                 self.meta.commit_delay.to_string(),
                 "expected at most 100ms",
+            ));
+        }
+        if !(1_000..=10_000_000).contains(&self.trace.ring_events) {
+            return Err(invalid(
+                "trace.ring_events",
+                self.trace.ring_events.to_string(),
+                "expected 1000 to 10000000",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.trace.sample_rate) {
+            return Err(invalid(
+                "trace.sample_rate",
+                self.trace.sample_rate.to_string(),
+                "expected a share from 0 to 1",
             ));
         }
         if self.meta.group_commit_max == 0 {

@@ -17,6 +17,7 @@ use crate::error::{FsError, FsResult};
 use crate::remote::{bridge_in, bridge_out, decode_peer, encode_peer, fail_bytes};
 use crate::rpc::NodeReport;
 use crate::shard::{ShardMsg, ShardWire};
+use crate::trace::{TraceBatch, TraceCtx, TraceQuery};
 use crate::types::ShardId;
 
 /// The process group of a node's gateway actor.
@@ -208,6 +209,13 @@ pub enum PeerMsg {
         shard: ShardId,
         direct: bool,
         msg: ShardMsg,
+        /// The trace the request belongs to, and when it was sent (Unix ns).
+        trace: Option<(TraceCtx, i64)>,
+    },
+    /// This node's trace events matching a query.
+    Trace {
+        query: TraceQuery,
+        reply: RpcReplyPort<FsResult<TraceBatch>>,
     },
     /// Take no new shards or blocks (`draining`); with `leave`, leave the
     /// cluster (the end of a decommission).
@@ -253,10 +261,14 @@ impl PeerMsg {
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
             PeerMsg::Pull { .. } => "pull",
             PeerMsg::Load { .. } => "load",
+            PeerMsg::Trace { .. } => "trace",
             PeerMsg::Invalid { .. } => "invalid",
         }
     }
 }
+
+/// A shard request as it crosses nodes: shard, direct, trace, message.
+type ShardArgs = (ShardId, bool, Option<(TraceCtx, i64)>, ShardWire);
 
 fn cast(variant: &str, args: Vec<u8>) -> SerializedMessage {
     SerializedMessage::Cast {
@@ -290,9 +302,14 @@ impl ractor::Message for PeerMsg {
     fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
         Ok(match self {
             PeerMsg::Heartbeat(hb) => cast("heartbeat", encode_peer("heartbeat", &*hb)),
-            PeerMsg::Shard { shard, direct, msg } => {
+            PeerMsg::Shard {
+                shard,
+                direct,
+                msg,
+                trace,
+            } => {
                 let (wire, port) = msg.into_wire();
-                let args = encode_peer("shard request", &(shard, direct, wire));
+                let args = encode_peer("shard request", &(shard, direct, trace, wire));
                 match port {
                     Some(port) => call("shard", args, port),
                     None => cast("shard", args),
@@ -311,6 +328,11 @@ impl ractor::Message for PeerMsg {
             PeerMsg::Load { part, reply } => {
                 call("load", encode_peer("load", &part), bridge_out(reply))
             }
+            PeerMsg::Trace { query, reply } => call(
+                "trace",
+                encode_peer("trace query", &query),
+                bridge_out(reply),
+            ),
             PeerMsg::Drain {
                 draining,
                 leave,
@@ -331,11 +353,17 @@ impl ractor::Message for PeerMsg {
                     Ok(hb) => PeerMsg::Heartbeat(Box::new(hb)),
                     Err(e) => invalid(e, None),
                 },
-                "shard" => match decode_peer::<(ShardId, bool, ShardWire)>("shard request", &args)
-                    .and_then(|(shard, direct, wire)| {
-                        Ok((shard, direct, ShardMsg::from_wire(wire, None)?))
-                    }) {
-                    Ok((shard, direct, msg)) => PeerMsg::Shard { shard, direct, msg },
+                "shard" => match decode_peer::<ShardArgs>("shard request", &args).and_then(
+                    |(shard, direct, trace, wire)| {
+                        Ok((shard, direct, trace, ShardMsg::from_wire(wire, None)?))
+                    },
+                ) {
+                    Ok((shard, direct, trace, msg)) => PeerMsg::Shard {
+                        shard,
+                        direct,
+                        msg,
+                        trace,
+                    },
                     Err(e) => invalid(e, None),
                 },
                 other => invalid(
@@ -350,12 +378,19 @@ impl ractor::Message for PeerMsg {
                 ..
             } => Ok(match variant.as_str() {
                 "shard" => {
-                    match decode_peer::<(ShardId, bool, ShardWire)>("shard request", &args) {
-                        Ok((shard, direct, wire)) => match ShardMsg::from_wire(wire, Some(reply)) {
-                            Ok(msg) => PeerMsg::Shard { shard, direct, msg },
-                            // from_wire only fails for a call without a port.
-                            Err(e) => invalid(e, None),
-                        },
+                    match decode_peer::<ShardArgs>("shard request", &args) {
+                        Ok((shard, direct, trace, wire)) => {
+                            match ShardMsg::from_wire(wire, Some(reply)) {
+                                Ok(msg) => PeerMsg::Shard {
+                                    shard,
+                                    direct,
+                                    msg,
+                                    trace,
+                                },
+                                // from_wire only fails for a call without a port.
+                                Err(e) => invalid(e, None),
+                            }
+                        }
                         Err(e) => invalid(e, Some(reply)),
                     }
                 }
@@ -385,6 +420,13 @@ impl ractor::Message for PeerMsg {
                 "pull" => match decode_peer::<PullBlock>("pull", &args) {
                     Ok(pull) => PeerMsg::Pull {
                         pull,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "trace" => match decode_peer::<TraceQuery>("trace query", &args) {
+                    Ok(query) => PeerMsg::Trace {
+                        query,
                         reply: bridge_in(reply),
                     },
                     Err(e) => invalid(e, Some(reply)),
@@ -432,6 +474,7 @@ mod tests {
                 name: "a".into(),
                 reply: tx.into(),
             },
+            trace: Some((TraceCtx { trace: 9, span: 4 }, 77)),
         };
         let wire = msg.serialize().unwrap();
         let back = PeerMsg::deserialize(wire).unwrap();
@@ -445,8 +488,10 @@ mod tests {
                         name,
                         reply,
                     },
+                trace,
             } => {
                 assert_eq!((parent, name.as_str()), (1, "a"));
+                assert_eq!(trace, Some((TraceCtx { trace: 9, span: 4 }, 77)));
                 reply.send(Err(FsError::NotFound("a".into()))).unwrap();
             }
             other => panic!("unexpected {other:?}"),

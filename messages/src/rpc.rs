@@ -31,6 +31,9 @@ pub struct HelloReply {
 pub struct RequestFrame {
     pub id: u64,
     pub request: Request,
+    /// Trace the request in this trace (a traced command); without it the
+    /// node samples requests at `trace.sample_rate`.
+    pub trace: Option<crate::trace::TraceCtx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -490,6 +493,25 @@ calls! {
     LoadStatus => crate::mount::LoadJob, Job;
     CancelLoad => crate::mount::LoadJob, Job;
     ListLoads => Vec<crate::mount::LoadJob>, Jobs;
+    TraceEvents => Vec<NodeTrace>, Traces;
+}
+
+/// Trace events of every node (or of `query.node`) matching `query`.
+/// `cursors` gives, per node, the `next_seq` of a previous answer (to
+/// follow); a node without one starts at `query.from_seq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceEvents {
+    pub query: crate::trace::TraceQuery,
+    pub cursors: Vec<(String, u64)>,
+}
+
+/// One node's answer to [`TraceEvents`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeTrace {
+    pub node: String,
+    pub batch: crate::trace::TraceBatch,
+    /// Why the node could not answer (then `batch` is empty).
+    pub error: Option<String>,
 }
 
 /// Every reply.
@@ -517,6 +539,7 @@ pub enum Response {
     MountList(Vec<crate::mount::MountInfo>),
     Job(crate::mount::LoadJob),
     Jobs(Vec<crate::mount::LoadJob>),
+    Traces(Vec<NodeTrace>),
 }
 
 impl Response {
@@ -544,6 +567,7 @@ impl Response {
             Response::MountList(_) => "MountList",
             Response::Job(_) => "Job",
             Response::Jobs(_) => "Jobs",
+            Response::Traces(_) => "Traces",
         }
     }
 }
@@ -566,6 +590,7 @@ mod tests {
                 gid: 0,
             }
             .into(),
+            trace: Some(crate::trace::TraceCtx { trace: 5, span: 0 }),
         };
         let bytes = to_bytes("request", &frame).unwrap();
         assert_eq!(
@@ -595,6 +620,7 @@ mod tests {
             let frame = RequestFrame {
                 id: 77,
                 request: Rename { src: "/some/where".into(), dst: "/else/where".into() }.into(),
+                trace: None,
             };
             let bytes = to_bytes("request", &frame).unwrap();
             if cut < bytes.len() {

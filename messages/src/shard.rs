@@ -312,6 +312,14 @@ macro_rules! shard_messages {
                 }
             }
 
+            /// The message's kind, as trace events name it.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $( ShardMsg::$call { .. } => concat!("ShardMsg::", stringify!($call)), )*
+                    $( ShardMsg::$cast { .. } => concat!("ShardMsg::", stringify!($cast)), )*
+                }
+            }
+
             /// Whether the message expects a reply.
             pub fn is_call(&self) -> bool {
                 match self {

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use curvine_conf::ClientConf;
 use curvine_messages::codec::{from_bytes, to_bytes, Hello};
 use curvine_messages::rpc::*;
+use curvine_messages::trace::{TraceCtx, TraceQuery};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
 
 use crate::server::{read_frame, write_frame};
@@ -73,6 +74,8 @@ pub struct Client {
     pub cluster_id: String,
     pub(crate) data: crate::io::DataPool,
     pub(crate) io: crate::io::IoConf,
+    /// The trace every request of this client joins (a traced command).
+    trace: Option<TraceCtx>,
 }
 
 /// Requests that change nothing, so retrying one on another node is safe.
@@ -179,6 +182,30 @@ async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
 }
 
 impl Client {
+    /// A client whose every request is traced in `trace` (sharing this
+    /// client's connections); `curvine-cli trace -- CMD` runs CMD with one.
+    pub fn traced(&self, trace: TraceCtx) -> Client {
+        Client {
+            trace: Some(trace),
+            ..self.clone()
+        }
+    }
+
+    /// The trace this client's requests join, if any.
+    pub fn trace(&self) -> Option<TraceCtx> {
+        self.trace
+    }
+
+    /// Trace events of the cluster's nodes matching `query`; `cursors` are
+    /// the `next_seq` per node of a previous answer (to follow).
+    pub async fn trace_events(
+        &self,
+        query: TraceQuery,
+        cursors: Vec<(String, u64)>,
+    ) -> FsResult<Vec<NodeTrace>> {
+        self.call(TraceEvents { query, cursors }).await
+    }
+
     /// Connects to the first reachable node of `conf.cluster`.
     pub async fn connect(conf: &ClientConf) -> FsResult<Client> {
         let mut last = FsError::InvalidArgument("client.cluster lists no node".into());
@@ -209,6 +236,7 @@ impl Client {
             data: crate::io::DataPool::new(conf.connect_timeout.0),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
+            trace: None,
             cluster_id: hello.cluster_id,
         };
         // Learn the other nodes in the background, for a failover later.
@@ -345,6 +373,7 @@ impl Client {
         let frame = RequestFrame {
             id,
             request: request.clone(),
+            trace: self.trace,
         };
         let bytes = match to_bytes("request", &frame) {
             Ok(b) => b,

@@ -9,8 +9,13 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::membership::MembershipMsg;
+use curvine_actors::trace::RecorderRef;
+use curvine_actors::trace::Span;
 use curvine_messages::block::BlockMsg;
 use curvine_messages::cluster::{gateway_group, JoinInfo, PeerMsg};
+use curvine_messages::shard::ShardMsg;
+use curvine_messages::trace::Outcome;
+use curvine_messages::trace::Traced;
 use curvine_messages::{FsError, FsResult};
 
 use crate::service::Service;
@@ -25,6 +30,7 @@ pub struct GatewayArgs {
     pub membership: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>>,
     pub join: JoinInfo,
     pub data_dir: std::path::PathBuf,
+    pub recorder: RecorderRef,
 }
 
 impl GatewayArgs {
@@ -52,7 +58,7 @@ impl Actor for Gateway {
 
     async fn handle(
         &self,
-        _myself: ActorRef<PeerMsg>,
+        myself: ActorRef<PeerMsg>,
         message: PeerMsg,
         state: &mut GatewayArgs,
     ) -> Result<(), ActorProcessingErr> {
@@ -67,25 +73,65 @@ impl Actor for Gateway {
                 info.map = (*state.view.map()).clone();
                 let _ = reply.send(Ok(info));
             }
-            PeerMsg::Shard { shard, direct, msg } => {
+            PeerMsg::Shard {
+                shard,
+                direct,
+                msg,
+                trace,
+            } => {
                 let view = &state.view;
+                let span = trace.and_then(|(ctx, sent_ns)| {
+                    view.tracer.start(
+                        Some(ctx),
+                        sent_ns,
+                        "gateway",
+                        myself.get_id(),
+                        "PeerMsg::Shard",
+                    )
+                });
+                let fail = |msg: ShardMsg, e: FsError, span: Option<Span>| {
+                    if let Some(span) = span {
+                        span.end(Outcome::Error(e.kind_name().to_string()));
+                    }
+                    msg.fail(e);
+                };
                 if !direct && !view.serves(shard) {
                     let owner = view.map().owner(shard).unwrap_or("nobody").to_string();
-                    msg.fail(FsError::Unavailable(format!(
+                    let e = FsError::Unavailable(format!(
                         "shard {shard} is not served by node {} (its map, version {}, names {owner})",
                         view.node_id,
                         view.map().version
-                    )));
+                    ));
+                    fail(msg, e, span);
                     return Ok(());
                 }
                 match view.local().get(shard) {
                     Ok(actor) => {
-                        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
-                            msg.fail(FsError::Unavailable(format!("shard {shard} is restarting")));
+                        // The gateway's span ends when it has handed the
+                        // request to the shard, which continues the trace.
+                        let ctx = span.as_ref().map(|s| s.ctx());
+                        match actor.send_message(Traced::new(msg, ctx)) {
+                            Ok(()) => {
+                                if let Some(span) = span {
+                                    span.end(Outcome::Ok);
+                                }
+                            }
+                            Err(ractor::MessagingErr::SendErr(m)) => {
+                                let e =
+                                    FsError::Unavailable(format!("shard {shard} is restarting"));
+                                fail(m.msg, e, span);
+                            }
+                            Err(_) => {}
                         }
                     }
-                    Err(e) => msg.fail(e),
+                    Err(e) => fail(msg, e, span),
                 }
+            }
+            PeerMsg::Trace { query, reply } => {
+                let recorder = state.recorder.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(recorder.query(query).await);
+                });
             }
             PeerMsg::Report(reply) => {
                 let service = state.service();

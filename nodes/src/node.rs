@@ -15,6 +15,7 @@ use curvine_actors::shard::ShardArgs;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::{RestartPolicy, RestartTracker};
 use curvine_actors::token::TokenKey;
+use curvine_actors::trace::{RecorderRef, TraceRecorder, Tracer};
 use curvine_conf::Config;
 use curvine_messages::block::{DataNode, TierKind};
 use curvine_messages::{now_ns, ShardId};
@@ -44,10 +45,12 @@ pub enum Child {
     Gateway,
     Membership,
     UfsLoader,
+    TraceRecorder,
 }
 
 impl Child {
-    const ALL: [Child; 6] = [
+    const ALL: [Child; 7] = [
+        Child::TraceRecorder,
         Child::ShardHost,
         Child::BlockManager,
         Child::DataServer,
@@ -64,6 +67,7 @@ impl Child {
             Child::Gateway => "gateway",
             Child::Membership => "membership",
             Child::UfsLoader => "ufs-loader",
+            Child::TraceRecorder => "trace-recorder",
         }
     }
 }
@@ -76,6 +80,8 @@ pub struct NodeArgs {
     pub gateway_args: GatewayArgs,
     pub membership_args: MembershipArgs,
     pub loader_args: crate::persist::UfsLoaderArgs,
+    pub tracer: Tracer,
+    pub recorder: RecorderRef,
     pub policy: RestartPolicy,
 }
 
@@ -151,6 +157,17 @@ impl NodeSupervisor {
                 *state.args.gateway_args.membership.write() = Some(actor.clone());
                 actor.get_cell()
             }
+            Child::TraceRecorder => {
+                let (actor, _) = Actor::spawn_linked(
+                    None,
+                    TraceRecorder,
+                    state.args.tracer.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                state.args.recorder.set(Some(actor.clone()));
+                actor.get_cell()
+            }
             Child::UfsLoader => Actor::spawn_linked(
                 None,
                 crate::persist::UfsLoader,
@@ -197,6 +214,7 @@ impl Actor for NodeSupervisor {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         state.args.block_ref.set(None);
+        state.args.recorder.set(None);
         myself
             .stop_children_and_wait(Some("node stopping".into()), Some(Duration::from_secs(60)))
             .await;
@@ -241,6 +259,9 @@ impl Actor for NodeSupervisor {
         }
         if child == Child::Membership {
             *state.args.gateway_args.membership.write() = None;
+        }
+        if child == Child::TraceRecorder {
+            state.args.recorder.set(None);
         }
         tracing::error!(child = child.name(), error = %error, "node actor failed");
         let policy = state.args.policy.clone();
@@ -441,6 +462,11 @@ async fn start_with(
             version: 0,
             shards: vec![String::new(); identity.shard_count as usize],
         });
+    let tracer = Tracer::new(
+        identity.node_id.clone(),
+        config.trace.ring_events as usize,
+        config.trace.sample_rate,
+    );
     let shard_args: Vec<ShardArgs> = stores
         .into_iter()
         .map(|store| ShardArgs {
@@ -448,6 +474,7 @@ async fn start_with(
             group_commit_max: config.meta.group_commit_max as usize,
             commit_delay: config.meta.commit_delay.0,
             op_record_ttl: config.meta.op_record_ttl.0,
+            tracer: tracer.clone(),
         })
         .collect();
     let tiers = node_tiers(config, &data_dir.path, &identity.node_id);
@@ -512,6 +539,7 @@ async fn start_with(
         directory.clone(),
         map,
         config.cluster.node_timeout.0,
+        tracer.clone(),
     );
     let namespace = Namespace::with_cluster(
         view.clone(),
@@ -577,6 +605,7 @@ async fn start_with(
     });
     let membership_slot: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>> =
         Default::default();
+    let recorder = RecorderRef::default();
     let gateway_args = GatewayArgs {
         view: view.clone(),
         service: service_slot.clone(),
@@ -590,6 +619,7 @@ async fn start_with(
             node_id: identity.node_id.clone(),
         },
         data_dir: data_dir.path.clone(),
+        recorder: recorder.clone(),
     };
     let tier_store = block_store.clone();
     let map_ns = namespace.clone();
@@ -636,6 +666,8 @@ async fn start_with(
                 retry_delay: config.ufs.persist_retry_delay.0,
                 retry_max: config.ufs.persist_max_delay.0,
             },
+            tracer: tracer.clone(),
+            recorder: recorder.clone(),
             policy,
         },
     )
@@ -661,6 +693,7 @@ async fn start_with(
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),
         mounts: mounts.clone(),
+        recorder,
     });
     refresh_mounts(mounts, service.namespace.clone());
     let _ = service_slot.set(Arc::downgrade(&service));

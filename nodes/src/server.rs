@@ -7,8 +7,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use curvine_actors::trace;
 use curvine_messages::codec::{check_frame_len, from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
-use curvine_messages::rpc::{HelloReply, RequestFrame, ResponseFrame};
+use curvine_messages::rpc::{HelloReply, Request, RequestFrame, ResponseFrame};
+use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
 
 use crate::service::Service;
@@ -121,7 +123,21 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
         let service = service.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let result = service.handle(frame.request).await;
+            // A request starts a trace when the client asks for one or when
+            // it is sampled; trace queries themselves are never traced.
+            let tracer = &service.view.tracer;
+            let trace = match &frame.request {
+                Request::TraceEvents(_) => None,
+                _ => frame
+                    .trace
+                    .or_else(|| sample(tracer.sample_rate()).then(TraceCtx::root)),
+            };
+            let span = tracer.start(trace, 0, "rpc", "client", frame.request.kind_name());
+            let ctx = span.as_ref().map(|s| s.ctx());
+            let result = trace::scope(ctx, service.handle(frame.request)).await;
+            if let Some(span) = span {
+                span.end(trace::outcome_of(&result));
+            }
             let response = ResponseFrame {
                 id: frame.id,
                 result,

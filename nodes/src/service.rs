@@ -16,8 +16,8 @@ use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary};
 use curvine_messages::cluster::{MemberState, PeerMsg};
 use curvine_messages::mount::MountInfo;
 use curvine_messages::rpc::{
-    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, Request,
-    Response, WriteOpen,
+    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, NodeTrace,
+    Request, Response, TraceEvents, WriteOpen,
 };
 use curvine_messages::{FileKind, FsError, FsResult};
 
@@ -48,6 +48,8 @@ pub struct Service {
     pub moves: tokio::sync::Mutex<()>,
     /// The mount table and a UFS client per mount.
     pub mounts: Arc<curvine_actors::mounts::Mounts>,
+    /// The node's trace recorder.
+    pub recorder: curvine_actors::trace::RecorderRef,
 }
 
 impl Service {
@@ -191,6 +193,65 @@ impl Service {
             nodes,
             map: (*self.view.map()).clone(),
         })
+    }
+
+    /// Trace events of every node (or of `query.node`), asked in parallel;
+    /// a node that cannot answer is listed with the reason.
+    async fn trace_events(&self, req: TraceEvents) -> FsResult<Vec<NodeTrace>> {
+        req.query.validate()?;
+        let members = self.view.members();
+        if let Some(node) = &req.query.node {
+            if !members.iter().any(|m| &m.info.node_id == node) {
+                return Err(FsError::NotFound(format!(
+                    "trace query --node {node}: no such node in this cluster"
+                )));
+            }
+        }
+        let asks = members
+            .into_iter()
+            .filter(|m| req.query.node.as_ref().is_none_or(|n| *n == m.info.node_id))
+            .map(|m| {
+                let node = m.info.node_id.clone();
+                let mut query = req.query.clone();
+                if let Some((_, seq)) = req.cursors.iter().find(|(n, _)| *n == node) {
+                    query.from_seq = Some(*seq);
+                }
+                async move {
+                    let result = if node == self.info.node_id {
+                        self.recorder.query(query).await
+                    } else {
+                        match self.view.gateway(&node) {
+                            Ok(gw) => match gw
+                                .call(
+                                    |reply| PeerMsg::Trace { query, reply },
+                                    Some(Duration::from_secs(10)),
+                                )
+                                .await
+                            {
+                                Ok(CallResult::Success(r)) => r,
+                                Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
+                                    "node {node} did not answer in 10s"
+                                ))),
+                                _ => Err(FsError::Unavailable(format!("node {node} is gone"))),
+                            },
+                            Err(e) => Err(e),
+                        }
+                    };
+                    match result {
+                        Ok(batch) => NodeTrace {
+                            node,
+                            batch,
+                            error: None,
+                        },
+                        Err(e) => NodeTrace {
+                            node,
+                            batch: Default::default(),
+                            error: Some(e.to_string()),
+                        },
+                    }
+                }
+            });
+        Ok(futures::future::join_all(asks).await)
     }
 
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
@@ -354,6 +415,7 @@ impl Service {
             Request::LoadStatus(r) => Response::Job(self.load_job(&r.id).await?),
             Request::CancelLoad(r) => Response::Job(self.cancel_load(&r.id).await?),
             Request::ListLoads(_) => Response::Jobs(self.load_jobs().await?),
+            Request::TraceEvents(r) => Response::Traces(self.trace_events(r).await?),
             Request::ListMounts(_) => Response::MountList(
                 self.mounts
                     .refresh(&self.namespace)

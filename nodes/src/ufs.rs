@@ -207,7 +207,9 @@ impl Service {
         let (tx, rx) = mpsc::channel(4);
         let this = self.clone();
         let path = path.to_string();
-        tokio::spawn(async move {
+        // The fill serves this request: it stays in its trace.
+        let ctx = curvine_actors::trace::current();
+        tokio::spawn(curvine_actors::trace::scope(ctx, async move {
             let from_block = from - block_start;
             let result = this
                 .run_fill(
@@ -232,7 +234,7 @@ impl Service {
                 let e = this.note_ufs_error(&path, e);
                 let _ = tx.send(Err(e)).await;
             }
-        });
+        }));
         Ok(FillStream {
             offset: start,
             len: end - start,

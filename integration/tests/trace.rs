@@ -1,0 +1,220 @@
+//! Actor traces on real node processes: a traced command that crosses three
+//! nodes yields one connected tree; the ring keeps its bound under load;
+//! filters, following and Chrome JSON; malformed queries get clear errors.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use curvine_integration::{bin, NodeProcess, ProcessCluster};
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Runs a command traced; returns the trace id it printed.
+fn traced(node: &NodeProcess, command: &str) -> String {
+    let out = node.cli(&["trace", "--run", command]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trace --run {command}: {stderr}");
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("trace "))
+        .unwrap_or_else(|| panic!("no trace id in: {stderr}"))
+        .trim()
+        .to_string()
+}
+
+/// The events of one trace, as `trace --tree ID --json` gives them.
+fn tree(node: &NodeProcess, id: &str) -> Vec<serde_json::Value> {
+    let v = json(&node.cli_ok(&["--json", "trace", "--tree", id]));
+    v.as_array().unwrap().clone()
+}
+
+/// Asserts the events form one tree: one root, every other event's parent
+/// is an event of the trace. Returns the nodes the trace touched.
+fn assert_connected(events: &[serde_json::Value], id: &str) -> BTreeSet<String> {
+    assert!(!events.is_empty(), "trace {id} has no events");
+    let spans: BTreeSet<&str> = events.iter().map(|e| e["span"].as_str().unwrap()).collect();
+    let roots: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| !spans.contains(e["parent"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        roots.len(),
+        1,
+        "trace {id} has {} roots: {events:#?}",
+        roots.len()
+    );
+    assert_eq!(roots[0]["actor"], "rpc", "{:#?}", roots[0]);
+    for e in events {
+        assert_eq!(e["trace"].as_str().unwrap(), id);
+        assert!(e["start_ns"].as_i64() <= e["end_ns"].as_i64(), "{e:#?}");
+        assert!(e["queued_ns"].as_i64().unwrap() >= 0);
+    }
+    events
+        .iter()
+        .map(|e| e["node"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_traced_command_across_three_nodes_is_one_connected_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let nodes = &cluster.nodes;
+    let out = nodes[1].cli_ok(&["admin", "rebalance"]);
+    assert!(out.contains("shard(s) moved"), "{out}");
+
+    // A nested mkdir creates each level on the shard of its parent, so
+    // with the shards spread it reaches the other nodes; try a few names
+    // until one reaches all three.
+    let mut crossed = None;
+    for attempt in 0..10 {
+        let path = format!("/t{attempt}/a/b/c/d/e/f/g");
+        let id = traced(&nodes[0], &format!("fs mkdir -p {path}"));
+        let events = tree(&nodes[0], &id);
+        let touched = assert_connected(&events, &id);
+        let kinds: BTreeSet<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+        assert!(kinds.contains("Mkdir"), "{kinds:?}");
+        assert!(
+            kinds.iter().any(|k| k.starts_with("ShardMsg::")),
+            "{kinds:?}"
+        );
+        assert!(kinds.contains("commit"), "{kinds:?}");
+        if touched.len() == 3 {
+            crossed = Some((id, events));
+            break;
+        }
+    }
+    let (id, events) = crossed.expect("no traced mkdir reached all three nodes");
+    // Remote shard requests go through the gateway of the serving node.
+    assert!(events
+        .iter()
+        .any(|e| e["actor"] == "gateway" && e["node"] != nodes[0].node_id));
+    // The text tree shows the request on top and nested spans below.
+    let text = nodes[2].cli_ok(&["trace", "--tree", &id]);
+    let first = text.lines().next().unwrap();
+    assert!(first.contains("Mkdir rpc@"), "{text}");
+    assert!(text.lines().any(|l| l.contains("  ShardMsg::")), "{text}");
+
+    // Chrome trace JSON of the same trace.
+    let chrome = dir.path().join("trace.json");
+    nodes[1].cli_ok(&["trace", "--tree", &id, "--chrome", chrome.to_str().unwrap()]);
+    let v = json(&std::fs::read_to_string(&chrome).unwrap());
+    let list = v["traceEvents"].as_array().unwrap();
+    assert_eq!(list.iter().filter(|e| e["ph"] == "X").count(), events.len());
+    assert_eq!(
+        list.iter().filter(|e| e["name"] == "process_name").count(),
+        3
+    );
+
+    // Filters: by node and by actor.
+    let on2 = json(&nodes[0].cli_ok(&[
+        "--json",
+        "trace",
+        "--trace-id",
+        &id,
+        "--node",
+        &nodes[2].node_id,
+    ]));
+    let on2 = on2.as_array().unwrap();
+    assert!(!on2.is_empty());
+    assert!(on2.iter().all(|e| e["node"] == nodes[2].node_id.as_str()));
+    let shards =
+        json(&nodes[0].cli_ok(&["--json", "trace", "--trace-id", &id, "--actor", "shard"]));
+    assert!(shards
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["actor"].as_str().unwrap().starts_with("shard-")));
+}
+
+#[test]
+fn the_ring_keeps_its_bound_and_queries_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(
+        &dir.path().join("n"),
+        &["-c", "trace.ring_events=1000", "-c", "trace.sample_rate=1"],
+    );
+    node.cli_ok(&["fs", "mkdir", "/d"]);
+
+    // Follow while requests run: the stream shows them.
+    let mut follow = Command::new(bin("curvine-cli"))
+        .args([
+            "--cluster",
+            &node.addr,
+            "--json",
+            "trace",
+            "--follow",
+            "--kind",
+            "Stat",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    curvine_integration::runtime().block_on(async {
+        let c = node.client().await;
+        for _ in 0..3000 {
+            c.stat("/d").await.unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    follow.kill().unwrap();
+    let mut streamed = String::new();
+    follow
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut streamed)
+        .unwrap();
+    let _ = follow.wait();
+    let stat_lines = streamed.lines().filter(|l| l.contains("\"Stat\"")).count();
+    assert!(
+        stat_lines >= 100,
+        "follow streamed {stat_lines} Stat events:\n{streamed:.2000}"
+    );
+
+    // Every request was sampled; the ring holds the latest 1000 events.
+    let all = json(&node.cli_ok(&["--json", "trace", "--limit", "100000"]));
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), 1000, "the ring holds {} events", all.len());
+    let mut per_trace: HashMap<&str, usize> = HashMap::new();
+    for e in all {
+        *per_trace.entry(e["trace"].as_str().unwrap()).or_default() += 1;
+    }
+    assert!(per_trace.len() > 100);
+
+    // --slower-than keeps only slow events; --since 1h keeps these.
+    let slow = json(&node.cli_ok(&["--json", "trace", "--slower-than", "1h"]));
+    assert!(slow.as_array().unwrap().is_empty());
+    let recent = json(&node.cli_ok(&["--json", "trace", "--since", "1h", "--limit", "5"]));
+    assert_eq!(recent.as_array().unwrap().len(), 5);
+
+    // Malformed queries: a clear error naming what was wrong.
+    for (args, expect) in [
+        (vec!["trace", "--trace-id", "zz"], "hex digits"),
+        (vec!["trace", "--slower-than", "5 parsecs"], "--slower-than"),
+        (vec!["trace", "--since=-3s"], "--since"),
+        (vec!["trace", "--limit", "999999"], "limit"),
+        (vec!["trace", "--node", "nosuch"], "no such node"),
+        (vec!["trace", "--actor", ""], "--actor"),
+        (
+            vec!["trace", "--tree", "abc", "--trace-id", "abc"],
+            "not both",
+        ),
+        (vec!["trace", "--tree", "1234"], "no events of this trace"),
+        (
+            vec!["trace", "--run", "fs frobnicate /"],
+            "unrecognized subcommand",
+        ),
+    ] {
+        let out = node.cli(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+}
