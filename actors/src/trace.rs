@@ -28,9 +28,13 @@ pub fn current() -> Option<TraceCtx> {
     CURRENT.try_with(|c| *c).ok().flatten()
 }
 
-/// Runs `fut` with `ctx` as the context its messages carry.
-pub async fn scope<F: std::future::Future>(ctx: Option<TraceCtx>, fut: F) -> F::Output {
-    CURRENT.scope(ctx, fut).await
+/// `fut` with `ctx` as the context its messages carry. (Not an `async fn`:
+/// that would hold `fut` twice in its state and double what a spawn copies.)
+pub fn scope<F: std::future::Future>(
+    ctx: Option<TraceCtx>,
+    fut: F,
+) -> tokio::task::futures::TaskLocalFuture<Option<TraceCtx>, F> {
+    CURRENT.scope(ctx, fut)
 }
 
 /// Wraps a message with the running task's context and the send time.

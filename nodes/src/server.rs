@@ -134,7 +134,9 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
             };
             let span = tracer.start(trace, 0, "rpc", "client", frame.request.kind_name());
             let ctx = span.as_ref().map(|s| s.ctx());
-            let result = trace::scope(ctx, service.handle(frame.request)).await;
+            // Boxed: the request future is large, and a task's future is
+            // copied when spawned.
+            let result = trace::scope(ctx, Box::pin(service.handle(frame.request))).await;
             if let Some(span) = span {
                 span.end(trace::outcome_of(&result));
             }
