@@ -16,10 +16,11 @@ export MODEL_CASES="${MODEL_CASES:-60}"
 
 cargo build --workspace --bins --tests --locked
 
-# Tools the FUSE tests drive: Debian packages, and the pjdfstest POSIX suite
-# from crates.io (built once into target/tools).
+# Tools the FUSE tests drive and the headless browser the dashboard test
+# renders in: Debian packages, and the pjdfstest POSIX suite from crates.io
+# (built once into target/tools).
 missing=()
-for pair in fusermount3:fuse3 fio:fio rsync:rsync; do
+for pair in fusermount3:fuse3 fio:fio rsync:rsync chromium:chromium chromedriver:chromium-driver; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

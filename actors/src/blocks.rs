@@ -38,6 +38,7 @@ use curvine_messages::codec::{decode_versioned, encode_versioned};
 use curvine_messages::{now_ns, shard_of, FsError, FsResult, ShardId};
 
 use crate::namespace::Namespace;
+use crate::stats::{ActorStats, Metrics};
 
 /// A configured tier.
 #[derive(Debug, Clone)]
@@ -508,6 +509,7 @@ pub struct BlockManager;
 
 pub struct BlockState {
     args: BlockArgs,
+    stats: Arc<ActorStats>,
     reservations: HashMap<BlockId, Reserved>,
     /// Blocks being moved: target tier and bytes reserved there.
     moving: HashMap<BlockId, (usize, u64)>,
@@ -911,6 +913,9 @@ impl Actor for BlockManager {
         myself: ActorRef<BlockMsg>,
         args: BlockArgs,
     ) -> Result<BlockState, ActorProcessingErr> {
+        let metrics = args.namespace.cluster().metrics.clone();
+        let stats = metrics.actor("block-manager", false);
+        metrics.started(myself.get_id(), &stats);
         let stale = args.store.clear_tmp();
         if stale > 0 {
             tracing::warn!(
@@ -927,6 +932,7 @@ impl Actor for BlockManager {
         let _ = myself.cast(BlockMsg::Tick);
         Ok(BlockState {
             args,
+            stats,
             reservations: HashMap::new(),
             moving: HashMap::new(),
             evictors,
@@ -950,6 +956,8 @@ impl Actor for BlockManager {
         message: BlockMsg,
         state: &mut BlockState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.stats.clone();
+        let _handling = stats.handling(message.kind_name());
         match message {
             BlockMsg::Reserve {
                 block,
@@ -1036,6 +1044,13 @@ impl Actor for BlockManager {
                 .position(|e| e.get_id() == cell.get_id());
             if let Some(tier) = tier {
                 tracing::error!(tier, error = %error, "tier evictor failed; restarting it");
+                let role = format!(
+                    "evictor-{}",
+                    state.store().tier_kind(tier).to_string().to_lowercase()
+                );
+                let evictor = state.args.namespace.cluster().metrics.actor(&role, false);
+                evictor.failed();
+                evictor.restarted();
                 let moving: Vec<BlockId> = state.moving.keys().copied().collect();
                 for block in moving {
                     if let Some((to, _)) = state.moving.get(&block).copied() {
@@ -1065,6 +1080,7 @@ async fn spawn_evictor(
             store: args.store.clone(),
             manager: myself.clone(),
             conf: args.conf.clone(),
+            metrics: args.namespace.cluster().metrics.clone(),
         },
         myself.get_cell(),
     )
@@ -1088,10 +1104,12 @@ pub struct EvictArgs {
     pub store: Arc<BlockStore>,
     pub manager: ActorRef<BlockMsg>,
     pub conf: BlockConf,
+    pub metrics: Metrics,
 }
 
 pub struct EvictState {
     args: EvictArgs,
+    stats: Arc<ActorStats>,
     /// When the tier was last found full of blocks that cannot move (logged once).
     stuck_since: Option<Instant>,
     last_run: Option<Instant>,
@@ -1182,6 +1200,23 @@ impl TierEvictor {
                 tracing::error!(block, error = %e, "demoting a block failed; it stays where it is");
             }
             let ok = copied.is_ok();
+            let kind = a.store.tier_kind(tier).to_string();
+            let outcome = if ok { "moved" } else { "failed" };
+            let labels = [("tier", kind.as_str()), ("outcome", outcome)];
+            a.metrics.add(
+                "curvine_evictions_total",
+                "Blocks the tier evictor demoted to a lower tier (or failed to).",
+                &labels,
+                1,
+            );
+            if ok {
+                a.metrics.add(
+                    "curvine_evicted_bytes_total",
+                    "Bytes the tier evictor demoted to a lower tier.",
+                    &[("tier", kind.as_str())],
+                    plan.record.len,
+                );
+            }
             let _ = ractor::call!(a.manager, |reply| BlockMsg::FinishMove {
                 block,
                 to_tier: to,
@@ -1206,9 +1241,19 @@ impl Actor for TierEvictor {
         myself: ActorRef<EvictMsg>,
         args: EvictArgs,
     ) -> Result<EvictState, ActorProcessingErr> {
+        let role = format!(
+            "evictor-{}",
+            args.store
+                .tier_kind(args.tier as usize)
+                .to_string()
+                .to_lowercase()
+        );
+        let stats = args.metrics.actor(&role, false);
+        args.metrics.started(myself.get_id(), &stats);
         myself.send_interval(args.conf.evict_interval, || EvictMsg::Check);
         Ok(EvictState {
             args,
+            stats,
             stuck_since: None,
             last_run: None,
         })
@@ -1220,6 +1265,8 @@ impl Actor for TierEvictor {
         message: EvictMsg,
         state: &mut EvictState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.stats.clone();
+        let _handling = stats.handling("check");
         match message {
             EvictMsg::Check => Self::check(state).await,
         }

@@ -15,6 +15,7 @@ use curvine_messages::cluster::{
 use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
 use crate::host::{ShardDirectory, ShardRef};
+use crate::stats::Metrics;
 use crate::trace::Tracer;
 
 /// Where a shard's requests go.
@@ -51,6 +52,8 @@ pub struct ClusterView {
     changes: tokio::sync::watch::Sender<u64>,
     /// Where this node's actors record trace events.
     pub tracer: Tracer,
+    /// The node's actor statistics and metrics.
+    pub metrics: Metrics,
 }
 
 impl ClusterView {
@@ -61,6 +64,7 @@ impl ClusterView {
         map: ClusterMap,
         node_timeout: Duration,
         tracer: Tracer,
+        metrics: Metrics,
     ) -> Arc<ClusterView> {
         let node_id = me.node_id.clone();
         let shard_count = local.shard_count();
@@ -85,6 +89,7 @@ impl ClusterView {
             node_timeout,
             changes: tokio::sync::watch::channel(0).0,
             tracer,
+            metrics,
         })
     }
 
@@ -101,6 +106,7 @@ impl ClusterView {
             map,
             Duration::from_secs(3600),
             tracer,
+            Metrics::new(),
         )
     }
 
@@ -389,6 +395,7 @@ mod tests {
             ClusterMap::single("a", 2),
             Duration::from_secs(5),
             Tracer::new("a", 1_000, 0.0),
+            Metrics::new(),
         );
         let t0 = 1_000_000_000_000;
         let h = view.heard(&hb("b", ClusterMap::single("a", 2)), t0);

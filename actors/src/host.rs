@@ -70,6 +70,7 @@ pub struct HostArgs {
     pub directory: ShardDirectory,
     pub policy: RestartPolicy,
     pub on_started: OnShardStarted,
+    pub metrics: crate::stats::Metrics,
 }
 
 pub enum HostMsg {
@@ -126,6 +127,8 @@ impl Actor for ShardHost {
         myself: ActorRef<HostMsg>,
         args: HostArgs,
     ) -> Result<HostState, ActorProcessingErr> {
+        let stats = args.metrics.actor("shard-host", false);
+        args.metrics.started(myself.get_id(), &stats);
         let mut state = HostState {
             args,
             by_actor: HashMap::new(),
@@ -158,6 +161,8 @@ impl Actor for ShardHost {
         message: HostMsg,
         state: &mut HostState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.args.metrics.actor("shard-host", false);
+        let _handling = stats.handling("restart");
         match message {
             HostMsg::Restart(id) => {
                 if let Err(e) = Self::start_shard(&myself, state, id).await {
@@ -210,9 +215,12 @@ impl ShardHost {
         id: ShardId,
         error: &str,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.args.metrics.shard(id);
+        stats.failed();
         let tracker = state.trackers.entry(id).or_default();
         match tracker.on_failure(&state.args.policy, Instant::now()) {
             Some(delay) => {
+                stats.restarted();
                 *state.args.directory.restarts.write().entry(id).or_default() += 1;
                 tracing::warn!(
                     shard = id,

@@ -16,6 +16,7 @@ pub mod membership;
 pub mod mounts;
 pub mod namespace;
 pub mod shard;
+pub mod stats;
 pub mod store;
 pub mod supervisor;
 pub mod token;

@@ -148,6 +148,7 @@ struct Dial {
 
 pub struct MembershipState {
     args: MembershipArgs,
+    stats: std::sync::Arc<crate::stats::ActorStats>,
     authenticated: HashSet<ActorId>,
     dials: HashMap<String, Dial>,
     /// Cluster addresses of nodes of another cluster, not dialed until then.
@@ -406,6 +407,8 @@ impl Actor for Membership {
         myself: ActorRef<MembershipMsg>,
         args: MembershipArgs,
     ) -> Result<MembershipState, ActorProcessingErr> {
+        let stats = args.view.metrics.actor("membership", false);
+        args.view.metrics.started(myself.get_id(), &stats);
         let (known, _) = read_members_file(&args.members_file);
         for (id, addr) in known {
             args.view.know(&id, &addr, now_ns());
@@ -418,6 +421,7 @@ impl Actor for Membership {
         let _ = myself.cast(MembershipMsg::Tick);
         Ok(MembershipState {
             args,
+            stats,
             authenticated: HashSet::new(),
             dials: HashMap::new(),
             refused: HashMap::new(),
@@ -450,6 +454,13 @@ impl Actor for Membership {
         message: MembershipMsg,
         state: &mut MembershipState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.stats.clone();
+        let _handling = stats.handling(match &message {
+            MembershipMsg::Tick => "tick",
+            MembershipMsg::Heard(_) => "heard",
+            MembershipMsg::Leave => "leave",
+            MembershipMsg::Session { .. } => "session",
+        });
         match message {
             MembershipMsg::Tick => Self::tick(state).await,
             MembershipMsg::Heard(hb) => Self::heard(state, *hb).await,

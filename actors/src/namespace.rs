@@ -132,7 +132,10 @@ impl Namespace {
     fn cast(&self, shard: ShardId, msg: ShardMsg) {
         match self.cluster.route(shard) {
             Ok(Route::Local(actor)) => {
-                let _ = actor.cast(crate::trace::traced(msg));
+                self.cluster.metrics.shard_sent(shard);
+                if actor.cast(crate::trace::traced(msg)).is_err() {
+                    self.cluster.metrics.shard(shard).unsent();
+                }
             }
             Ok(Route::Remote { gateway, .. }) => {
                 let _ = gateway.cast(PeerMsg::Shard {
@@ -175,10 +178,17 @@ impl Namespace {
     ) -> FsResult<T> {
         let (route, direct) = self.target(shard, at)?;
         let result = match route {
-            Route::Local(actor) => actor
-                .call(|reply| crate::trace::traced(build(reply)), Some(wait))
-                .await
-                .map_err(drop),
+            Route::Local(actor) => {
+                let stats = self.cluster.metrics.shard(shard);
+                stats.sent();
+                let r = actor
+                    .call(|reply| crate::trace::traced(build(reply)), Some(wait))
+                    .await;
+                if matches!(r, Err(ractor::MessagingErr::SendErr(_))) {
+                    stats.unsent();
+                }
+                r.map_err(drop)
+            }
             // A node that goes down while it holds the request (a partition
             // stalls its connection) fails the request then, not at the timeout.
             Route::Remote { gateway, node } => tokio::select! {
@@ -708,6 +718,9 @@ impl Namespace {
                         Err(FsError::AlreadyExists(_)) if !open.exclusive => continue,
                         Err(e) => return Err(e),
                     }
+                }
+                Err(FsError::NotFound(m)) if m.is_empty() => {
+                    return Err(FsError::NotFound(open.path.clone()))
                 }
                 Err(e) => return Err(e),
                 Ok(_) if open.exclusive => return Err(FsError::AlreadyExists(String::new())),

@@ -13,6 +13,7 @@ use curvine_messages::shard::ShardMsg;
 use curvine_messages::trace::{Outcome, Traced};
 use curvine_messages::{now_ns, FsResult};
 
+use crate::stats::{ActorStats, Metrics};
 use crate::store::ShardStore;
 use crate::trace::{outcome_of, Span, Tracer};
 use crate::writer::Writer;
@@ -29,6 +30,7 @@ pub struct ShardArgs {
     pub commit_delay: Duration,
     pub op_record_ttl: Duration,
     pub tracer: Tracer,
+    pub metrics: Metrics,
 }
 
 pub struct ShardState {
@@ -37,6 +39,7 @@ pub struct ShardState {
     /// The cluster's rename lock (used on shard 0): holder and lease end.
     rename_lock: Option<(String, std::time::Instant)>,
     tracer: Tracer,
+    stats: Arc<ActorStats>,
     /// The actor's name in trace events (`shard-3`).
     name: String,
     /// The span of the message being handled, if it is traced; ended by
@@ -93,10 +96,12 @@ impl Actor for NamespaceShard {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Traced<ShardMsg>>,
+        myself: ActorRef<Traced<ShardMsg>>,
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
         let store = args.store;
+        let stats = args.metrics.shard(store.shard);
+        args.metrics.started(myself.get_id(), &stats);
         let writer = Writer::for_env(store.env(), args.group_commit_max, args.commit_delay);
         let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
         let shard = store.shard;
@@ -116,6 +121,7 @@ impl Actor for NamespaceShard {
             writer,
             rename_lock: None,
             tracer: args.tracer,
+            stats,
             span: None,
         })
     }
@@ -149,6 +155,8 @@ impl Actor for NamespaceShard {
             ctx,
             sent_ns,
         } = message;
+        let stats = state.stats.clone();
+        let _handling = stats.handling(message.kind());
         state.span = state
             .tracer
             .start(ctx, sent_ns, &state.name, myself.get_id(), message.kind());

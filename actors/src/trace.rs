@@ -18,6 +18,8 @@ use curvine_messages::trace::{
 };
 use curvine_messages::{now_ns, FsError, FsResult};
 
+use crate::stats::{ActorStats, Metrics};
+
 tokio::task_local! {
     /// The span the running task works for: messages it sends carry it.
     static CURRENT: Option<TraceCtx>;
@@ -150,6 +152,11 @@ impl Tracer {
     /// The share of requests traced when no trace is forced.
     pub fn sample_rate(&self) -> f64 {
         self.inner.sample_rate
+    }
+
+    /// Events dropped from the ring to make room since the node started.
+    pub fn dropped(&self) -> u64 {
+        self.inner.ring.lock().dropped
     }
 
     pub fn record(&self, event: TraceEvent) {
@@ -303,23 +310,29 @@ pub struct TraceRecorder;
 
 impl Actor for TraceRecorder {
     type Msg = TraceMsg;
-    type State = Tracer;
-    type Arguments = Tracer;
+    type State = (Tracer, Arc<ActorStats>);
+    type Arguments = (Tracer, Metrics);
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<TraceMsg>,
-        tracer: Tracer,
-    ) -> Result<Tracer, ActorProcessingErr> {
-        Ok(tracer)
+        myself: ActorRef<TraceMsg>,
+        (tracer, metrics): (Tracer, Metrics),
+    ) -> Result<(Tracer, Arc<ActorStats>), ActorProcessingErr> {
+        let stats = metrics.actor("trace-recorder", false);
+        metrics.started(myself.get_id(), &stats);
+        Ok((tracer, stats))
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<TraceMsg>,
         message: TraceMsg,
-        tracer: &mut Tracer,
+        (tracer, stats): &mut (Tracer, Arc<ActorStats>),
     ) -> Result<(), ActorProcessingErr> {
+        let _handling = stats.handling(match &message {
+            TraceMsg::Record(_) => "record",
+            TraceMsg::Query { .. } => "query",
+        });
         match message {
             TraceMsg::Record(events) => tracer.record_all(events),
             TraceMsg::Query { query, reply } => {

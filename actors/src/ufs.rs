@@ -64,6 +64,15 @@ pub enum Scheme {
     File,
 }
 
+impl Scheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3",
+            Scheme::File => "file",
+        }
+    }
+}
+
 /// A parsed UFS location: `s3://bucket/prefix` or `file:///dir`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UfsUri {
@@ -348,8 +357,29 @@ impl Ufs {
         &self.uri
     }
 
+    /// Counts a call of operation `op` (metrics).
+    fn called(&self, op: &'static str) {
+        crate::stats::process().add(
+            "curvine_ufs_requests_total",
+            "Under-file-system operations started, per scheme and operation.",
+            &[("scheme", self.uri.scheme.name()), ("op", op)],
+            1,
+        );
+    }
+
     /// An error of `what` on `rel`, with the store's answer.
     fn error(&self, what: &str, rel: &str, e: opendal::Error) -> FsError {
+        let kind = format!("{:?}", e.kind());
+        crate::stats::process().add(
+            "curvine_ufs_errors_total",
+            "Under-file-system operations that failed, per scheme, operation and error kind.",
+            &[
+                ("scheme", self.uri.scheme.name()),
+                ("op", what),
+                ("error", &kind),
+            ],
+            1,
+        );
         let location = self.uri.join(rel);
         let mut cause = describe(&e);
         if cause.contains("signing credential") {
@@ -376,6 +406,7 @@ impl Ufs {
     /// listing of its root (missing bucket, wrong keys, an endpoint that
     /// does not answer are errors naming the cause).
     pub async fn check(&self) -> FsResult<()> {
+        self.called("check");
         if self.uri.scheme == Scheme::File {
             let meta = tokio::fs::metadata(&self.uri.root)
                 .await
@@ -405,6 +436,7 @@ impl Ufs {
     /// The object or directory at `rel`, or `None`. A name is a directory
     /// when objects exist below it (S3 has no directories of its own).
     pub async fn stat(&self, rel: &str) -> FsResult<Option<UfsObject>> {
+        self.called("stat");
         let name = rel.rsplit('/').next().unwrap_or("").to_string();
         if rel.is_empty() {
             return Ok(Some(UfsObject {
@@ -502,6 +534,7 @@ impl Ufs {
         cursor: Option<&str>,
         limit: usize,
     ) -> FsResult<UfsPage> {
+        self.called("list");
         let dir = dir_key(rel);
         let limit = limit.max(1);
         let start_after = self.start_after(rel, cursor);
@@ -575,6 +608,7 @@ impl Ufs {
         cursor: Option<&str>,
         limit: usize,
     ) -> FsResult<(Vec<(String, UfsObject)>, Option<String>)> {
+        self.called("list");
         let dir = dir_key(rel);
         let limit = limit.max(1);
         let start_after = self.start_after(rel, cursor);
@@ -643,6 +677,7 @@ impl Ufs {
         len: u64,
         etag: Option<&str>,
     ) -> FsResult<impl Stream<Item = FsResult<Bytes>> + Send + 'static> {
+        self.called("read");
         let if_match = etag
             .filter(|e| !e.is_empty() && self.read_if_match)
             .map(String::from);
@@ -670,6 +705,7 @@ impl Ufs {
 
     /// The whole object at `rel` (for tests and small objects).
     pub async fn read_all(&self, rel: &str) -> FsResult<Vec<u8>> {
+        self.called("read");
         let buf = self
             .op
             .read(rel)
@@ -682,6 +718,7 @@ impl Ufs {
     /// `ufs.upload_concurrency` at a time (a multipart upload once the
     /// object is larger than one part). Nothing is visible until `close`.
     pub async fn writer(&self, rel: &str) -> FsResult<UfsWriter> {
+        self.called("write");
         let writer = self
             .op
             .writer_options(
@@ -704,6 +741,7 @@ impl Ufs {
 
     /// Writes a whole object (small objects and tests).
     pub async fn write_all(&self, rel: &str, data: Vec<u8>) -> FsResult<UfsObject> {
+        self.called("write");
         let mut w = self.writer(rel).await?;
         w.write(Bytes::from(data)).await?;
         w.close().await
@@ -711,6 +749,7 @@ impl Ufs {
 
     /// Creates directory `rel` (a `rel/` marker object on S3).
     pub async fn mkdir(&self, rel: &str) -> FsResult<()> {
+        self.called("mkdir");
         if rel.is_empty() {
             return Ok(());
         }
@@ -722,6 +761,7 @@ impl Ufs {
 
     /// Deletes the object at `rel` (a missing object is not an error).
     pub async fn delete(&self, rel: &str) -> FsResult<()> {
+        self.called("delete");
         match self.op.delete(rel).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -731,6 +771,7 @@ impl Ufs {
 
     /// Deletes directory `rel` and everything below it.
     pub async fn delete_dir(&self, rel: &str) -> FsResult<()> {
+        self.called("delete");
         if rel.is_empty() {
             return Err(FsError::InvalidArgument(format!(
                 "refusing to delete the whole of {}",
@@ -758,6 +799,7 @@ impl Ufs {
     /// rename; S3 copies each object, then deletes the sources (not atomic:
     /// a failure part way leaves both names, never neither).
     pub async fn rename(&self, from: &str, to: &str, is_dir: bool) -> FsResult<()> {
+        self.called("rename");
         if self.uri.scheme == Scheme::File {
             let src = format!("{}/{from}", self.uri.root.trim_end_matches('/'));
             let dst = format!("{}/{to}", self.uri.root.trim_end_matches('/'));

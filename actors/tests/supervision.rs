@@ -31,6 +31,7 @@ fn start_stores(dir: &std::path::Path) -> Vec<ShardArgs> {
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),
                 tracer: curvine_actors::trace::Tracer::new("n", 1_000, 0.0),
+                metrics: curvine_actors::stats::Metrics::new(),
             }
         })
         .collect()
@@ -63,6 +64,7 @@ async fn a_killed_shard_is_restarted_and_serves_again() {
         directory: directory.clone(),
         policy: policy(5),
         on_started: Arc::new(|_| {}),
+        metrics: curvine_actors::stats::Metrics::new(),
     };
     let (host, _) = Actor::spawn(None, ShardHost, args).await.unwrap();
     namespace.mkdir("/d", false, 0o755, 0, 0).await.unwrap();
@@ -93,6 +95,7 @@ async fn a_shard_that_keeps_dying_escalates() {
         directory: directory.clone(),
         policy: policy(2),
         on_started: Arc::new(|_| {}),
+        metrics: curvine_actors::stats::Metrics::new(),
     };
     let (host, handle) = Actor::spawn(None, ShardHost, args).await.unwrap();
     for round in 0..3 {

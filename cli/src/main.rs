@@ -96,6 +96,14 @@ enum Command {
     /// causal tree of one request (--tree ID), Chrome trace JSON (--chrome),
     /// or one command traced end to end: `curvine-cli trace -- fs cat /x`.
     Trace(trace::TraceArgs),
+    /// Each node's supervision tree: every actor with its mailbox depth
+    /// (where senders are counted), messages handled, failures, restarts
+    /// and uptime.
+    Actors {
+        /// Only this node.
+        #[arg(long)]
+        node: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -306,7 +314,7 @@ pub(crate) struct Failure {
 
 pub(crate) fn fail(op: &str, path: &str, e: FsError) -> Failure {
     Failure {
-        what: format!("{op} {path}"),
+        what: format!("{op} {path}").trim_end().to_string(),
         error: e.to_string(),
         code: 1,
     }
@@ -545,6 +553,17 @@ async fn run_traced(
                 print_json(&mount_json(&m));
             } else {
                 println!("unmounted {} from {}", m.ufs, m.path);
+            }
+        }
+        Command::Actors { node } => {
+            let trees = client
+                .actors(node)
+                .await
+                .map_err(|e| fail("actors", "", e))?;
+            if json_out {
+                print_json(&trees);
+            } else {
+                print!("{}", format_actor_trees(&trees));
             }
         }
         Command::Report => {
@@ -839,6 +858,58 @@ async fn run_trace(
         }
     }
     Ok(())
+}
+
+/// The supervision trees as `actors` prints them: one table per node.
+fn format_actor_trees(trees: &[curvine_messages::stats::NodeActors]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for t in trees {
+        let _ = writeln!(out, "node {}", t.node);
+        let Some(root) = &t.root else {
+            let _ = writeln!(
+                out,
+                "  (no answer: {})",
+                t.error.as_deref().unwrap_or("unknown")
+            );
+            continue;
+        };
+        let rows: Vec<(String, &curvine_messages::stats::ActorInfo)> = root
+            .walk()
+            .into_iter()
+            .map(|(depth, a)| (format!("{}{}", "  ".repeat(depth + 1), a.name), a))
+            .collect();
+        let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(5).max(5);
+        let _ = writeln!(
+            out,
+            "{:width$}  {:>8}  {:>8}  {:>7}  {:>11}  {:>6}  {:>8}  {:>10}",
+            "ACTOR", "ID", "STATUS", "MAILBOX", "HANDLED", "ERRORS", "RESTARTS", "UPTIME"
+        );
+        for (name, a) in rows {
+            let _ = writeln!(
+                out,
+                "{name:width$}  {:>8}  {:>8}  {:>7}  {:>11}  {:>6}  {:>8}  {:>10}",
+                a.id,
+                a.status,
+                a.mailbox.map_or("-".to_string(), |m| m.to_string()),
+                a.handled,
+                a.errors,
+                a.restarts,
+                uptime(a.uptime_ms),
+            );
+        }
+    }
+    out
+}
+
+fn uptime(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
+    }
 }
 
 fn write_chrome(file: &str, events: &[curvine_messages::trace::TraceEvent]) -> Result<(), Failure> {

@@ -35,6 +35,7 @@ pub struct Config {
     pub fuse: FuseConf,
     pub log: LogConf,
     pub trace: TraceConf,
+    pub http: HttpConf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -250,6 +251,9 @@ pub struct FuseConf {
     /// Block size of files created through the mount (0: the cluster's
     /// `data.block_size`). A file of one block can be read by passthrough.
     pub block_size: ByteSize,
+    /// Address of the mount process's Prometheus `/metrics` (`off`: none).
+    /// A port already taken is logged and the mount goes on without it.
+    pub metrics_listen: String,
 }
 
 impl Default for FuseConf {
@@ -274,8 +278,18 @@ impl Default for FuseConf {
             default_permissions: true,
             stage_dir: String::new(),
             block_size: ByteSize(0),
+            metrics_listen: "127.0.0.1:8999".into(),
         }
     }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConf {
+    /// Address of the node's HTTP port (dashboard, `/api/*`, Prometheus
+    /// `/metrics`). Empty: loopback on the client port + 3; `off`: no HTTP
+    /// port. Bind it beyond loopback only on a trusted network.
+    pub listen: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1037,6 +1051,16 @@ impl Config {
                 "expected at least 1m",
             ));
         }
+        if self.fuse.metrics_listen != "off" {
+            check_addr(
+                "fuse.metrics_listen",
+                &self.fuse.metrics_listen,
+                source("fuse.metrics_listen"),
+            )?;
+        }
+        if !self.http.listen.is_empty() && self.http.listen != "off" {
+            check_addr("http.listen", &self.http.listen, source("http.listen"))?;
+        }
         if !(1..=64).contains(&self.fuse.threads) {
             return Err(invalid(
                 "fuse.threads",
@@ -1101,6 +1125,23 @@ impl Config {
             return self.node.cluster_listen.clone();
         }
         self.client_port_plus(1)
+    }
+
+    /// The HTTP port address: configured, or loopback on the client port
+    /// + 3; `None` when it is `off`.
+    pub fn http_listen(&self) -> Option<String> {
+        match self.http.listen.as_str() {
+            "off" => None,
+            "" => {
+                let port = self
+                    .client_port_plus(3)
+                    .rsplit_once(':')
+                    .map(|(_, p)| p.to_string())
+                    .unwrap_or_else(|| "8998".into());
+                Some(format!("127.0.0.1:{port}"))
+            }
+            addr => Some(addr.to_string()),
+        }
     }
 
     /// The data port address: configured, or the client port + 2.

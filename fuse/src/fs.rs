@@ -41,6 +41,12 @@ use crate::write::{self, Writer};
 
 /// The errno of an error.
 pub fn errno(e: &FsError) -> Errno {
+    curvine_actors::stats::process().add(
+        "curvine_fuse_errors_total",
+        "Kernel requests the FUSE mount answered with an error, per error kind.",
+        &[("error", e.kind_name())],
+        1,
+    );
     Errno::from_i32(e.errno())
 }
 
@@ -936,11 +942,30 @@ impl Fs {
 pub struct CurvineFs(pub Arc<Fs>);
 
 impl CurvineFs {
-    fn spawn<F>(&self, f: F)
+    /// Runs the answer to a kernel request of kind `op` in a task, counting
+    /// it and its latency (`curvine_fuse_operations_total`,
+    /// `curvine_fuse_operation_duration_seconds`).
+    fn spawn<F>(&self, op: &'static str, f: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.0.rt.spawn(f);
+        let metrics = curvine_actors::stats::process();
+        metrics.add(
+            "curvine_fuse_operations_total",
+            "Kernel requests the FUSE mount answered, per operation.",
+            &[("op", op)],
+            1,
+        );
+        let latency = metrics.histogram(
+            "curvine_fuse_operation_duration_seconds",
+            "Time the FUSE mount took to answer a kernel request, per operation.",
+            &[("op", op)],
+        );
+        let started = std::time::Instant::now();
+        self.0.rt.spawn(async move {
+            f.await;
+            latency.observe(started.elapsed());
+        });
     }
 }
 
@@ -1014,7 +1039,7 @@ impl Filesystem for CurvineFs {
             }
         }
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("lookup", async move {
             let name = try_reply!(reply, name_str(&name));
             match fs.lookup(parent, name).await {
                 Ok((_, attr)) => fs.reply_entry(reply, parent, name, attr),
@@ -1039,7 +1064,7 @@ impl Filesystem for CurvineFs {
             reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
             return;
         }
-        self.spawn(async move {
+        self.spawn("getattr", async move {
             let attr = try_reply!(reply, fs.getattr(ino.0).await);
             reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
         });
@@ -1073,7 +1098,7 @@ impl Filesystem for CurvineFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        self.spawn(async move {
+        self.spawn("setattr", async move {
             let attr = try_reply!(reply, fs.setattr(ino.0, caller, set).await);
             reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
         });
@@ -1081,7 +1106,7 @@ impl Filesystem for CurvineFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("readlink", async move {
             if let Some(target) = fs.inodes.attr(ino.0).and_then(|a| a.symlink) {
                 reply.data(target.as_bytes());
                 return;
@@ -1109,7 +1134,7 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         let caller = Caller::of(req);
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("mknod", async move {
             let name = try_reply!(reply, name_str(&name));
             let (path, uid, gid, mode) = try_reply!(
                 reply,
@@ -1145,7 +1170,7 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         let caller = Caller::of(req);
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("mkdir", async move {
             let name = try_reply!(reply, name_str(&name));
             let (path, uid, gid, mode) = try_reply!(
                 reply,
@@ -1172,7 +1197,7 @@ impl Filesystem for CurvineFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let fs = self.0.clone();
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("unlink", async move {
             let name = try_reply!(reply, name_str(&name));
             try_reply!(reply, fs.unlink(parent.0, name).await);
             fs.inodes.expire(parent.0);
@@ -1183,7 +1208,7 @@ impl Filesystem for CurvineFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let fs = self.0.clone();
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("rmdir", async move {
             let name = try_reply!(reply, name_str(&name));
             let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
             try_reply!(
@@ -1217,7 +1242,7 @@ impl Filesystem for CurvineFs {
         let caller = Caller::of(req);
         let name = link_name.to_os_string();
         let target = target.as_os_str().to_os_string();
-        self.spawn(async move {
+        self.spawn("symlink", async move {
             let name = try_reply!(reply, name_str(&name));
             let target = try_reply!(reply, name_str(&target)).to_string();
             let link = try_reply!(reply, fs.inodes.child_path(parent.0, name));
@@ -1252,7 +1277,7 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         let name = name.to_os_string();
         let newname = newname.to_os_string();
-        self.spawn(async move {
+        self.spawn("rename", async move {
             let name = try_reply!(reply, name_str(&name));
             let newname = try_reply!(reply, name_str(&newname));
             try_reply!(
@@ -1295,7 +1320,7 @@ impl Filesystem for CurvineFs {
                 }
             }
         }
-        self.spawn(async move {
+        self.spawn("open", async move {
             let ino = ino.0;
             let attr = try_reply!(reply, fs.getattr(ino).await);
             if attr.kind == FileKind::Dir {
@@ -1379,7 +1404,7 @@ impl Filesystem for CurvineFs {
         let Err(reply) = fs.read_now(ino.0, fh.0, offset, size, reply) else {
             return;
         };
-        self.spawn(async move {
+        self.spawn("read", async move {
             let data = try_reply!(reply, fs.read(ino.0, fh.0, offset, size).await);
             reply.data(&data);
         });
@@ -1397,6 +1422,19 @@ impl Filesystem for CurvineFs {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let metrics = curvine_actors::stats::process();
+        metrics.add(
+            "curvine_fuse_operations_total",
+            "Kernel requests the FUSE mount answered, per operation.",
+            &[("op", "write")],
+            1,
+        );
+        metrics.add(
+            "curvine_fuse_written_bytes_total",
+            "Bytes written through the FUSE mount.",
+            &[],
+            data.len() as u64,
+        );
         let handle = match self.0.handle(fh.0) {
             Ok(h) => h,
             Err(e) => {
@@ -1423,7 +1461,7 @@ impl Filesystem for CurvineFs {
         reply: ReplyEmpty,
     ) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("flush", async move {
             let handle = try_reply!(reply, fs.handle(fh.0));
             if let Handle::File(f) = &*handle {
                 if let Some(w) = &f.writer {
@@ -1487,7 +1525,7 @@ impl Filesystem for CurvineFs {
         }
         reply.ok();
         if last && fs.inodes.is_hidden(ino.0) {
-            self.spawn(async move {
+            self.spawn("release", async move {
                 fs.released(ino.0).await;
                 fs.inodes.unpin(ino.0);
             });
@@ -1517,7 +1555,7 @@ impl Filesystem for CurvineFs {
         mut reply: ReplyDirectory,
     ) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("readdir", async move {
             let handle = try_reply!(reply, fs.handle(fh.0));
             let Handle::Dir(dir) = &*handle else {
                 reply.error(Errno::from_i32(libc::ENOTDIR));
@@ -1573,7 +1611,7 @@ impl Filesystem for CurvineFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("readdirplus", async move {
             let handle = try_reply!(reply, fs.handle(fh.0));
             let Handle::Dir(dir) = &*handle else {
                 reply.error(Errno::from_i32(libc::ENOTDIR));
@@ -1655,7 +1693,7 @@ impl Filesystem for CurvineFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("statfs", async move {
             let (cap, free) = try_reply!(reply, fs.capacity().await);
             const BS: u64 = 4096;
             reply.statfs(
@@ -1684,7 +1722,7 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         let name = name.to_os_string();
         let value = value.to_vec();
-        self.spawn(async move {
+        self.spawn("setxattr", async move {
             let name = try_reply!(reply, name_str(&name));
             if name.starts_with("system.") {
                 reply.error(Errno::from_i32(libc::ENOTSUP));
@@ -1716,7 +1754,7 @@ impl Filesystem for CurvineFs {
             return;
         }
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("getxattr", async move {
             let name = try_reply!(reply, name_str(&name));
             if name.starts_with("system.posix_acl") {
                 reply.error(Errno::from_i32(libc::ENODATA));
@@ -1737,7 +1775,7 @@ impl Filesystem for CurvineFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let fs = self.0.clone();
-        self.spawn(async move {
+        self.spawn("listxattr", async move {
             let path = try_reply!(reply, fs.inodes.path(ino.0));
             let names = try_reply!(reply, fs.client.list_xattr(&path).await);
             let mut out = Vec::new();
@@ -1752,7 +1790,7 @@ impl Filesystem for CurvineFs {
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let fs = self.0.clone();
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("removexattr", async move {
             let name = try_reply!(reply, name_str(&name));
             let path = try_reply!(reply, fs.inodes.path(ino.0));
             let result = fs.client.remove_xattr(&path, name).await;
@@ -1766,7 +1804,7 @@ impl Filesystem for CurvineFs {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let fs = self.0.clone();
         let caller = Caller::of(req);
-        self.spawn(async move {
+        self.spawn("access", async move {
             let attr = try_reply!(reply, fs.getattr(ino.0).await);
             if caller.may(&attr, mask.bits()) {
                 reply.ok();
@@ -1789,7 +1827,7 @@ impl Filesystem for CurvineFs {
         let fs = self.0.clone();
         let caller = Caller::of(req);
         let name = name.to_os_string();
-        self.spawn(async move {
+        self.spawn("create", async move {
             let name = try_reply!(reply, name_str(&name));
             let (path, uid, gid, mode) = try_reply!(
                 reply,

@@ -99,6 +99,9 @@ pub struct MountArgs {
     /// Block size of files created through the mount (fuse.block_size, e.g. 256MiB).
     #[arg(long, value_name = "SIZE")]
     pub block_size: Option<String>,
+    /// Address of the mount's Prometheus /metrics, or `off` (fuse.metrics_listen).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Config sources given on a command line.
@@ -154,6 +157,11 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
         ),
         ("fuse.stage_dir", args.stage_dir.clone(), "--stage-dir"),
         ("fuse.block_size", args.block_size.clone(), "--block-size"),
+        (
+            "fuse.metrics_listen",
+            args.metrics_listen.clone(),
+            "--metrics-listen",
+        ),
     ];
     for (key, value, name) in values {
         if let Some(v) = value {
@@ -418,6 +426,28 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
         options,
         make_fs,
         read_ahead: fuse_conf.max_readahead.0,
+    };
+    // Prometheus metrics of this mount process; a port already taken
+    // (another mount on the host) only costs the metrics.
+    let _metrics = match fuse_conf.metrics_listen.as_str() {
+        "off" => None,
+        listen => match curvine_node::http::serve_metrics(
+            listen,
+            "fuse",
+            curvine_actors::stats::Metrics::new(),
+            Arc::new(Vec::new),
+        ) {
+            Ok(h) => {
+                eprintln!("curvine-fuse: metrics on http://{}/metrics", h.addr);
+                Some(h)
+            }
+            Err(e) => {
+                eprintln!(
+                    "curvine-fuse: no metrics: cannot listen on {listen} (fuse.metrics_listen): {e}"
+                );
+                None
+            }
+        },
     };
     let policy = curvine_actors::supervisor::RestartPolicy::from(&config.supervisor);
     let (sup, handle) = ractor::Actor::spawn(None, FuseSupervisor, (spec, policy))

@@ -57,6 +57,8 @@ pub struct NodeProcess {
     /// Cluster port (ractor_cluster).
     pub cluster_addr: String,
     pub node_id: String,
+    /// HTTP port (dashboard, API, metrics).
+    pub http_addr: String,
     pub log: PathBuf,
     /// The loopback address its ports bind to (127.0.0.x).
     pub host: String,
@@ -91,6 +93,7 @@ impl NodeProcess {
             addr: String::new(),
             cluster_addr: String::new(),
             node_id: String::new(),
+            http_addr: String::new(),
             log,
             host: host.to_string(),
             args: extra.iter().map(|s| s.to_string()).collect(),
@@ -172,6 +175,12 @@ impl NodeProcess {
                 };
                 self.addr = after("on");
                 self.node_id = after("node");
+                self.http_addr = text
+                    .lines()
+                    .find_map(|l| l.split("dashboard http://").nth(1))
+                    .and_then(|rest| rest.split('/').next())
+                    .unwrap_or_default()
+                    .to_string();
                 self.cluster_addr = words
                     .windows(3)
                     .find(|w| w[0] == "(cluster" && w[1] == "port")
@@ -292,6 +301,7 @@ impl ProcessCluster {
                 addr: String::new(),
                 cluster_addr: String::new(),
                 node_id: String::new(),
+                http_addr: String::new(),
                 host: format!("127.0.0.{}", i + 1),
                 args: with_seed.iter().map(|s| s.to_string()).collect(),
                 wrapper: Vec::new(),
@@ -465,6 +475,54 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// `GET path` on an HTTP port: the status code and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr)
+        .unwrap_or_else(|e| panic!("cannot connect to http://{addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("http response");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {text}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in: {head}"));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
 /// The test S3 server the test command started (`integration/s3-server.sh`):
 /// its endpoint, credentials and bucket. Under `CI` it must be there;
 /// elsewhere tests that need it are skipped with a message.
@@ -569,6 +627,8 @@ impl FuseMount {
         let child = Command::new(bin("curvine-fuse"))
             .args(["--cluster", &node.addr, "mount"])
             .arg(dir)
+            // Metrics on a free port: mounts of parallel tests never collide.
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env_remove("CURVINE_CONF")
             .stdout(out)
@@ -605,6 +665,15 @@ impl FuseMount {
             self.dir.display(),
             self.log_text()
         );
+    }
+
+    /// The address of the mount's `/metrics` (from its log).
+    pub fn metrics_addr(&self) -> Option<String> {
+        self.log_text()
+            .lines()
+            .find_map(|l| l.split("metrics on http://").nth(1))
+            .and_then(|rest| rest.split('/').next())
+            .map(str::to_string)
     }
 
     /// SIGKILL: the mount is left dead.

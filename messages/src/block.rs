@@ -318,6 +318,20 @@ pub enum DataRequest {
     },
 }
 
+impl DataRequest {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            DataRequest::Read { .. } => "read",
+            DataRequest::Write { .. } => "write",
+            DataRequest::OpenLocal { .. } => "open_local",
+            DataRequest::CreateLocal { .. } => "create_local",
+            DataRequest::CommitLocal { .. } => "commit_local",
+            DataRequest::Abort { .. } => "abort",
+            DataRequest::Fill { .. } => "fill",
+        }
+    }
+}
+
 /// A reply on the data port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DataReply {

@@ -226,6 +226,8 @@ pub enum PeerMsg {
     },
     /// This node's part of `report`.
     Report(RpcReplyPort<FsResult<NodeReport>>),
+    /// This node's supervision tree (`actors`).
+    Actors(RpcReplyPort<FsResult<crate::stats::ActorInfo>>),
     /// Remove these blocks from this node (freed by a shard elsewhere).
     RemoveBlocks {
         ids: Vec<BlockId>,
@@ -258,6 +260,7 @@ impl PeerMsg {
             PeerMsg::Shard { .. } => "shard",
             PeerMsg::Drain { .. } => "drain",
             PeerMsg::Report(_) => "report",
+            PeerMsg::Actors(_) => "actors",
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
             PeerMsg::Pull { .. } => "pull",
             PeerMsg::Load { .. } => "load",
@@ -316,6 +319,7 @@ impl ractor::Message for PeerMsg {
                 }
             }
             PeerMsg::Report(reply) => call("report", encode_peer("report", &()), bridge_out(reply)),
+            PeerMsg::Actors(reply) => call("actors", encode_peer("actors", &()), bridge_out(reply)),
             PeerMsg::Join(reply) => call("join", encode_peer("join", &()), bridge_out(reply)),
             PeerMsg::RemoveBlocks { ids, reply } => call(
                 "remove_blocks",
@@ -396,6 +400,10 @@ impl ractor::Message for PeerMsg {
                 }
                 "report" => match decode_peer::<()>("report", &args) {
                     Ok(()) => PeerMsg::Report(bridge_in(reply)),
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "actors" => match decode_peer::<()>("actors", &args) {
+                    Ok(()) => PeerMsg::Actors(bridge_in(reply)),
                     Err(e) => invalid(e, Some(reply)),
                 },
                 "join" => match decode_peer::<()>("join", &args) {

@@ -13,6 +13,7 @@ pub mod path;
 pub mod remote;
 pub mod rpc;
 pub mod shard;
+pub mod stats;
 pub mod trace;
 pub mod types;
 

@@ -494,6 +494,13 @@ calls! {
     CancelLoad => crate::mount::LoadJob, Job;
     ListLoads => Vec<crate::mount::LoadJob>, Jobs;
     TraceEvents => Vec<NodeTrace>, Traces;
+    Actors => Vec<crate::stats::NodeActors>, ActorTrees;
+}
+
+/// The supervision tree of every node, or of `node`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actors {
+    pub node: Option<String>,
 }
 
 /// Trace events of every node (or of `query.node`) matching `query`.
@@ -540,6 +547,7 @@ pub enum Response {
     Job(crate::mount::LoadJob),
     Jobs(Vec<crate::mount::LoadJob>),
     Traces(Vec<NodeTrace>),
+    ActorTrees(Vec<crate::stats::NodeActors>),
 }
 
 impl Response {
@@ -568,6 +576,7 @@ impl Response {
             Response::Job(_) => "Job",
             Response::Jobs(_) => "Jobs",
             Response::Traces(_) => "Traces",
+            Response::ActorTrees(_) => "ActorTrees",
         }
     }
 }

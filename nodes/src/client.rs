@@ -566,6 +566,14 @@ impl Client {
         self.call(Blocks { path: path.into() }).await
     }
 
+    /// The supervision tree of every node, or of `node`.
+    pub async fn actors(
+        &self,
+        node: Option<String>,
+    ) -> FsResult<Vec<curvine_messages::stats::NodeActors>> {
+        self.call(curvine_messages::rpc::Actors { node }).await
+    }
+
     pub async fn report(&self) -> FsResult<ClusterReport> {
         self.call(Report).await
     }

@@ -38,6 +38,7 @@ pub struct DataContext {
     pub host_key: String,
     /// The node's service (fills of UFS blocks need the namespace and mounts).
     pub service: Arc<std::sync::OnceLock<std::sync::Weak<crate::service::Service>>>,
+    pub metrics: curvine_actors::stats::Metrics,
 }
 
 /// The host's identity for short-circuit decisions: host name and boot id.
@@ -195,7 +196,43 @@ async fn connection(stream: TcpStream, ctx: &DataContext) -> Result<(), String> 
                 return Err(format!("garbage request: {e}"));
             }
         };
-        match handle(&mut stream, ctx, request).await {
+        let kind = request.kind_name();
+        let started = std::time::Instant::now();
+        let handled = handle(&mut stream, ctx, request).await;
+        let outcome = match &handled {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "error",
+            Err(_) => "broken",
+        };
+        ctx.metrics
+            .histogram(
+                "curvine_data_request_duration_seconds",
+                "Time the data port took to serve a request, per request kind.",
+                &[("kind", kind)],
+            )
+            .observe(started.elapsed());
+        ctx.metrics.add(
+            "curvine_data_requests_total",
+            "Requests the data port served, per request kind and outcome.",
+            &[("kind", kind), ("outcome", outcome)],
+            1,
+        );
+        match kind {
+            "read" | "open_local" => ctx.metrics.add(
+                "curvine_cache_hits_total",
+                "Block reads served from this node's cache (data port and short-circuit opens).",
+                &[],
+                1,
+            ),
+            "fill" => ctx.metrics.add(
+                "curvine_cache_misses_total",
+                "Block reads that had to fetch from the under-file-system (fills).",
+                &[],
+                1,
+            ),
+            _ => {}
+        }
+        match handled {
             Ok(Ok(Some(r))) => reply(&mut stream, &r).await.map_err(|e| e.to_string())?,
             Ok(Ok(None)) => {}
             Ok(Err(e)) => {
@@ -594,9 +631,12 @@ impl Actor for DataServer {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<DataServerMsg>,
+        myself: ActorRef<DataServerMsg>,
         args: DataServerArgs,
     ) -> Result<DataServerState, ActorProcessingErr> {
+        // It handles no messages: connections are tasks of their own.
+        let stats = args.ctx.metrics.actor("data-server", false);
+        args.ctx.metrics.started(myself.get_id(), &stats);
         let std_listener = args.listener.try_clone()?;
         std_listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std_listener)?;

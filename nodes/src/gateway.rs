@@ -52,6 +52,8 @@ impl Actor for Gateway {
         myself: ActorRef<PeerMsg>,
         args: GatewayArgs,
     ) -> Result<GatewayArgs, ActorProcessingErr> {
+        let stats = args.view.metrics.actor("gateway", false);
+        args.view.metrics.started(myself.get_id(), &stats);
         ractor::pg::join(gateway_group(&args.view.node_id), vec![myself.get_cell()]);
         Ok(args)
     }
@@ -62,7 +64,16 @@ impl Actor for Gateway {
         message: PeerMsg,
         state: &mut GatewayArgs,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.view.metrics.actor("gateway", false);
+        let _handling = stats.handling(message.kind_name());
         match message {
+            PeerMsg::Actors(reply) => {
+                let tree = match myself.try_get_supervisor() {
+                    Some(root) => Ok(state.view.metrics.tree(&root)),
+                    None => Err(FsError::Unavailable("the node is stopping".into())),
+                };
+                let _ = reply.send(tree);
+            }
             PeerMsg::Heartbeat(hb) => {
                 if let Some(m) = state.membership.read().as_ref() {
                     let _ = m.cast(MembershipMsg::Heard(hb));
@@ -110,6 +121,7 @@ impl Actor for Gateway {
                         // The gateway's span ends when it has handed the
                         // request to the shard, which continues the trace.
                         let ctx = span.as_ref().map(|s| s.ctx());
+                        view.metrics.shard_sent(shard);
                         match actor.send_message(Traced::new(msg, ctx)) {
                             Ok(()) => {
                                 if let Some(span) = span {
@@ -117,6 +129,7 @@ impl Actor for Gateway {
                                 }
                             }
                             Err(ractor::MessagingErr::SendErr(m)) => {
+                                view.metrics.shard(shard).unsent();
                                 let e =
                                     FsError::Unavailable(format!("shard {shard} is restarting"));
                                 fail(m.msg, e, span);

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod client;
 pub mod data;
 pub mod gateway;
+pub mod http;
 pub mod identity;
 pub mod io;
 pub mod join;

@@ -127,6 +127,12 @@ fn main() {
             "curvine-node: node {} serving clients on {} (cluster port {}, data port {})",
             id.node_id, node.rpc_addr, node.cluster_addr, node.data_addr
         );
+        if let Some(http) = &node.http {
+            eprintln!(
+                "curvine-node: dashboard http://{}/ and metrics http://{}/metrics",
+                http.addr, http.addr
+            );
+        }
         for tier in node.service.blocks.stats() {
             eprintln!(
                 "curvine-node: tier {} at {} with {} capacity",

@@ -12,6 +12,7 @@ use curvine_actors::blocks::{
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
 use curvine_actors::namespace::{FileDefaults, Namespace};
 use curvine_actors::shard::ShardArgs;
+use curvine_actors::stats::Metrics;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::{RestartPolicy, RestartTracker};
 use curvine_actors::token::TokenKey;
@@ -83,6 +84,7 @@ pub struct NodeArgs {
     pub tracer: Tracer,
     pub recorder: RecorderRef,
     pub policy: RestartPolicy,
+    pub metrics: Metrics,
 }
 
 pub enum NodeMsg {
@@ -161,7 +163,7 @@ impl NodeSupervisor {
                 let (actor, _) = Actor::spawn_linked(
                     None,
                     TraceRecorder,
-                    state.args.tracer.clone(),
+                    (state.args.tracer.clone(), state.args.metrics.clone()),
                     myself.get_cell(),
                 )
                 .await?;
@@ -194,6 +196,8 @@ impl Actor for NodeSupervisor {
         myself: ActorRef<NodeMsg>,
         args: NodeArgs,
     ) -> Result<NodeState, ActorProcessingErr> {
+        let stats = args.metrics.actor("node", false);
+        args.metrics.started(myself.get_id(), &stats);
         let mut state = NodeState {
             args,
             children: Vec::new(),
@@ -227,6 +231,8 @@ impl Actor for NodeSupervisor {
         message: NodeMsg,
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.args.metrics.actor("node", false);
+        let _handling = stats.handling("restart");
         match message {
             NodeMsg::Restart(child) => Self::start_child(&myself, state, child).await?,
         }
@@ -264,6 +270,8 @@ impl Actor for NodeSupervisor {
             state.args.recorder.set(None);
         }
         tracing::error!(child = child.name(), error = %error, "node actor failed");
+        let child_stats = state.args.metrics.actor(child.name(), false);
+        child_stats.failed();
         let policy = state.args.policy.clone();
         let tracker = state
             .trackers
@@ -272,6 +280,7 @@ impl Actor for NodeSupervisor {
             .map(|(_, t)| t);
         match tracker.and_then(|t| t.on_failure(&policy, Instant::now())) {
             Some(delay) => {
+                child_stats.restarted();
                 myself.send_after(delay, move || NodeMsg::Restart(child));
             }
             None => {
@@ -291,6 +300,8 @@ pub struct RunningNode {
     pub rpc_addr: String,
     pub cluster_addr: String,
     pub data_addr: String,
+    /// The HTTP port (dashboard, API, metrics), unless `http.listen = "off"`.
+    pub http: Option<crate::http::HttpHandle>,
     server: tokio::task::JoinHandle<()>,
     replicator: tokio::task::JoinHandle<()>,
     cluster_server: Option<ActorRef<ractor_cluster::NodeServerMessage>>,
@@ -467,6 +478,7 @@ async fn start_with(
         config.trace.ring_events as usize,
         config.trace.sample_rate,
     );
+    let metrics = Metrics::new();
     let shard_args: Vec<ShardArgs> = stores
         .into_iter()
         .map(|store| ShardArgs {
@@ -475,6 +487,7 @@ async fn start_with(
             commit_delay: config.meta.commit_delay.0,
             op_record_ttl: config.meta.op_record_ttl.0,
             tracer: tracer.clone(),
+            metrics: metrics.clone(),
         })
         .collect();
     let tiers = node_tiers(config, &data_dir.path, &identity.node_id);
@@ -519,6 +532,20 @@ async fn start_with(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| config.node.listen.clone());
+    let http_listener = match config.http_listen() {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(&addr).map_err(|e| StartError::Listen {
+                addr: format!("{addr} (http.listen)"),
+                reason: e.to_string(),
+            })?,
+        ),
+        None => None,
+    };
+    let http_addr = http_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let host_key = crate::data::host_key();
     let started_ns = now_ns();
 
@@ -527,7 +554,7 @@ async fn start_with(
         cluster_addr: cluster_addr.clone(),
         rpc_addr: rpc_addr.clone(),
         data_addr: data_addr.clone(),
-        http_addr: String::new(),
+        http_addr,
         host_key: host_key.clone(),
         tiers: block_store.stats(),
         started_ns,
@@ -540,6 +567,7 @@ async fn start_with(
         map,
         config.cluster.node_timeout.0,
         tracer.clone(),
+        metrics.clone(),
     );
     let namespace = Namespace::with_cluster(
         view.clone(),
@@ -578,6 +606,7 @@ async fn start_with(
         node_id: identity.node_id.clone(),
         host_key,
         service: service_slot.clone(),
+        metrics: metrics.clone(),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -588,6 +617,7 @@ async fn start_with(
     let recovery_ns = namespace.clone();
     let host_policy = policy.clone();
     let host_view = view.clone();
+    let host_metrics = metrics.clone();
     let make_host_args = Arc::new(move || {
         let ns = recovery_ns.clone();
         let view = host_view.clone();
@@ -595,6 +625,7 @@ async fn start_with(
             shards: shard_args.clone(),
             directory: directory.clone(),
             policy: host_policy.clone(),
+            metrics: host_metrics.clone(),
             on_started: Arc::new(move |shard| {
                 // Intents are driven by the node that serves the shard.
                 if view.serves(shard) {
@@ -665,10 +696,12 @@ async fn start_with(
                 loaders: config.ufs.loaders as usize,
                 retry_delay: config.ufs.persist_retry_delay.0,
                 retry_max: config.ufs.persist_max_delay.0,
+                metrics: metrics.clone(),
             },
             tracer: tracer.clone(),
             recorder: recorder.clone(),
             policy,
+            metrics: metrics.clone(),
         },
     )
     .await
@@ -694,9 +727,20 @@ async fn start_with(
         moves: tokio::sync::Mutex::new(()),
         mounts: mounts.clone(),
         recorder,
+        root: supervisor.get_cell(),
     });
     refresh_mounts(mounts, service.namespace.clone());
     let _ = service_slot.set(Arc::downgrade(&service));
+    let http =
+        match http_listener {
+            Some(l) => Some(crate::http::serve_node(l, service.clone()).map_err(|e| {
+                StartError::Listen {
+                    addr: "http.listen".into(),
+                    reason: e.to_string(),
+                }
+            })?),
+            None => None,
+        };
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
     let replicator = tokio::spawn(replicate_loop(
         Arc::downgrade(&service),
@@ -710,6 +754,7 @@ async fn start_with(
         rpc_addr,
         cluster_addr,
         data_addr,
+        http,
         server,
         replicator,
         cluster_server: Some(cluster_server),
@@ -781,6 +826,9 @@ impl RunningNode {
     pub async fn stop(self) {
         self.server.abort();
         self.replicator.abort();
+        if let Some(http) = &self.http {
+            http.stop();
+        }
         if let Some(server) = &self.cluster_server {
             server.stop(None);
         }

@@ -413,6 +413,7 @@ pub struct UfsLoaderArgs {
     pub loaders: usize,
     pub retry_delay: Duration,
     pub retry_max: Duration,
+    pub metrics: curvine_actors::stats::Metrics,
 }
 
 pub enum UfsLoaderMsg {
@@ -429,6 +430,7 @@ impl ractor::Message for UfsLoaderMsg {}
 
 pub struct UfsLoaderState {
     args: UfsLoaderArgs,
+    stats: Arc<curvine_actors::stats::ActorStats>,
     running: bool,
     last_sweep: Instant,
     not_before: Instant,
@@ -448,9 +450,12 @@ impl Actor for UfsLoader {
         myself: ActorRef<UfsLoaderMsg>,
         args: UfsLoaderArgs,
     ) -> Result<UfsLoaderState, ActorProcessingErr> {
+        let stats = args.metrics.actor("ufs-loader", false);
+        args.metrics.started(myself.get_id(), &stats);
         myself.send_interval(args.tick, || UfsLoaderMsg::Tick);
         Ok(UfsLoaderState {
             args,
+            stats,
             running: false,
             // The first sweep comes soon after start (recovery after a crash).
             last_sweep: Instant::now() - Duration::from_secs(24 * 3600),
@@ -467,6 +472,13 @@ impl Actor for UfsLoader {
         message: UfsLoaderMsg,
         state: &mut UfsLoaderState,
     ) -> Result<(), ActorProcessingErr> {
+        let stats = state.stats.clone();
+        let _handling = stats.handling(match &message {
+            UfsLoaderMsg::Tick => "tick",
+            UfsLoaderMsg::Done(_) => "done",
+            UfsLoaderMsg::Jobs(_) => "jobs",
+            UfsLoaderMsg::JobEnded(_) => "job_ended",
+        });
         match message {
             UfsLoaderMsg::Tick => {
                 let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {

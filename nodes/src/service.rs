@@ -19,6 +19,7 @@ use curvine_messages::rpc::{
     BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, NodeTrace,
     Request, Response, TraceEvents, WriteOpen,
 };
+use curvine_messages::stats::NodeActors;
 use curvine_messages::{FileKind, FsError, FsResult};
 
 /// What the node tells about itself in reports.
@@ -50,6 +51,8 @@ pub struct Service {
     pub mounts: Arc<curvine_actors::mounts::Mounts>,
     /// The node's trace recorder.
     pub recorder: curvine_actors::trace::RecorderRef,
+    /// The root of the node's supervision tree.
+    pub root: ractor::ActorCell,
 }
 
 impl Service {
@@ -197,7 +200,7 @@ impl Service {
 
     /// Trace events of every node (or of `query.node`), asked in parallel;
     /// a node that cannot answer is listed with the reason.
-    async fn trace_events(&self, req: TraceEvents) -> FsResult<Vec<NodeTrace>> {
+    pub async fn trace_events(&self, req: TraceEvents) -> FsResult<Vec<NodeTrace>> {
         req.query.validate()?;
         let members = self.view.members();
         if let Some(node) = &req.query.node {
@@ -252,6 +255,56 @@ impl Service {
                 }
             });
         Ok(futures::future::join_all(asks).await)
+    }
+
+    /// The supervision tree of every node (or of `node`), asked in parallel.
+    pub async fn actors(&self, node: Option<&str>) -> FsResult<Vec<NodeActors>> {
+        let members = self.view.members();
+        if let Some(node) = node {
+            if !members.iter().any(|m| m.info.node_id == node) {
+                return Err(FsError::NotFound(format!(
+                    "actors --node {node}: no such node in this cluster"
+                )));
+            }
+        }
+        let asks = members
+            .into_iter()
+            .filter(|m| node.is_none_or(|n| n == m.info.node_id))
+            .map(|m| async move {
+                let node = m.info.node_id;
+                let result = if node == self.info.node_id {
+                    Ok(self.view.metrics.tree(&self.root))
+                } else {
+                    match self.view.gateway(&node) {
+                        Ok(gw) => match gw
+                            .call(PeerMsg::Actors, Some(Duration::from_secs(10)))
+                            .await
+                        {
+                            Ok(CallResult::Success(r)) => r,
+                            Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
+                                "node {node} did not answer in 10s"
+                            ))),
+                            _ => Err(FsError::Unavailable(format!("node {node} is gone"))),
+                        },
+                        Err(e) => Err(e),
+                    }
+                };
+                match result {
+                    Ok(root) => NodeActors {
+                        node,
+                        root: Some(root),
+                        error: None,
+                    },
+                    Err(e) => NodeActors {
+                        node,
+                        root: None,
+                        error: Some(e.to_string()),
+                    },
+                }
+            });
+        let mut trees = futures::future::join_all(asks).await;
+        trees.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(trees)
     }
 
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
@@ -416,6 +469,7 @@ impl Service {
             Request::CancelLoad(r) => Response::Job(self.cancel_load(&r.id).await?),
             Request::ListLoads(_) => Response::Jobs(self.load_jobs().await?),
             Request::TraceEvents(r) => Response::Traces(self.trace_events(r).await?),
+            Request::Actors(r) => Response::ActorTrees(self.actors(r.node.as_deref()).await?),
             Request::ListMounts(_) => Response::MountList(
                 self.mounts
                     .refresh(&self.namespace)

@@ -1,0 +1,433 @@
+//! Observability on real processes: `curvine-cli actors` shows every node's
+//! supervision tree with live counters; `/metrics` of the nodes and of a
+//! FUSE mount parse as Prometheus text and carry what the cluster did; the
+//! dashboard renders real cluster data in a real headless Chromium.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use curvine_integration::{
+    http_get, random_bytes, runtime, FuseMount, NodeProcess, ProcessCluster, TestS3,
+};
+use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// The names in an actor tree (as `actors --json` gives it), depth first.
+fn names(tree: &serde_json::Value, out: &mut Vec<String>) {
+    out.push(tree["name"].as_str().unwrap().to_string());
+    for c in tree["children"].as_array().unwrap() {
+        names(c, out);
+    }
+}
+
+fn find<'a>(tree: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    if tree["name"] == name {
+        return Some(tree);
+    }
+    tree["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|c| find(c, name))
+}
+
+/// Parses a scrape with a Prometheus text-format parser, after checking the
+/// rules that parser is lenient about: every sample belongs to a family
+/// declared once by `# TYPE`, and a family's lines are contiguous.
+fn scrape(text: &str) -> prometheus_parse::Scrape {
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "bad type: {line}"
+            );
+            assert!(
+                types.insert(name.to_string(), kind.to_string()).is_none(),
+                "family {name} declared twice"
+            );
+            if !current.is_empty() {
+                finished.insert(std::mem::take(&mut current));
+            }
+            current = name.to_string();
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).expect("sample name");
+        let name = &line[..name_end];
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in: {line}"
+        );
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| types.get(*f).map(String::as_str) == Some("histogram"))
+            })
+            .unwrap_or(name);
+        assert_eq!(family, current, "sample outside its family: {line}");
+        assert!(!finished.contains(family), "family {family} split");
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "bad value in: {line}"
+        );
+    }
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text format")
+}
+
+/// The value of `metric` with every label of `labels`.
+fn value(s: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == metric)
+        .filter(|x| labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| match &x.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            prometheus_parse::Value::Histogram(h) => h.last().map_or(0.0, |c| c.count),
+            prometheus_parse::Value::Summary(_) => 0.0,
+        })
+        .reduce(|a, b| a + b)
+}
+
+fn metrics(addr: &str) -> prometheus_parse::Scrape {
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    scrape(&body)
+}
+
+#[test]
+fn actors_and_metrics_of_a_three_node_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    let nodes = &cluster.nodes;
+    nodes[0].cli_ok(&["admin", "rebalance"]);
+    // Metadata and data traffic on every node's shards and blocks.
+    let data = random_bytes(3 << 20, 5);
+    runtime().block_on(async {
+        let client = nodes[1].client().await;
+        for i in 0..12 {
+            let path = format!("/m/d{i}/f");
+            client.mkdir(&format!("/m/d{i}"), true).await.unwrap();
+            let mut w = FileWriter::open(&client, &path, &WriteOptions::create())
+                .await
+                .unwrap();
+            w.write(&data).await.unwrap();
+            w.close().await.unwrap();
+        }
+        let mut r = FileReader::open(&client, "/m/d3/f").await.unwrap();
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        assert!(out == data);
+    });
+
+    let trees = json(&nodes[2].cli_ok(&["--json", "actors"]));
+    let trees = trees.as_array().unwrap();
+    let ids: BTreeSet<&str> = trees.iter().map(|t| t["node"].as_str().unwrap()).collect();
+    let want: BTreeSet<&str> = nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, want);
+    let mut shard_messages = 0;
+    for t in trees {
+        assert!(t["error"].is_null(), "{t}");
+        let root = &t["root"];
+        assert_eq!(root["name"], "node");
+        let mut all = Vec::new();
+        names(root, &mut all);
+        for role in [
+            "shard-host",
+            "shard-0",
+            "block-manager",
+            "data-server",
+            "gateway",
+            "membership",
+            "ufs-loader",
+            "trace-recorder",
+        ] {
+            assert!(all.iter().any(|n| n == role), "{role} missing: {all:?}");
+        }
+        assert!(all.iter().any(|n| n.starts_with("evictor-")), "{all:?}");
+        // Shards sit under the shard host; mailboxes are counted there.
+        let host = find(root, "shard-host").unwrap();
+        for shard in host["children"].as_array().unwrap() {
+            assert!(shard["name"].as_str().unwrap().starts_with("shard-"));
+            assert!(shard["mailbox"].is_u64(), "{shard}");
+            assert_eq!(shard["status"], "running");
+            shard_messages += shard["handled"].as_u64().unwrap();
+        }
+        let membership = find(root, "membership").unwrap();
+        assert!(membership["handled"].as_u64().unwrap() > 0, "{membership}");
+        assert!(membership["mailbox"].is_null());
+        assert!(membership["uptime_ms"].as_u64().unwrap() > 0);
+    }
+    assert!(shard_messages > 50, "shards handled {shard_messages}");
+
+    // The table, one node, and a node that does not exist.
+    let one = nodes[0].cli_ok(&["actors", "--node", &nodes[1].node_id]);
+    assert!(
+        one.starts_with(&format!("node {}\n", nodes[1].node_id)),
+        "{one}"
+    );
+    assert!(
+        one.contains("MAILBOX") && one.contains("shard-host"),
+        "{one}"
+    );
+    assert_eq!(one.matches("\nnode ").count(), 0, "{one}");
+    let bad = nodes[0].cli(&["actors", "--node", "nosuchnode"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("nosuchnode") && err.contains("no such node"),
+        "{err}"
+    );
+
+    // /metrics of every node.
+    let mut blocks = 0.0;
+    for n in nodes {
+        assert!(!n.http_addr.is_empty(), "no http port in {}", n.log_text());
+        let s = metrics(&n.http_addr);
+        assert_eq!(
+            value(&s, "curvine_cluster_nodes", &[("state", "up")]),
+            Some(3.0)
+        );
+        assert!(value(&s, "curvine_tier_capacity_bytes", &[]).unwrap() > 0.0);
+        blocks += value(&s, "curvine_tier_blocks", &[]).unwrap();
+        assert!(
+            value(
+                &s,
+                "curvine_actor_messages_total",
+                &[("actor", "membership")]
+            )
+            .unwrap()
+                > 0.0
+        );
+        let handled: f64 = value(
+            &s,
+            "curvine_actor_message_duration_seconds",
+            &[("actor", "membership"), ("kind", "tick")],
+        )
+        .unwrap();
+        assert!(handled > 0.0);
+        assert!(value(&s, "curvine_shards_served", &[]).unwrap() >= 1.0);
+        assert!(s.docs.contains_key("curvine_actor_restarts_total"));
+    }
+    assert!(blocks >= 12.0, "{blocks} blocks in the tiers");
+    // The reader's node served reads and somebody's data port wrote blocks.
+    let total = |metric: &str, labels: &[(&str, &str)]| -> f64 {
+        nodes
+            .iter()
+            .map(|n| value(&metrics(&n.http_addr), metric, labels).unwrap_or(0.0))
+            .sum()
+    };
+    assert!(total("curvine_cache_hits_total", &[]) >= 1.0);
+    assert!(
+        total(
+            "curvine_data_requests_total",
+            &[("kind", "create_local"), ("outcome", "ok")]
+        ) + total(
+            "curvine_data_requests_total",
+            &[("kind", "write"), ("outcome", "ok")]
+        ) >= 12.0
+    );
+    // Metadata latencies per shard and message kind.
+    let shard_latencies: f64 = nodes
+        .iter()
+        .map(|n| {
+            metrics(&n.http_addr)
+                .samples
+                .iter()
+                .filter(|x| x.metric == "curvine_actor_message_duration_seconds")
+                .filter(|x| {
+                    x.labels
+                        .get("actor")
+                        .is_some_and(|a| a.starts_with("shard-"))
+                        && x.labels
+                            .get("kind")
+                            .is_some_and(|k| k.starts_with("ShardMsg::"))
+                })
+                .map(|x| match &x.value {
+                    prometheus_parse::Value::Histogram(h) => h.last().map_or(0.0, |c| c.count),
+                    _ => 0.0,
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    assert!(shard_latencies >= 36.0, "{shard_latencies}");
+}
+
+#[test]
+fn fuse_mount_serves_its_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    let addr = mnt
+        .metrics_addr()
+        .unwrap_or_else(|| panic!("no metrics address: {}", mnt.log_text()));
+    std::fs::create_dir(mnt.path("d")).unwrap();
+    std::fs::write(mnt.path("d/f"), vec![7u8; 300_000]).unwrap();
+    assert_eq!(std::fs::read(mnt.path("d/f")).unwrap().len(), 300_000);
+    assert!(std::fs::metadata(mnt.path("d/nothing")).is_err());
+    let s = metrics(&addr);
+    for op in ["lookup", "mkdir", "create", "write", "flush", "getattr"] {
+        assert!(
+            value(&s, "curvine_fuse_operations_total", &[("op", op)]).unwrap_or(0.0) >= 1.0,
+            "no {op} counted"
+        );
+    }
+    assert!(value(&s, "curvine_fuse_written_bytes_total", &[]).unwrap() >= 300_000.0);
+    assert!(
+        value(&s, "curvine_fuse_errors_total", &[("error", "not_found")]).unwrap_or(0.0) >= 1.0,
+        "the failed lookup is counted"
+    );
+    assert!(
+        value(
+            &s,
+            "curvine_fuse_operation_duration_seconds",
+            &[("op", "lookup")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+}
+
+/// Chromium, headless, as the test command installs it.
+fn chromium(user_dir: &Path, args: &[&str]) -> std::process::Output {
+    let bin = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect(
+            "no chromium: the test command installs it (apt-get install chromium chromium-driver)",
+        );
+    Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,1600",
+        ])
+        .arg(format!("--user-data-dir={}", user_dir.display()))
+        .args(args)
+        .output()
+        .expect("run chromium")
+}
+
+#[test]
+fn dashboard_renders_the_cluster_in_chromium() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 2, &[]);
+    let n0 = &cluster.nodes[0];
+    let loc = s3.location("dash");
+    let ufs = s3.ufs(&loc);
+    runtime().block_on(async {
+        for i in 0..20 {
+            ufs.write_all(&format!("obj{i}"), random_bytes(10_000, i))
+                .await
+                .unwrap();
+        }
+    });
+    let mut args: Vec<String> = vec!["mount".into(), loc.clone(), "/dash".into()];
+    args.extend(s3.props());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    n0.cli_ok(&args);
+    let job = json(&n0.cli_ok(&["--json", "load", "--wait", "/dash"]));
+    let job_id = job["id"].as_str().unwrap().to_string();
+
+    // The API never shows the mount's secret.
+    let (status, mounts) = http_get(&n0.http_addr, "/api/mounts");
+    assert_eq!(status, 200);
+    assert!(mounts.contains(&loc), "{mounts}");
+    assert!(!mounts.contains(&s3.secret), "secret in {mounts}");
+    let (status, bad) = http_get(&n0.http_addr, "/api/traces?slower_than=fast");
+    assert_eq!(status, 400, "{bad}");
+    assert!(bad.contains("slower_than=fast"), "{bad}");
+
+    let url = format!("http://{}/", n0.http_addr);
+    let profile = dir.path().join("chromium");
+    // The page fills itself from the API: wait until it has.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let dom = loop {
+        let out = chromium(
+            &profile,
+            &["--virtual-time-budget=10000", "--dump-dom", &url],
+        );
+        let dom = String::from_utf8_lossy(&out.stdout).to_string();
+        if dom.contains(&job_id) && dom.contains("data-loaded") {
+            break dom;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard did not render the cluster: {}\n{dom}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for want in [
+        n0.node_id.as_str(),
+        cluster.nodes[1].node_id.as_str(),
+        "/dash",
+        loc.as_str(),
+        job_id.as_str(),
+        "block-manager",
+        "shard-host",
+        "trace-recorder",
+    ] {
+        assert!(dom.contains(want), "{want} not on the page:\n{dom}");
+    }
+    assert!(!dom.contains(&s3.secret), "the secret is on the page");
+    assert!(dom.contains(">done<"), "the job's state:\n{dom}");
+    let errors = dom
+        .split("<div id=\"error\">")
+        .nth(1)
+        .and_then(|r| r.split("</div>").next())
+        .unwrap_or("");
+    assert!(errors.is_empty(), "the page shows errors: {errors}");
+
+    // A screenshot of the rendered page holds far more than an empty one.
+    let shot = dir.path().join("dashboard.png");
+    let blank = dir.path().join("blank.png");
+    chromium(
+        &profile,
+        &[
+            "--virtual-time-budget=10000",
+            &format!("--screenshot={}", shot.display()),
+            &url,
+        ],
+    );
+    chromium(
+        &profile,
+        &[&format!("--screenshot={}", blank.display()), "about:blank"],
+    );
+    let png = std::fs::read(&shot).expect("screenshot written");
+    let empty = std::fs::read(&blank).expect("blank screenshot written");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    assert!(
+        png.len() > 5 * empty.len(),
+        "the screenshot looks empty: {} bytes against {} for a blank page",
+        png.len(),
+        empty.len()
+    );
+    if let Ok(keep) = std::env::var("DASHBOARD_SCREENSHOT") {
+        let _ = std::fs::copy(&shot, keep);
+    }
+}

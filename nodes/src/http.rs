@@ -1,0 +1,437 @@
+//! The HTTP port: Prometheus `/metrics`, the dashboard (`/`) and its JSON
+//! API (`/api/...`), on actix-web.
+//!
+//! actix-web runs its own single-threaded runtime, so the server lives in a
+//! thread of its own; handlers hand their work to the node's tokio runtime
+//! and await it, so they never run node code on actix's runtime.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpResponse, HttpServer};
+
+use curvine_actors::stats::{Metrics, Sample};
+use curvine_messages::mount::JobState;
+use curvine_messages::rpc::{ListLoads, ListMounts, Report, Request, Response};
+use curvine_messages::trace::{TraceEvent, TraceQuery};
+use curvine_messages::{FsError, FsResult};
+
+use crate::service::Service;
+
+/// The content type of the Prometheus text format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A running HTTP server.
+pub struct HttpHandle {
+    /// The address it listens on.
+    pub addr: String,
+    server: ServerHandle,
+}
+
+impl HttpHandle {
+    /// Stops accepting and closes connections (in the background).
+    pub fn stop(&self) {
+        let server = self.server.clone();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(server.stop(false));
+        });
+    }
+}
+
+/// Serves the routes `configure` adds on `listener` from a thread of its own.
+pub fn serve<F>(listener: TcpListener, name: &str, configure: F) -> std::io::Result<HttpHandle>
+where
+    F: Fn(&mut web::ServiceConfig) + Send + Sync + Clone + 'static,
+{
+    let addr = listener.local_addr()?.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("{name}-http"))
+        .spawn(move || {
+            let system = actix_web::rt::System::new();
+            system.block_on(async move {
+                let server = HttpServer::new(move || App::new().configure(configure.clone()))
+                    .workers(1)
+                    .disable_signals()
+                    .shutdown_timeout(1)
+                    .listen(listener);
+                match server {
+                    Ok(server) => {
+                        let server = server.run();
+                        let _ = tx.send(Ok(server.handle()));
+                        if let Err(e) = server.await {
+                            tracing::error!(error = %e, "http server stopped");
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+        })?;
+    let server = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the http thread ended at start"))??;
+    Ok(HttpHandle { addr, server })
+}
+
+/// Serves only `/metrics` of `metrics` (the FUSE process).
+pub fn serve_metrics(
+    listen: &str,
+    name: &str,
+    metrics: Metrics,
+    extra: Arc<dyn Fn() -> Vec<Sample> + Send + Sync>,
+) -> std::io::Result<HttpHandle> {
+    let listener = TcpListener::bind(listen)?;
+    serve(listener, name, move |cfg| {
+        let (metrics, extra) = (metrics.clone(), extra.clone());
+        cfg.route(
+            "/metrics",
+            web::get().to(move || {
+                let text =
+                    metrics.render(&extra()) + &curvine_actors::stats::process().render_plain();
+                async move {
+                    HttpResponse::Ok()
+                        .content_type(METRICS_CONTENT_TYPE)
+                        .body(text)
+                }
+            }),
+        );
+    })
+}
+
+#[derive(Clone)]
+struct NodeWeb {
+    service: Arc<Service>,
+    rt: tokio::runtime::Handle,
+}
+
+impl NodeWeb {
+    /// Runs `f` on the node's runtime.
+    async fn run<T, F>(&self, f: impl FnOnce(Arc<Service>) -> F + Send + 'static) -> FsResult<T>
+    where
+        F: std::future::Future<Output = FsResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let service = self.service.clone();
+        match self.rt.spawn(f(service)).await {
+            Ok(r) => r,
+            Err(e) => Err(FsError::Io(format!("request task failed: {e}"))),
+        }
+    }
+
+    async fn request(&self, request: Request) -> FsResult<Response> {
+        self.run(move |s| async move {
+            tokio::time::timeout(Duration::from_secs(15), s.handle(request))
+                .await
+                .unwrap_or_else(|_| Err(FsError::TimedOut("no answer in 15s".into())))
+        })
+        .await
+    }
+}
+
+fn json<T: serde::Serialize>(result: FsResult<T>) -> HttpResponse {
+    match result {
+        Ok(v) => HttpResponse::Ok().json(v),
+        Err(e) => {
+            let status = match e {
+                FsError::InvalidArgument(_) => actix_web::http::StatusCode::BAD_REQUEST,
+                FsError::NotFound(_) => actix_web::http::StatusCode::NOT_FOUND,
+                _ => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            };
+            HttpResponse::build(status).json(serde_json::json!({
+                "error": e.to_string(),
+                "kind": e.kind_name(),
+            }))
+        }
+    }
+}
+
+/// Starts the node's HTTP port on `listener`.
+pub fn serve_node(listener: TcpListener, service: Arc<Service>) -> std::io::Result<HttpHandle> {
+    let web = NodeWeb {
+        service: service.clone(),
+        rt: tokio::runtime::Handle::current(),
+    };
+    serve(
+        listener,
+        &format!("node-{}", service.node_id()),
+        move |cfg| {
+            cfg.app_data(web::Data::new(web.clone()))
+                .route("/", web::get().to(dashboard))
+                .route("/metrics", web::get().to(metrics))
+                .route("/api/overview", web::get().to(overview))
+                .route("/api/mounts", web::get().to(mounts))
+                .route("/api/jobs", web::get().to(jobs))
+                .route("/api/actors", web::get().to(actors))
+                .route("/api/traces", web::get().to(traces));
+        },
+    )
+}
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(DASHBOARD)
+}
+
+async fn metrics(web: web::Data<NodeWeb>) -> HttpResponse {
+    match web.run(|s| async move { Ok(s.metrics_text().await) }).await {
+        Ok(text) => HttpResponse::Ok()
+            .content_type(METRICS_CONTENT_TYPE)
+            .body(text),
+        Err(e) => HttpResponse::ServiceUnavailable().body(e.to_string()),
+    }
+}
+
+async fn overview(web: web::Data<NodeWeb>) -> HttpResponse {
+    let report = match web.request(Request::Report(Report)).await {
+        Ok(Response::Report(r)) => r,
+        Ok(_) => return json::<()>(Err(FsError::Protocol("unexpected reply".into()))),
+        Err(e) => return json::<()>(Err(e)),
+    };
+    let members = web.service.view.members();
+    let http: std::collections::BTreeMap<String, String> = members
+        .into_iter()
+        .map(|m| (m.info.node_id, m.info.http_addr))
+        .collect();
+    json(Ok(serde_json::json!({
+        "node": web.service.node_id(),
+        "report": report,
+        "http": http,
+    })))
+}
+
+async fn mounts(web: web::Data<NodeWeb>) -> HttpResponse {
+    json(match web.request(Request::ListMounts(ListMounts)).await {
+        // The list is redacted by the service: secrets never leave the node.
+        Ok(Response::MountList(m)) => Ok(m
+            .into_iter()
+            .map(|m| {
+                serde_json::json!({
+                    "id": m.id,
+                    "path": m.path,
+                    "ufs": m.ufs,
+                    "write_type": m.write_type.to_string(),
+                    "props": m.props,
+                })
+            })
+            .collect::<Vec<_>>()),
+        Ok(_) => Err(FsError::Protocol("unexpected reply".into())),
+        Err(e) => Err(e),
+    })
+}
+
+async fn jobs(web: web::Data<NodeWeb>) -> HttpResponse {
+    json(match web.request(Request::ListLoads(ListLoads)).await {
+        Ok(Response::Jobs(jobs)) => Ok(jobs),
+        Ok(_) => Err(FsError::Protocol("unexpected reply".into())),
+        Err(e) => Err(e),
+    })
+}
+
+async fn actors(web: web::Data<NodeWeb>) -> HttpResponse {
+    json(web.run(|s| async move { s.actors(None).await }).await)
+}
+
+#[derive(serde::Deserialize)]
+struct TraceParams {
+    /// Only spans at least this long (`10ms`).
+    slower_than: Option<String>,
+    limit: Option<u32>,
+}
+
+/// The latest spans of every node, slowest-first filters applied, newest first.
+async fn traces(web: web::Data<NodeWeb>, params: web::Query<TraceParams>) -> HttpResponse {
+    let mut query = TraceQuery {
+        limit: params.limit.unwrap_or(100).min(1000),
+        ..Default::default()
+    };
+    if let Some(s) = &params.slower_than {
+        match curvine_conf::Dur::parse(s) {
+            Ok(d) => query.slower_than_ns = Some(d.0.as_nanos() as i64),
+            Err(e) => {
+                return json::<()>(Err(FsError::InvalidArgument(format!(
+                    "slower_than={s}: {e}"
+                ))))
+            }
+        }
+    }
+    let limit = query.limit as usize;
+    let result = web
+        .run(move |s| async move {
+            s.trace_events(curvine_messages::rpc::TraceEvents {
+                query,
+                cursors: Vec::new(),
+            })
+            .await
+        })
+        .await
+        .map(|nodes| {
+            let mut events: Vec<TraceEvent> =
+                nodes.into_iter().flat_map(|n| n.batch.events).collect();
+            events.sort_by_key(|e| std::cmp::Reverse(e.start_ns));
+            events.truncate(limit);
+            // Ids as text: JSON numbers lose the low bits of a u64.
+            events
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "trace": curvine_messages::trace::format_id(e.trace),
+                        "span": curvine_messages::trace::format_id(e.span),
+                        "node": e.node,
+                        "actor": e.actor,
+                        "kind": e.kind,
+                        "start_ns": e.start_ns,
+                        "queued_ns": e.queued_ns(),
+                        "took_ns": e.handled_ns(),
+                        "outcome": match &e.outcome {
+                            curvine_messages::trace::Outcome::Ok => "ok".to_string(),
+                            curvine_messages::trace::Outcome::Error(k) => format!("error: {k}"),
+                        },
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+    json(result)
+}
+
+impl Service {
+    /// This node's metrics in the Prometheus text format.
+    pub async fn metrics_text(&self) -> String {
+        let mut samples = Vec::new();
+        for t in self.blocks.stats() {
+            let tier = t.kind.to_string().to_lowercase();
+            let gauges: [(&'static str, &'static str, u64); 4] = [
+                (
+                    "curvine_tier_capacity_bytes",
+                    "Capacity of a storage tier.",
+                    t.capacity,
+                ),
+                (
+                    "curvine_tier_used_bytes",
+                    "Bytes of committed blocks in a storage tier.",
+                    t.used,
+                ),
+                (
+                    "curvine_tier_reserved_bytes",
+                    "Bytes reserved for blocks being written in a storage tier.",
+                    t.reserved,
+                ),
+                (
+                    "curvine_tier_blocks",
+                    "Blocks kept in a storage tier.",
+                    t.blocks,
+                ),
+            ];
+            for (name, help, v) in gauges {
+                samples.push(Sample::gauge(name, help, v as f64).label("tier", tier.clone()));
+            }
+        }
+        let checksum_errors = self
+            .blocks
+            .checksum_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            + crate::io::checksum_errors();
+        samples.push(Sample {
+            kind: "counter",
+            ..Sample::gauge(
+                "curvine_checksum_errors_total",
+                "Checksum mismatches found in block bytes by this process.",
+                checksum_errors as f64,
+            )
+        });
+        let mut states = std::collections::BTreeMap::<String, u64>::new();
+        for m in self.view.members() {
+            *states
+                .entry(format!("{:?}", m.state).to_lowercase())
+                .or_default() += 1;
+        }
+        for (state, n) in states {
+            samples.push(
+                Sample::gauge(
+                    "curvine_cluster_nodes",
+                    "Nodes of the cluster this node knows, per state.",
+                    n as f64,
+                )
+                .label("state", state),
+            );
+        }
+        let served = (0..self.view.shard_count)
+            .filter(|s| self.view.serves(*s as u16))
+            .count();
+        samples.push(Sample::gauge(
+            "curvine_shards_served",
+            "Namespace shards this node serves.",
+            served as f64,
+        ));
+        samples.push(Sample {
+            kind: "counter",
+            ..Sample::gauge(
+                "curvine_trace_events_dropped_total",
+                "Trace events dropped from this node's ring to make room.",
+                self.view.tracer.dropped() as f64,
+            )
+        });
+        // Load jobs: only from the node that serves shard 0 (where they are
+        // kept), so a sum over nodes counts each job once.
+        if self.view.serves(0) {
+            if let Ok(Ok(jobs)) =
+                tokio::time::timeout(Duration::from_secs(5), self.load_jobs()).await
+            {
+                let mut by_state = std::collections::BTreeMap::<String, u64>::new();
+                for j in &jobs {
+                    let state = format!("{:?}", j.state).to_lowercase();
+                    *by_state.entry(state).or_default() += 1;
+                    if !matches!(j.state, JobState::Listing | JobState::Running) {
+                        continue;
+                    }
+                    let progress: [(&'static str, &'static str, u64, &'static str); 4] = [
+                        (
+                            "curvine_load_job_files",
+                            "Files of a running load job, by progress.",
+                            j.files_total,
+                            "total",
+                        ),
+                        (
+                            "curvine_load_job_files",
+                            "Files of a running load job, by progress.",
+                            j.files_done,
+                            "done",
+                        ),
+                        (
+                            "curvine_load_job_bytes",
+                            "Bytes of a running load job, by progress.",
+                            j.bytes_total,
+                            "total",
+                        ),
+                        (
+                            "curvine_load_job_bytes",
+                            "Bytes of a running load job, by progress.",
+                            j.bytes_done,
+                            "done",
+                        ),
+                    ];
+                    for (name, help, v, what) in progress {
+                        samples.push(
+                            Sample::gauge(name, help, v as f64)
+                                .label("job", j.id.clone())
+                                .label("progress", what),
+                        );
+                    }
+                }
+                for (state, n) in by_state {
+                    samples.push(
+                        Sample::gauge("curvine_load_jobs", "Load jobs, per state.", n as f64)
+                            .label("state", state),
+                    );
+                }
+            }
+        }
+        self.view.metrics.render(&samples) + &curvine_actors::stats::process().render_plain()
+    }
+}
