@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
 use curvine_actors::namespace::Namespace;
 use curvine_actors::shard::ShardArgs;
+use curvine_actors::stats::Metrics;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::RestartPolicy;
 use ractor::{Actor, ActorStatus};
 
-fn start_stores(dir: &std::path::Path) -> Vec<ShardArgs> {
+fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
     let options = StoreOptions {
         map_size: 64 << 20,
         max_readers: 32,
@@ -31,7 +32,7 @@ fn start_stores(dir: &std::path::Path) -> Vec<ShardArgs> {
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),
                 tracer: curvine_actors::trace::Tracer::new("n", 1_000, 0.0),
-                metrics: curvine_actors::stats::Metrics::new(),
+                metrics: metrics.clone(),
             }
         })
         .collect()
@@ -59,12 +60,13 @@ async fn a_killed_shard_is_restarted_and_serves_again() {
     let dir = tempfile::tempdir().unwrap();
     let directory = ShardDirectory::new(2);
     let namespace = Namespace::new(directory.clone(), Duration::from_secs(10));
+    let metrics = Metrics::new();
     let args = HostArgs {
-        shards: start_stores(dir.path()),
+        shards: start_stores(dir.path(), &metrics),
         directory: directory.clone(),
         policy: policy(5),
         on_started: Arc::new(|_| {}),
-        metrics: curvine_actors::stats::Metrics::new(),
+        metrics: metrics.clone(),
     };
     let (host, _) = Actor::spawn(None, ShardHost, args).await.unwrap();
     namespace.mkdir("/d", false, 0o755, 0, 0).await.unwrap();
@@ -79,6 +81,17 @@ async fn a_killed_shard_is_restarted_and_serves_again() {
     })
     .await;
     assert_eq!(directory.restarts(0), 1);
+    // `actors` shows the failure and the restart, and the counters carry
+    // over to the new actor.
+    let tree = metrics.tree(&host.get_cell());
+    assert_eq!(tree.name, "shard-host");
+    let names: Vec<&str> = tree.children.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, vec!["shard-0", "shard-1"]);
+    let shard0 = &tree.children[0];
+    assert_eq!((shard0.errors, shard0.restarts), (1, 1), "{shard0:?}");
+    assert_eq!(shard0.id, directory.get(0).unwrap().get_id().to_string());
+    assert!(shard0.handled >= 2, "{shard0:?}");
+    assert_eq!((tree.children[1].errors, tree.children[1].restarts), (0, 0));
     // The restarted shard serves what was committed before.
     assert_eq!(namespace.stat("/d/f", false).await.unwrap().size, 0);
     namespace.touch("/g", 0o644, true, 0, 0).await.unwrap();
@@ -91,11 +104,11 @@ async fn a_shard_that_keeps_dying_escalates() {
     let dir = tempfile::tempdir().unwrap();
     let directory = ShardDirectory::new(2);
     let args = HostArgs {
-        shards: start_stores(dir.path()),
+        shards: start_stores(dir.path(), &Metrics::new()),
         directory: directory.clone(),
         policy: policy(2),
         on_started: Arc::new(|_| {}),
-        metrics: curvine_actors::stats::Metrics::new(),
+        metrics: Metrics::new(),
     };
     let (host, handle) = Actor::spawn(None, ShardHost, args).await.unwrap();
     for round in 0..3 {
