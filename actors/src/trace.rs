@@ -163,6 +163,31 @@ impl Tracer {
         self.inner.ring.lock().push(event);
     }
 
+    /// Records a span of `actor` in the trace of `ctx` that started at
+    /// `start_ns` and ends now, timed by its caller.
+    pub fn record_span(
+        &self,
+        ctx: TraceCtx,
+        actor: &str,
+        kind: &str,
+        start_ns: i64,
+        outcome: Outcome,
+    ) {
+        self.record(TraceEvent {
+            trace: ctx.trace,
+            span: fresh_id(),
+            parent: ctx.span,
+            node: self.node().to_string(),
+            actor: actor.to_string(),
+            actor_id: String::new(),
+            kind: kind.to_string(),
+            enqueue_ns: start_ns,
+            start_ns,
+            end_ns: now_ns().max(start_ns),
+            outcome,
+        });
+    }
+
     pub fn record_all(&self, events: impl IntoIterator<Item = TraceEvent>) {
         let mut ring = self.inner.ring.lock();
         for e in events {

@@ -800,15 +800,23 @@ async fn run_trace(
                 ),
             ));
         }
+        // Options given inside the command win over the outer ones; `-c`
+        // settings add to them.
+        let mut overrides = global.overrides;
+        overrides.extend(inner.global.overrides);
         let inner = Cli {
             global: Global {
+                conf: inner.global.conf.or(global.conf),
+                cluster: inner.global.cluster.or(global.cluster),
+                overrides,
                 json: false,
-                ..global
             },
             command: inner.command,
         };
         let ctx = curvine_messages::trace::TraceCtx::root();
-        let outcome = Box::pin(run_traced(inner, Some(ctx))).await;
+        // The task-local context makes the data port's requests join too.
+        let outcome =
+            curvine_node::trace_scope(Some(ctx), Box::pin(run_traced(inner, Some(ctx)))).await;
         // Casts sent by the command may still be on their way.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         query.trace = Some(ctx.trace);

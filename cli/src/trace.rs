@@ -48,7 +48,7 @@ pub struct TraceArgs {
     pub limit: u32,
     /// Run this command with tracing forced and print its tree, e.g.
     /// --run "fs cat /x" (or give the command after `--`).
-    #[arg(long, value_name = "COMMAND")]
+    #[arg(long, value_name = "COMMAND", allow_hyphen_values = true)]
     pub run: Option<String>,
     /// The command to trace, after `--`: `curvine-cli trace -- fs cat /x`.
     #[arg(last = true, value_name = "COMMAND")]

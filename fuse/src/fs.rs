@@ -41,6 +41,7 @@ use crate::write::{self, Writer};
 
 /// The errno of an error.
 pub fn errno(e: &FsError) -> Errno {
+    crate::traces::answered_error(e);
     curvine_actors::stats::process().add(
         "curvine_fuse_errors_total",
         "Kernel requests the FUSE mount answered with an error, per error kind.",
@@ -209,10 +210,18 @@ pub struct Fs {
     /// Passthrough handles open per inode, and the backing file they share
     /// (the kernel wants every open of such an inode to use it).
     passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
+    /// Sampled requests' traces.
+    pub traces: Arc<crate::traces::FuseTraces>,
 }
 
 impl Fs {
-    pub fn new(client: Client, conf: FuseConf, root: Attr, rt: tokio::runtime::Handle) -> Fs {
+    pub fn new(
+        client: Client,
+        conf: FuseConf,
+        root: Attr,
+        rt: tokio::runtime::Handle,
+        traces: Arc<crate::traces::FuseTraces>,
+    ) -> Fs {
         let inodes = Inodes::new(&conf.fs_path, root, conf.meta_cache_ttl.0);
         Fs {
             client,
@@ -232,6 +241,7 @@ impl Fs {
             passthrough_handles: Mutex::new(HashMap::new()),
             open_locks: Mutex::new(HashMap::new()),
             absent_xattrs: Mutex::new(HashMap::new()),
+            traces,
             conf,
         }
     }
@@ -962,10 +972,20 @@ impl CurvineFs {
             &[("op", op)],
         );
         let started = std::time::Instant::now();
-        self.0.rt.spawn(async move {
-            f.await;
-            latency.observe(started.elapsed());
-        });
+        // The sampling draw happens here, so an untraced request's task
+        // holds nothing but its own future.
+        if self.0.traces.sampled() {
+            let traces = self.0.traces.clone();
+            self.0.rt.spawn(async move {
+                traces.run(op, f).await;
+                latency.observe(started.elapsed());
+            });
+        } else {
+            self.0.rt.spawn(async move {
+                f.await;
+                latency.observe(started.elapsed());
+            });
+        }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod fs;
 pub mod inodes;
 pub mod mountpoint;
 pub mod session;
+pub mod traces;
 mod write;
 
 use std::io::Write as _;
@@ -395,6 +396,12 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
     let mut fuse_conf = config.fuse.clone();
     fuse_conf.fs_path = fs_path.clone();
     let rt = tokio::runtime::Handle::current();
+    let traces = traces::FuseTraces::new(config.trace.sample_rate);
+    tokio::spawn(
+        traces
+            .clone()
+            .ship(client.clone(), std::time::Duration::from_millis(500)),
+    );
     let make_fs: session::FsFactory = {
         let (client, conf, root) = (client.clone(), fuse_conf.clone(), root.clone());
         Arc::new(move || {
@@ -403,6 +410,7 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
                 conf.clone(),
                 root.clone(),
                 rt.clone(),
+                traces.clone(),
             ))
         })
     };

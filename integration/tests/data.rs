@@ -494,7 +494,14 @@ fn the_data_port_refuses_bad_peers_and_keeps_serving() {
         offset: 0,
         len: 100,
     };
-    let frame = curvine_messages::codec::to_bytes("req", &forged).unwrap();
+    let frame = curvine_messages::codec::to_bytes(
+        "req",
+        &curvine_messages::block::DataFrameRef {
+            trace: None,
+            request: &forged,
+        },
+    )
+    .unwrap();
     s.write_all(&(frame.len() as u32).to_be_bytes()).unwrap();
     s.write_all(&frame).unwrap();
     let mut read_reply = || {
@@ -620,10 +627,13 @@ fn raw_write(addr: &str, token: curvine_messages::block::Token, bytes: &[u8]) {
     reply(&mut s);
     let req = curvine_messages::codec::to_bytes(
         "req",
-        &DataRequest::Write {
-            token,
-            tier: None,
-            size_hint: bytes.len() as u64,
+        &curvine_messages::block::DataFrameRef {
+            trace: None,
+            request: &DataRequest::Write {
+                token,
+                tier: None,
+                size_hint: bytes.len() as u64,
+            },
         },
     )
     .unwrap();

@@ -270,10 +270,15 @@ fn actors_and_metrics_of_a_three_node_cluster() {
 }
 
 #[test]
-fn fuse_mount_serves_its_metrics() {
+fn fuse_mount_serves_its_metrics_and_traces_its_requests() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(&dir.path().join("n"), &[]);
-    let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    // Every request of the mount traced.
+    let mnt = FuseMount::start(
+        &node,
+        &dir.path().join("mnt"),
+        &["-c", "trace.sample_rate=1"],
+    );
     let addr = mnt
         .metrics_addr()
         .unwrap_or_else(|| panic!("no metrics address: {}", mnt.log_text()));
@@ -301,6 +306,43 @@ fn fuse_mount_serves_its_metrics() {
         )
         .unwrap()
             >= 1.0
+    );
+
+    // The mount's spans reach the node; the mkdir's trace is one tree from
+    // the mount's span through the node's request to the shards.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mkdir = loop {
+        let events = json(&node.cli_ok(&["--json", "trace", "--actor", "fuse", "--kind", "mkdir"]));
+        if let Some(e) = events.as_array().unwrap().first() {
+            break e.clone();
+        }
+        assert!(Instant::now() < deadline, "no fuse span reached the node");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(mkdir["outcome"], "ok", "{mkdir}");
+    let id = mkdir["trace"].as_str().unwrap();
+    let tree = json(&node.cli_ok(&["--json", "trace", "--tree", id]));
+    let tree = tree.as_array().unwrap();
+    let rpc = tree
+        .iter()
+        .find(|e| e["actor"] == "rpc")
+        .unwrap_or_else(|| panic!("no node span in {tree:#?}"));
+    assert_eq!(rpc["parent"], mkdir["span"], "{tree:#?}");
+    assert_eq!(rpc["kind"], "Mkdir");
+    assert!(
+        tree.iter()
+            .any(|e| e["actor"].as_str().unwrap().starts_with("shard-")),
+        "{tree:#?}"
+    );
+    // A failed lookup's span names the error.
+    let failed = json(&node.cli_ok(&["--json", "trace", "--actor", "fuse", "--kind", "lookup"]));
+    assert!(
+        failed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["outcome"].to_string().contains("not_found")),
+        "{failed}"
     );
 }
 

@@ -218,3 +218,44 @@ fn the_ring_keeps_its_bound_and_queries_are_checked() {
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn data_path_requests_join_the_trace_of_their_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 2, &[]);
+    let n0 = &cluster.nodes[0];
+    let local = dir.path().join("payload");
+    std::fs::write(&local, curvine_integration::random_bytes(3 << 20, 9)).unwrap();
+    // Without short-circuit the bytes go through the data port.
+    let put = format!(
+        "-c client.short_circuit=false fs put {} /payload",
+        local.display()
+    );
+    let id = traced(n0, &put);
+    let events = tree(n0, &id);
+    let by_actor = |actor: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["actor"] == actor).collect()
+    };
+    let writes = by_actor("data-server");
+    assert!(
+        writes.iter().any(|e| e["kind"] == "write"),
+        "no data-port write in {events:#?}"
+    );
+    // The block manager's commit is a child of the data port's request.
+    let commits = by_actor("block-manager");
+    assert!(
+        commits
+            .iter()
+            .any(|c| c["kind"] == "commit" && writes.iter().any(|w| w["span"] == c["parent"])),
+        "{events:#?}"
+    );
+    for e in &events {
+        assert_eq!(e["trace"].as_str().unwrap(), id);
+    }
+    let id = traced(n0, "-c client.short_circuit=false fs cat /payload");
+    let reads: Vec<serde_json::Value> = tree(n0, &id)
+        .into_iter()
+        .filter(|e| e["actor"] == "data-server")
+        .collect();
+    assert!(reads.iter().any(|e| e["kind"] == "read"), "{reads:#?}");
+}

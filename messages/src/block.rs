@@ -271,7 +271,21 @@ pub struct ReadBlock {
 /// wrong port gets a clear refusal instead of garbage).
 pub const DATA_MAGIC: [u8; 4] = *b"CRVB";
 /// Version of the data-port protocol.
-pub const DATA_VERSION: u16 = 1;
+pub const DATA_VERSION: u16 = 2;
+
+/// A request frame on the data port: the request and the trace it joins.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DataFrame {
+    pub trace: Option<crate::trace::TraceCtx>,
+    pub request: DataRequest,
+}
+
+/// [`DataFrame`] as a client writes it (same bytes, borrowed request).
+#[derive(Debug, Serialize)]
+pub struct DataFrameRef<'a> {
+    pub trace: Option<crate::trace::TraceCtx>,
+    pub request: &'a DataRequest,
+}
 
 /// A request on the data port, framed as `u32` length + postcard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

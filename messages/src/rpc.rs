@@ -495,7 +495,18 @@ calls! {
     ListLoads => Vec<crate::mount::LoadJob>, Jobs;
     TraceEvents => Vec<NodeTrace>, Traces;
     Actors => Vec<crate::stats::NodeActors>, ActorTrees;
+    RecordTrace => (), Done;
 }
+
+/// Trace events recorded by a client (a FUSE mount) for the node to keep
+/// in its ring; at most [`MAX_RECORDED_EVENTS`] at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordTrace {
+    pub events: Vec<crate::trace::TraceEvent>,
+}
+
+/// The most events one [`RecordTrace`] may carry.
+pub const MAX_RECORDED_EVENTS: usize = 10_000;
 
 /// The supervision tree of every node, or of `node`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -373,7 +373,7 @@ impl Client {
         let frame = RequestFrame {
             id,
             request: request.clone(),
-            trace: self.trace,
+            trace: self.trace.or_else(curvine_actors::trace::current),
         };
         let bytes = match to_bytes("request", &frame) {
             Ok(b) => b,
@@ -564,6 +564,15 @@ impl Client {
     /// A file's blocks with their replicas.
     pub async fn blocks(&self, path: &str) -> FsResult<FileBlocks> {
         self.call(Blocks { path: path.into() }).await
+    }
+
+    /// Keeps trace events recorded here (a FUSE mount's) in the node's ring.
+    pub async fn record_trace(
+        &self,
+        events: Vec<curvine_messages::trace::TraceEvent>,
+    ) -> FsResult<()> {
+        self.call(curvine_messages::rpc::RecordTrace { events })
+            .await
     }
 
     /// The supervision tree of every node, or of `node`.

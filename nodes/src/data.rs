@@ -20,8 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{
-    units, verify_units, Access, BlockMsg, DataReply, DataRequest, CHECKSUM_UNIT, DATA_MAGIC,
-    DATA_VERSION, MAX_BLOCK_SIZE, MAX_CHUNK,
+    units, verify_units, Access, BlockMsg, DataFrame, DataReply, DataRequest, CHECKSUM_UNIT,
+    DATA_MAGIC, DATA_VERSION, MAX_BLOCK_SIZE, MAX_CHUNK,
 };
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
@@ -39,6 +39,7 @@ pub struct DataContext {
     /// The node's service (fills of UFS blocks need the namespace and mounts).
     pub service: Arc<std::sync::OnceLock<std::sync::Weak<crate::service::Service>>>,
     pub metrics: curvine_actors::stats::Metrics,
+    pub tracer: curvine_actors::trace::Tracer,
 }
 
 /// The host's identity for short-circuit decisions: host name and boot id.
@@ -189,7 +190,7 @@ async fn connection(stream: TcpStream, ctx: &DataContext) -> Result<(), String> 
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("bad frame: {e}")),
         };
-        let request: DataRequest = match from_bytes("data request", &frame) {
+        let DataFrame { trace, request } = match from_bytes("data request", &frame) {
             Ok(r) => r,
             Err(e) => {
                 let _ = reply(&mut stream, &DataReply::Error(FsError::from(e.clone()))).await;
@@ -198,7 +199,21 @@ async fn connection(stream: TcpStream, ctx: &DataContext) -> Result<(), String> 
         };
         let kind = request.kind_name();
         let started = std::time::Instant::now();
-        let handled = handle(&mut stream, ctx, request).await;
+        // A traced request gets a span; what it asks of other actors and
+        // nodes (the block manager, a UFS fill's namespace calls) joins it.
+        let span = ctx.tracer.start(trace, 0, "data-server", "port", kind);
+        let handled = curvine_actors::trace::scope(
+            span.as_ref().map(|s| s.ctx()),
+            handle(&mut stream, ctx, request),
+        )
+        .await;
+        if let Some(span) = span {
+            span.end(match &handled {
+                Ok(Ok(_)) => curvine_messages::trace::Outcome::Ok,
+                Ok(Err(e)) => curvine_messages::trace::Outcome::Error(e.kind_name().into()),
+                Err(_) => curvine_messages::trace::Outcome::Error("broken".into()),
+            });
+        }
         let outcome = match &handled {
             Ok(Ok(_)) => "ok",
             Ok(Err(_)) => "error",

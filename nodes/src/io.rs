@@ -142,7 +142,12 @@ impl DataConn {
     }
 
     async fn send(&mut self, request: &DataRequest) -> FsResult<()> {
-        let bytes = to_bytes("data request", request).map_err(FsError::from)?;
+        // The request joins the trace the running task works for.
+        let frame = curvine_messages::block::DataFrameRef {
+            trace: curvine_actors::trace::current(),
+            request,
+        };
+        let bytes = to_bytes("data request", &frame).map_err(FsError::from)?;
         let s = self.stream.get_mut();
         write_frame(s, &bytes)
             .await
@@ -351,55 +356,58 @@ fn start_stream(pool: &DataPool, src: &Source, index: u32, offset: u64, len: u64
     let (recycle, mut recycled) = mpsc::unbounded_channel::<Vec<u8>>();
     let pool = pool.clone();
     let src = src.clone();
-    let task = tokio::spawn(async move {
-        let result = async {
-            let mut conn = pool.get(&src.node.data_addr).await?;
-            let what = format!(
-                "block {:#x} from node {}",
-                src.token.block, src.node.node_id
-            );
-            let len = len.min(src.len.saturating_sub(offset));
-            let request = match &src.fill {
-                None => DataRequest::Read {
-                    token: src.token.clone(),
-                    offset,
-                    len,
-                },
-                Some((path, index)) => DataRequest::Fill {
-                    token: src.token.clone(),
-                    path: path.to_string(),
-                    index: *index,
-                    offset,
-                    len,
-                },
-            };
-            let reply = conn.call(&request).await?;
-            let DataReply::Reading { offset: start, len } = reply else {
-                return Err(FsError::Protocol(format!(
-                    "{what}: unexpected reply {}",
-                    reply.kind_name()
-                )));
-            };
-            let mut pos = start;
-            while pos < start + len {
-                let buf = recycled.try_recv().unwrap_or_default();
-                let data = conn
-                    .read_chunk(buf, (pos / CHECKSUM_UNIT as u64) as usize, &what)
-                    .await?;
-                let n = data.len() as u64;
-                if tx.send(Ok((pos, data))).await.is_err() {
-                    return Ok(()); // the reader went away; drop the connection
+    let task = tokio::spawn(curvine_actors::trace::scope(
+        curvine_actors::trace::current(),
+        async move {
+            let result = async {
+                let mut conn = pool.get(&src.node.data_addr).await?;
+                let what = format!(
+                    "block {:#x} from node {}",
+                    src.token.block, src.node.node_id
+                );
+                let len = len.min(src.len.saturating_sub(offset));
+                let request = match &src.fill {
+                    None => DataRequest::Read {
+                        token: src.token.clone(),
+                        offset,
+                        len,
+                    },
+                    Some((path, index)) => DataRequest::Fill {
+                        token: src.token.clone(),
+                        path: path.to_string(),
+                        index: *index,
+                        offset,
+                        len,
+                    },
+                };
+                let reply = conn.call(&request).await?;
+                let DataReply::Reading { offset: start, len } = reply else {
+                    return Err(FsError::Protocol(format!(
+                        "{what}: unexpected reply {}",
+                        reply.kind_name()
+                    )));
+                };
+                let mut pos = start;
+                while pos < start + len {
+                    let buf = recycled.try_recv().unwrap_or_default();
+                    let data = conn
+                        .read_chunk(buf, (pos / CHECKSUM_UNIT as u64) as usize, &what)
+                        .await?;
+                    let n = data.len() as u64;
+                    if tx.send(Ok((pos, data))).await.is_err() {
+                        return Ok(()); // the reader went away; drop the connection
+                    }
+                    pos += n;
                 }
-                pos += n;
+                pool.put(conn);
+                Ok(())
             }
-            pool.put(conn);
-            Ok(())
-        }
-        .await;
-        if let Err(e) = result {
-            let _ = tx.send(Err(e)).await;
-        }
-    });
+            .await;
+            if let Err(e) = result {
+                let _ = tx.send(Err(e)).await;
+            }
+        },
+    ));
     RemoteStream {
         index,
         rx,
@@ -1176,7 +1184,10 @@ impl FileWriter {
                 let pool = self.client.data.clone();
                 let g = grant.clone();
                 let (tier, hint) = (self.storage, self.bs);
-                let task = tokio::spawn(async move { remote_block(pool, g, tier, hint, rx).await });
+                let task = tokio::spawn(curvine_actors::trace::scope(
+                    curvine_actors::trace::current(),
+                    async move { remote_block(pool, g, tier, hint, rx).await },
+                ));
                 SinkKind::Remote {
                     tx,
                     task,
@@ -1309,7 +1320,8 @@ impl FileWriter {
                 }
                 drop(file);
                 let g = grant.clone();
-                tokio::spawn(async move {
+                let trace = curvine_actors::trace::current();
+                tokio::spawn(curvine_actors::trace::scope(trace, async move {
                     let reply = conn
                         .call(&DataRequest::CommitLocal {
                             token: g.token.clone(),
@@ -1325,7 +1337,7 @@ impl FileWriter {
                             other.kind_name()
                         ))),
                     }
-                })
+                }))
             }
             SinkKind::Remote { tx, task, buf } => {
                 let g = grant.clone();

@@ -17,3 +17,6 @@ pub mod service;
 pub mod ufs;
 
 pub use client::Client;
+/// The trace a task works for: requests it sends (client port and data
+/// port) join it.
+pub use curvine_actors::trace::{current as current_trace, scope as trace_scope};

@@ -580,6 +580,7 @@ async fn start_with(
     );
 
     let block_ref = BlockManagerRef::default();
+    let _ = block_ref.tracer.set(tracer.clone());
     let block_args = BlockArgs {
         store: block_store.clone(),
         namespace: namespace.clone(),
@@ -607,6 +608,7 @@ async fn start_with(
         host_key,
         service: service_slot.clone(),
         metrics: metrics.clone(),
+        tracer: tracer.clone(),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),

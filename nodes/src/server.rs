@@ -127,7 +127,7 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
             // it is sampled; trace queries themselves are never traced.
             let tracer = &service.view.tracer;
             let trace = match &frame.request {
-                Request::TraceEvents(_) => None,
+                Request::TraceEvents(_) | Request::RecordTrace(_) => None,
                 _ => frame
                     .trace
                     .or_else(|| sample(tracer.sample_rate()).then(TraceCtx::root)),

@@ -470,6 +470,17 @@ impl Service {
             Request::ListLoads(_) => Response::Jobs(self.load_jobs().await?),
             Request::TraceEvents(r) => Response::Traces(self.trace_events(r).await?),
             Request::Actors(r) => Response::ActorTrees(self.actors(r.node.as_deref()).await?),
+            Request::RecordTrace(r) => {
+                if r.events.len() > curvine_messages::rpc::MAX_RECORDED_EVENTS {
+                    return Err(FsError::InvalidArgument(format!(
+                        "{} trace events in one request; at most {}",
+                        r.events.len(),
+                        curvine_messages::rpc::MAX_RECORDED_EVENTS
+                    )));
+                }
+                self.view.tracer.record_all(r.events);
+                Response::Done(())
+            }
             Request::ListMounts(_) => Response::MountList(
                 self.mounts
                     .refresh(&self.namespace)
