@@ -39,10 +39,12 @@ pub struct Mounts {
     refreshing: std::sync::atomic::AtomicBool,
     /// Directories being listed from the UFS in the background.
     syncing: Mutex<HashSet<Ino>>,
+    /// Where the UFS clients record calls of traced requests.
+    tracer: Option<crate::trace::Tracer>,
 }
 
 impl Mounts {
-    pub fn new(conf: &UfsConf) -> Arc<Mounts> {
+    pub fn new(conf: &UfsConf, tracer: Option<crate::trace::Tracer>) -> Arc<Mounts> {
         Arc::new(Mounts {
             table: RwLock::new(Arc::new(MountTable::default())),
             clients: Mutex::new(HashMap::new()),
@@ -51,6 +53,7 @@ impl Mounts {
             list_page: conf.list_page as usize,
             refreshing: std::sync::atomic::AtomicBool::new(false),
             syncing: Mutex::new(HashSet::new()),
+            tracer,
         })
     }
 
@@ -92,7 +95,8 @@ impl Mounts {
         if let Some(c) = self.clients.lock().get(&m.id) {
             return Ok(c.clone());
         }
-        let ufs = Ufs::new(&UfsUri::parse(&m.ufs)?, &m.props, &self.opts)?;
+        let ufs = Ufs::new(&UfsUri::parse(&m.ufs)?, &m.props, &self.opts)?
+            .with_tracer(self.tracer.clone());
         self.clients.lock().insert(m.id, ufs.clone());
         Ok(ufs)
     }
@@ -171,7 +175,7 @@ impl Mounts {
         }
         let uri = UfsUri::parse(&info.ufs)?;
         info.ufs = uri.to_string();
-        let ufs = Ufs::new(&uri, &info.props, &self.opts)?;
+        let ufs = Ufs::new(&uri, &info.props, &self.opts)?.with_tracer(self.tracer.clone());
         let table = self.refresh(ns).await?;
         check_placement(&table, &info.path)?;
         ufs.check().await.map_err(|e| match e {

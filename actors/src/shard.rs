@@ -245,8 +245,9 @@ impl Actor for NamespaceShard {
                 state: ufs,
                 reply,
             } => state.write(reply, move |s, t| s.ufs_persisted(t, ino, since_ns, &ufs)),
+            // The replays join the trace of the request that made the change.
             ShardMsg::JournalAppend { mount, ops, reply } => {
-                state.write(reply, move |s, t| s.journal_append(t, mount, &ops))
+                state.write(reply, move |s, t| s.journal_append(t, mount, &ops, ctx))
             }
             ShardMsg::JournalRead { limit, reply } => {
                 state.read(reply, move |s, t| s.journal_read(t, limit))

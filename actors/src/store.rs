@@ -2094,7 +2094,14 @@ impl ShardStore {
         Ok(())
     }
 
-    pub fn journal_append(&self, wtxn: &mut RwTxn, mount: u32, ops: &[UfsOp]) -> FsResult<u64> {
+    /// Appends `ops` to the journal; their replays join `trace`.
+    pub fn journal_append(
+        &self,
+        wtxn: &mut RwTxn,
+        mount: u32,
+        ops: &[UfsOp],
+        trace: Option<curvine_messages::trace::TraceCtx>,
+    ) -> FsResult<u64> {
         self.journal_check()?;
         let mut seq = match self.meta.get(wtxn, JOURNAL_SEQ_KEY).map_err(lmdb_err)? {
             Some(b) if b.len() == 8 => u64::from_be_bytes(b.try_into().expect("8 bytes")),
@@ -2108,6 +2115,7 @@ impl ShardStore {
                 mount,
                 op: op.clone(),
                 at_ns: now,
+                trace,
             };
             let mut key = JOURNAL_PREFIX.to_vec();
             key.extend_from_slice(&seq.to_be_bytes());

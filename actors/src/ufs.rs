@@ -20,7 +20,10 @@ use opendal::options::{DeleteOptions, ListOptions, ReaderOptions, WriteOptions};
 use opendal::{ErrorKind, Operator};
 
 use curvine_conf::UfsConf;
+use curvine_messages::trace::Outcome;
 use curvine_messages::{FsError, FsResult};
+
+use crate::trace::{Span, Tracer};
 
 /// Mount properties an `s3://` mount accepts (`-c key=value`), with what they mean.
 pub const S3_KEYS: &[(&str, &str)] = &[
@@ -229,6 +232,8 @@ pub struct Ufs {
     /// The store lists in key order and can start after a key (S3).
     sorted_listing: bool,
     read_if_match: bool,
+    /// Where calls made for a traced request are recorded (actor `ufs`).
+    tracer: Option<Tracer>,
 }
 
 impl fmt::Debug for Ufs {
@@ -350,7 +355,36 @@ impl Ufs {
             read_if_match: cap.read_with_if_match,
             op,
             opts: opts.clone(),
+            tracer: None,
         })
+    }
+
+    /// This client with its calls for traced requests recorded in `tracer`.
+    pub fn with_tracer(mut self, tracer: Option<Tracer>) -> Ufs {
+        self.tracer = tracer;
+        self
+    }
+
+    /// The span of a call `op` when the running task works for a traced
+    /// request.
+    fn span(&self, op: &'static str) -> Option<Span> {
+        self.tracer
+            .as_ref()?
+            .start(crate::trace::current(), 0, "ufs", &self.uri, op)
+    }
+
+    /// Runs `call`, the call `op`, as a span of a traced request.
+    async fn traced<T>(
+        &self,
+        op: &'static str,
+        call: impl std::future::Future<Output = FsResult<T>>,
+    ) -> FsResult<T> {
+        let span = self.span(op);
+        let result = call.await;
+        if let Some(span) = span {
+            span.end(crate::trace::outcome_of(&result));
+        }
+        result
     }
 
     pub fn uri(&self) -> &UfsUri {
@@ -407,104 +441,111 @@ impl Ufs {
     /// does not answer are errors naming the cause).
     pub async fn check(&self) -> FsResult<()> {
         self.called("check");
-        if self.uri.scheme == Scheme::File {
-            let meta = tokio::fs::metadata(&self.uri.root)
-                .await
-                .map_err(|e| FsError::Ufs(format!("{}: {e}", self.uri)))?;
-            if !meta.is_dir() {
-                return Err(FsError::NotADirectory(self.uri.to_string()));
+        self.traced("check", async {
+            if self.uri.scheme == Scheme::File {
+                let meta = tokio::fs::metadata(&self.uri.root)
+                    .await
+                    .map_err(|e| FsError::Ufs(format!("{}: {e}", self.uri)))?;
+                if !meta.is_dir() {
+                    return Err(FsError::NotADirectory(self.uri.to_string()));
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        let mut lister = self
-            .op
-            .lister_options(
-                "/",
-                ListOptions {
-                    limit: Some(1),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| self.error("list", "", e))?;
-        if let Some(entry) = lister.next().await {
-            entry.map_err(|e| self.error("list", "", e))?;
-        }
-        Ok(())
+            let mut lister = self
+                .op
+                .lister_options(
+                    "/",
+                    ListOptions {
+                        limit: Some(1),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| self.error("list", "", e))?;
+            if let Some(entry) = lister.next().await {
+                entry.map_err(|e| self.error("list", "", e))?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// The object or directory at `rel`, or `None`. A name is a directory
     /// when objects exist below it (S3 has no directories of its own).
     pub async fn stat(&self, rel: &str) -> FsResult<Option<UfsObject>> {
         self.called("stat");
-        let name = rel.rsplit('/').next().unwrap_or("").to_string();
-        if rel.is_empty() {
-            return Ok(Some(UfsObject {
-                name,
-                is_dir: true,
-                len: 0,
-                mtime_ns: 0,
-                etag: String::new(),
-            }));
-        }
-        match self.op.stat(rel).await {
-            Ok(meta) if meta.is_file() => return Ok(Some(object(name, &meta))),
-            Ok(meta) if meta.is_dir() => return Ok(Some(object(name, &meta))),
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound && !describe(&e).contains("NoSuchBucket") => {
+        self.traced("stat", async {
+            let name = rel.rsplit('/').next().unwrap_or("").to_string();
+            if rel.is_empty() {
+                return Ok(Some(UfsObject {
+                    name,
+                    is_dir: true,
+                    len: 0,
+                    mtime_ns: 0,
+                    etag: String::new(),
+                }));
             }
-            Err(e) if not_a_directory(&e) => return Ok(None),
-            Err(e) => return Err(self.error("stat", rel, e)),
-        }
-        // A prefix with objects below it.
-        let mut lister = match self
-            .op
-            .lister_options(
-                &dir_key(rel),
-                ListOptions {
-                    limit: Some(2),
-                    ..Default::default()
-                },
-            )
-            .await
-        {
-            Ok(l) => l,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) if not_a_directory(&e) => return Ok(None),
-            Err(e) => return Err(self.error("list", rel, e)),
-        };
-        let dir = dir_key(rel);
-        while let Some(entry) = lister.next().await {
-            match entry {
-                Ok(entry) if entry.path() == dir => continue,
-                Ok(_) => {
-                    return Ok(Some(UfsObject {
-                        name,
-                        is_dir: true,
-                        len: 0,
-                        mtime_ns: 0,
-                        etag: String::new(),
-                    }))
-                }
-                Err(e) if e.kind() == ErrorKind::NotFound || not_a_directory(&e) => {
-                    return Ok(None)
-                }
+            match self.op.stat(rel).await {
+                Ok(meta) if meta.is_file() => return Ok(Some(object(name, &meta))),
+                Ok(meta) if meta.is_dir() => return Ok(Some(object(name, &meta))),
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == ErrorKind::NotFound
+                        && !describe(&e).contains("NoSuchBucket") => {}
+                Err(e) if not_a_directory(&e) => return Ok(None),
+                Err(e) => return Err(self.error("stat", rel, e)),
+            }
+            // A prefix with objects below it.
+            let mut lister = match self
+                .op
+                .lister_options(
+                    &dir_key(rel),
+                    ListOptions {
+                        limit: Some(2),
+                        ..Default::default()
+                    },
+                )
+                .await
+            {
+                Ok(l) => l,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                Err(e) if not_a_directory(&e) => return Ok(None),
                 Err(e) => return Err(self.error("list", rel, e)),
+            };
+            let dir = dir_key(rel);
+            while let Some(entry) = lister.next().await {
+                match entry {
+                    Ok(entry) if entry.path() == dir => continue,
+                    Ok(_) => {
+                        return Ok(Some(UfsObject {
+                            name,
+                            is_dir: true,
+                            len: 0,
+                            mtime_ns: 0,
+                            etag: String::new(),
+                        }))
+                    }
+                    Err(e) if e.kind() == ErrorKind::NotFound || not_a_directory(&e) => {
+                        return Ok(None)
+                    }
+                    Err(e) => return Err(self.error("list", rel, e)),
+                }
             }
-        }
-        // An empty directory marker (`rel/`) counts as a directory.
-        match self.op.stat(&dir).await {
-            Ok(meta) if meta.is_dir() => Ok(Some(UfsObject {
-                name,
-                is_dir: true,
-                len: 0,
-                mtime_ns: 0,
-                etag: String::new(),
-            })),
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == ErrorKind::NotFound || not_a_directory(&e) => Ok(None),
-            Err(e) => Err(self.error("stat", &dir, e)),
-        }
+            // An empty directory marker (`rel/`) counts as a directory.
+            match self.op.stat(&dir).await {
+                Ok(meta) if meta.is_dir() => Ok(Some(UfsObject {
+                    name,
+                    is_dir: true,
+                    len: 0,
+                    mtime_ns: 0,
+                    etag: String::new(),
+                })),
+                Ok(_) => Ok(None),
+                Err(e) if e.kind() == ErrorKind::NotFound || not_a_directory(&e) => Ok(None),
+                Err(e) => Err(self.error("stat", &dir, e)),
+            }
+        })
+        .await
     }
 
     /// The key a store that lists in key order starts after, for `cursor`
@@ -535,67 +576,70 @@ impl Ufs {
         limit: usize,
     ) -> FsResult<UfsPage> {
         self.called("list");
-        let dir = dir_key(rel);
-        let limit = limit.max(1);
-        let start_after = self.start_after(rel, cursor);
-        let mut lister = match self
-            .op
-            .lister_options(
-                &dir,
-                ListOptions {
-                    limit: Some(self.opts.list_page.min(limit)),
-                    start_after,
-                    ..Default::default()
-                },
-            )
-            .await
-        {
-            Ok(l) => l,
-            Err(e) if e.kind() == ErrorKind::NotFound && self.uri.scheme == Scheme::File => {
-                return Err(FsError::NotFound(self.uri.join(rel)))
-            }
-            Err(e) => return Err(self.error("list", rel, e)),
-        };
-        let mut entries = Vec::new();
-        let mut more = false;
-        while let Some(entry) = lister.next().await {
-            let entry = entry.map_err(|e| self.error("list", rel, e))?;
-            if entry.path() == dir || entry.path() == "/" {
-                continue;
-            }
-            let name = entry.name().trim_end_matches('/').to_string();
-            if name.is_empty()
-                || name == "."
-                || name == ".."
-                || name.contains('/')
-                || (rel.is_empty() && name == UPLOAD_DIR)
+        self.traced("list", async {
+            let dir = dir_key(rel);
+            let limit = limit.max(1);
+            let start_after = self.start_after(rel, cursor);
+            let mut lister = match self
+                .op
+                .lister_options(
+                    &dir,
+                    ListOptions {
+                        limit: Some(self.opts.list_page.min(limit)),
+                        start_after,
+                        ..Default::default()
+                    },
+                )
+                .await
             {
-                continue;
+                Ok(l) => l,
+                Err(e) if e.kind() == ErrorKind::NotFound && self.uri.scheme == Scheme::File => {
+                    return Err(FsError::NotFound(self.uri.join(rel)))
+                }
+                Err(e) => return Err(self.error("list", rel, e)),
+            };
+            let mut entries = Vec::new();
+            let mut more = false;
+            while let Some(entry) = lister.next().await {
+                let entry = entry.map_err(|e| self.error("list", rel, e))?;
+                if entry.path() == dir || entry.path() == "/" {
+                    continue;
+                }
+                let name = entry.name().trim_end_matches('/').to_string();
+                if name.is_empty()
+                    || name == "."
+                    || name == ".."
+                    || name.contains('/')
+                    || (rel.is_empty() && name == UPLOAD_DIR)
+                {
+                    continue;
+                }
+                if self.seen_before(&name, cursor) {
+                    continue;
+                }
+                if self.sorted_listing && entries.len() == limit {
+                    more = true;
+                    break;
+                }
+                entries.push(object(name, entry.metadata()));
             }
-            if self.seen_before(&name, cursor) {
-                continue;
+            if !self.sorted_listing {
+                entries.sort_by(|a, b| a.name.cmp(&b.name));
+                more = entries.len() > limit;
+                entries.truncate(limit);
             }
-            if self.sorted_listing && entries.len() == limit {
-                more = true;
-                break;
-            }
-            entries.push(object(name, entry.metadata()));
-        }
-        if !self.sorted_listing {
-            entries.sort_by(|a, b| a.name.cmp(&b.name));
-            more = entries.len() > limit;
-            entries.truncate(limit);
-        }
-        let next = match entries.last() {
-            Some(last) if more => Some(if self.sorted_listing && last.is_dir {
-                // Keys below a prefix sort after it: continue past all of them.
-                format!("{}/\u{10FFFF}", last.name)
-            } else {
-                last.name.clone()
-            }),
-            _ => None,
-        };
-        Ok(UfsPage { entries, next })
+            let next = match entries.last() {
+                Some(last) if more => Some(if self.sorted_listing && last.is_dir {
+                    // Keys below a prefix sort after it: continue past all of them.
+                    format!("{}/\u{10FFFF}", last.name)
+                } else {
+                    last.name.clone()
+                }),
+                _ => None,
+            };
+            Ok(UfsPage { entries, next })
+        })
+        .await
     }
 
     /// Up to `limit` objects anywhere below directory `rel` (files only,
@@ -609,62 +653,65 @@ impl Ufs {
         limit: usize,
     ) -> FsResult<(Vec<(String, UfsObject)>, Option<String>)> {
         self.called("list");
-        let dir = dir_key(rel);
-        let limit = limit.max(1);
-        let start_after = self.start_after(rel, cursor);
-        let mut lister = self
-            .op
-            .lister_options(
-                &dir,
-                ListOptions {
-                    limit: Some(self.opts.list_page.min(limit)),
-                    start_after,
-                    recursive: true,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| self.error("list", rel, e))?;
-        let mut out = Vec::new();
-        let mut more = false;
-        while let Some(entry) = lister.next().await {
-            let entry = entry.map_err(|e| self.error("list", rel, e))?;
-            if entry.metadata().is_dir() {
-                continue;
+        self.traced("list", async {
+            let dir = dir_key(rel);
+            let limit = limit.max(1);
+            let start_after = self.start_after(rel, cursor);
+            let mut lister = self
+                .op
+                .lister_options(
+                    &dir,
+                    ListOptions {
+                        limit: Some(self.opts.list_page.min(limit)),
+                        start_after,
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| self.error("list", rel, e))?;
+            let mut out = Vec::new();
+            let mut more = false;
+            while let Some(entry) = lister.next().await {
+                let entry = entry.map_err(|e| self.error("list", rel, e))?;
+                if entry.metadata().is_dir() {
+                    continue;
+                }
+                let Some(tail) = entry.path().strip_prefix(dir.trim_start_matches('/')) else {
+                    continue;
+                };
+                let tail = tail.trim_start_matches('/').to_string();
+                if tail.is_empty()
+                    || tail
+                        .split('/')
+                        .any(|c| c.is_empty() || c == "." || c == "..")
+                    || (rel.is_empty() && tail.starts_with(UPLOAD_DIR))
+                {
+                    continue;
+                }
+                if self.seen_before(&tail, cursor) {
+                    continue;
+                }
+                if self.sorted_listing && out.len() == limit {
+                    more = true;
+                    break;
+                }
+                let name = tail.rsplit('/').next().unwrap_or("").to_string();
+                out.push((tail, object(name, entry.metadata())));
             }
-            let Some(tail) = entry.path().strip_prefix(dir.trim_start_matches('/')) else {
-                continue;
+            if !self.sorted_listing {
+                out.sort_by(|a, b| a.0.cmp(&b.0));
+                more = out.len() > limit;
+                out.truncate(limit);
+            }
+            let next = if more {
+                out.last().map(|(p, _)| p.clone())
+            } else {
+                None
             };
-            let tail = tail.trim_start_matches('/').to_string();
-            if tail.is_empty()
-                || tail
-                    .split('/')
-                    .any(|c| c.is_empty() || c == "." || c == "..")
-                || (rel.is_empty() && tail.starts_with(UPLOAD_DIR))
-            {
-                continue;
-            }
-            if self.seen_before(&tail, cursor) {
-                continue;
-            }
-            if self.sorted_listing && out.len() == limit {
-                more = true;
-                break;
-            }
-            let name = tail.rsplit('/').next().unwrap_or("").to_string();
-            out.push((tail, object(name, entry.metadata())));
-        }
-        if !self.sorted_listing {
-            out.sort_by(|a, b| a.0.cmp(&b.0));
-            more = out.len() > limit;
-            out.truncate(limit);
-        }
-        let next = if more {
-            out.last().map(|(p, _)| p.clone())
-        } else {
-            None
-        };
-        Ok((out, next))
+            Ok((out, next))
+        })
+        .await
     }
 
     /// The bytes `[offset, offset + len)` of the object at `rel`, as they
@@ -678,40 +725,54 @@ impl Ufs {
         etag: Option<&str>,
     ) -> FsResult<impl Stream<Item = FsResult<Bytes>> + Send + 'static> {
         self.called("read");
+        // The span lasts until the stream ends or its reader drops it.
+        let mut span = StreamSpan {
+            span: self.span("read"),
+            error: None,
+        };
         let if_match = etag
             .filter(|e| !e.is_empty() && self.read_if_match)
             .map(String::from);
-        let reader = self
-            .op
-            .reader_options(
-                rel,
-                ReaderOptions {
-                    if_match,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| self.error("read", rel, e))?;
-        let stream = reader
-            .into_stream(offset..offset + len)
-            .await
-            .map_err(|e| self.error("read", rel, e))?;
+        let opened = async {
+            let reader = self
+                .op
+                .reader_options(
+                    rel,
+                    ReaderOptions {
+                        if_match,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| self.error("read", rel, e))?;
+            reader
+                .into_stream(offset..offset + len)
+                .await
+                .map_err(|e| self.error("read", rel, e))
+        }
+        .await;
+        let stream = opened.inspect_err(|e| span.fail(e))?;
         let this = self.clone();
         let rel = rel.to_string();
-        Ok(stream
-            .map_ok(|buf| buf.to_bytes())
-            .map_err(move |e| this.error("read", &rel, e)))
+        Ok(stream.map_ok(|buf| buf.to_bytes()).map_err(move |e| {
+            let e = this.error("read", &rel, e);
+            span.fail(&e);
+            e
+        }))
     }
 
     /// The whole object at `rel` (for tests and small objects).
     pub async fn read_all(&self, rel: &str) -> FsResult<Vec<u8>> {
         self.called("read");
-        let buf = self
-            .op
-            .read(rel)
-            .await
-            .map_err(|e| self.error("read", rel, e))?;
-        Ok(buf.to_vec())
+        self.traced("read", async {
+            let buf = self
+                .op
+                .read(rel)
+                .await
+                .map_err(|e| self.error("read", rel, e))?;
+            Ok(buf.to_vec())
+        })
+        .await
     }
 
     /// A writer of the object at `rel`: parts of `ufs.part_size` uploaded
@@ -736,12 +797,12 @@ impl Ufs {
             rel: rel.to_string(),
             writer,
             written: 0,
+            span: self.span("write"),
         })
     }
 
     /// Writes a whole object (small objects and tests).
     pub async fn write_all(&self, rel: &str, data: Vec<u8>) -> FsResult<UfsObject> {
-        self.called("write");
         let mut w = self.writer(rel).await?;
         w.write(Bytes::from(data)).await?;
         w.close().await
@@ -750,49 +811,58 @@ impl Ufs {
     /// Creates directory `rel` (a `rel/` marker object on S3).
     pub async fn mkdir(&self, rel: &str) -> FsResult<()> {
         self.called("mkdir");
-        if rel.is_empty() {
-            return Ok(());
-        }
-        self.op
-            .create_dir(&dir_key(rel))
-            .await
-            .map_err(|e| self.error("mkdir", rel, e))
+        self.traced("mkdir", async {
+            if rel.is_empty() {
+                return Ok(());
+            }
+            self.op
+                .create_dir(&dir_key(rel))
+                .await
+                .map_err(|e| self.error("mkdir", rel, e))
+        })
+        .await
     }
 
     /// Deletes the object at `rel` (a missing object is not an error).
     pub async fn delete(&self, rel: &str) -> FsResult<()> {
         self.called("delete");
-        match self.op.delete(rel).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.error("delete", rel, e)),
-        }
+        self.traced("delete", async {
+            match self.op.delete(rel).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(self.error("delete", rel, e)),
+            }
+        })
+        .await
     }
 
     /// Deletes directory `rel` and everything below it.
     pub async fn delete_dir(&self, rel: &str) -> FsResult<()> {
         self.called("delete");
-        if rel.is_empty() {
-            return Err(FsError::InvalidArgument(format!(
-                "refusing to delete the whole of {}",
-                self.uri
-            )));
-        }
-        match self
-            .op
-            .delete_options(
-                &dir_key(rel),
-                DeleteOptions {
-                    recursive: true,
-                    ..Default::default()
-                },
-            )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.error("delete", rel, e)),
-        }
+        self.traced("delete", async {
+            if rel.is_empty() {
+                return Err(FsError::InvalidArgument(format!(
+                    "refusing to delete the whole of {}",
+                    self.uri
+                )));
+            }
+            match self
+                .op
+                .delete_options(
+                    &dir_key(rel),
+                    DeleteOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+            {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(self.error("delete", rel, e)),
+            }
+        })
+        .await
     }
 
     /// Moves the object or directory `from` to `to`. Local directories
@@ -800,70 +870,73 @@ impl Ufs {
     /// a failure part way leaves both names, never neither).
     pub async fn rename(&self, from: &str, to: &str, is_dir: bool) -> FsResult<()> {
         self.called("rename");
-        if self.uri.scheme == Scheme::File {
-            let src = format!("{}/{from}", self.uri.root.trim_end_matches('/'));
-            let dst = format!("{}/{to}", self.uri.root.trim_end_matches('/'));
-            if let Some(parent) = std::path::Path::new(&dst).parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| FsError::Ufs(format!("rename {}: {e}", self.uri.join(to))))?;
-            }
-            return tokio::fs::rename(&src, &dst).await.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    FsError::NotFound(self.uri.join(from))
-                } else {
-                    FsError::Ufs(format!(
-                        "rename {} to {}: {e}",
-                        self.uri.join(from),
-                        self.uri.join(to)
-                    ))
+        self.traced("rename", async {
+            if self.uri.scheme == Scheme::File {
+                let src = format!("{}/{from}", self.uri.root.trim_end_matches('/'));
+                let dst = format!("{}/{to}", self.uri.root.trim_end_matches('/'));
+                if let Some(parent) = std::path::Path::new(&dst).parent() {
+                    tokio::fs::create_dir_all(parent)
+                        .await
+                        .map_err(|e| FsError::Ufs(format!("rename {}: {e}", self.uri.join(to))))?;
                 }
-            });
-        }
-        if !is_dir {
-            self.op
-                .copy(from, to)
-                .await
-                .map_err(|e| self.error("copy", from, e))?;
-            return self.delete(from).await;
-        }
-        let src_dir = dir_key(from);
-        let mut lister = self
-            .op
-            .lister_options(
-                &src_dir,
-                ListOptions {
-                    recursive: true,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| self.error("list", from, e))?;
-        let mut moved = Vec::new();
-        while let Some(entry) = lister.next().await {
-            let entry = entry.map_err(|e| self.error("list", from, e))?;
-            let Some(tail) = entry.path().strip_prefix(&src_dir) else {
-                continue;
-            };
-            let target = format!("{}/{tail}", to.trim_end_matches('/'));
-            if entry.metadata().is_dir() {
-                self.op
-                    .create_dir(&target)
-                    .await
-                    .map_err(|e| self.error("mkdir", &target, e))?;
-            } else {
-                self.op
-                    .copy(entry.path(), &target)
-                    .await
-                    .map_err(|e| self.error("copy", entry.path(), e))?;
+                return tokio::fs::rename(&src, &dst).await.map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        FsError::NotFound(self.uri.join(from))
+                    } else {
+                        FsError::Ufs(format!(
+                            "rename {} to {}: {e}",
+                            self.uri.join(from),
+                            self.uri.join(to)
+                        ))
+                    }
+                });
             }
-            moved.push(entry.path().to_string());
-        }
-        self.mkdir(to).await?;
-        for path in moved {
-            self.delete(&path).await?;
-        }
-        self.delete(&src_dir).await
+            if !is_dir {
+                self.op
+                    .copy(from, to)
+                    .await
+                    .map_err(|e| self.error("copy", from, e))?;
+                return self.delete(from).await;
+            }
+            let src_dir = dir_key(from);
+            let mut lister = self
+                .op
+                .lister_options(
+                    &src_dir,
+                    ListOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| self.error("list", from, e))?;
+            let mut moved = Vec::new();
+            while let Some(entry) = lister.next().await {
+                let entry = entry.map_err(|e| self.error("list", from, e))?;
+                let Some(tail) = entry.path().strip_prefix(&src_dir) else {
+                    continue;
+                };
+                let target = format!("{}/{tail}", to.trim_end_matches('/'));
+                if entry.metadata().is_dir() {
+                    self.op
+                        .create_dir(&target)
+                        .await
+                        .map_err(|e| self.error("mkdir", &target, e))?;
+                } else {
+                    self.op
+                        .copy(entry.path(), &target)
+                        .await
+                        .map_err(|e| self.error("copy", entry.path(), e))?;
+                }
+                moved.push(entry.path().to_string());
+            }
+            self.mkdir(to).await?;
+            for path in moved {
+                self.delete(&path).await?;
+            }
+            self.delete(&src_dir).await
+        })
+        .await
     }
 }
 
@@ -873,6 +946,8 @@ pub struct UfsWriter {
     rel: String,
     writer: opendal::Writer,
     written: u64,
+    /// From the writer's creation to its close (a traced request's).
+    span: Option<Span>,
 }
 
 impl UfsWriter {
@@ -890,23 +965,59 @@ impl UfsWriter {
 
     /// Completes the upload and returns what the store now holds.
     pub async fn close(mut self) -> FsResult<UfsObject> {
-        self.writer
-            .close()
-            .await
-            .map_err(|e| self.ufs.error("write", &self.rel, e))?;
-        match self.ufs.stat(&self.rel).await? {
-            Some(obj) if !obj.is_dir => Ok(obj),
-            _ => Err(FsError::Ufs(format!(
-                "write {}: the object is missing after its upload completed",
-                self.ufs.uri.join(&self.rel)
-            ))),
+        let span = self.span.take();
+        let result = async {
+            self.writer
+                .close()
+                .await
+                .map_err(|e| self.ufs.error("write", &self.rel, e))?;
+            match self.ufs.stat(&self.rel).await? {
+                Some(obj) if !obj.is_dir => Ok(obj),
+                _ => Err(FsError::Ufs(format!(
+                    "write {}: the object is missing after its upload completed",
+                    self.ufs.uri.join(&self.rel)
+                ))),
+            }
         }
+        .await;
+        if let Some(span) = span {
+            span.end(crate::trace::outcome_of(&result));
+        }
+        result
     }
 
     /// Abandons the upload (its parts are deleted; nothing becomes visible).
     pub async fn abort(mut self) {
+        if let Some(span) = self.span.take() {
+            span.end(Outcome::Error("aborted".into()));
+        }
         if let Err(e) = self.writer.abort().await {
             tracing::warn!(object = %self.ufs.uri.join(&self.rel), "aborting an upload: {}", describe(&e));
+        }
+    }
+}
+
+/// The span of a read stream: recorded when the stream is dropped, with the
+/// first error it gave, if any.
+struct StreamSpan {
+    span: Option<Span>,
+    error: Option<String>,
+}
+
+impl StreamSpan {
+    fn fail(&mut self, e: &FsError) {
+        self.error
+            .get_or_insert_with(|| crate::trace::error_kind(e));
+    }
+}
+
+impl Drop for StreamSpan {
+    fn drop(&mut self) {
+        if let Some(span) = self.span.take() {
+            span.end(match self.error.take() {
+                None => Outcome::Ok,
+                Some(kind) => Outcome::Error(kind),
+            });
         }
     }
 }

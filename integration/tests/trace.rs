@@ -7,7 +7,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use curvine_integration::{bin, NodeProcess, ProcessCluster};
+use curvine_integration::{bin, random_bytes, NodeProcess, ProcessCluster, TestS3};
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
@@ -258,4 +258,154 @@ fn data_path_requests_join_the_trace_of_their_command() {
         .filter(|e| e["actor"] == "data-server")
         .collect();
     assert!(reads.iter().any(|e| e["kind"] == "read"), "{reads:#?}");
+}
+
+/// Mounts `location` at `path` on `node`, with the test server's properties.
+fn mount(node: &NodeProcess, s3: &TestS3, location: &str, path: &str, extra: &[&str]) {
+    let mut args: Vec<String> = vec!["mount".into(), location.into(), path.into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(s3.props());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    node.cli_ok(&args);
+}
+
+/// Whether span `span` is `ancestor` or below it.
+fn descends(events: &[serde_json::Value], span: &str, ancestor: &str) -> bool {
+    let parent: HashMap<&str, &str> = events
+        .iter()
+        .map(|e| (e["span"].as_str().unwrap(), e["parent"].as_str().unwrap()))
+        .collect();
+    let mut at = span;
+    for _ in 0..events.len() + 1 {
+        if at == ancestor {
+            return true;
+        }
+        match parent.get(at) {
+            Some(p) => at = p,
+            None => return false,
+        }
+    }
+    false
+}
+
+#[test]
+fn ufs_work_joins_the_trace_of_its_request() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 2, &[]);
+    let (n0, n1) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let loc = s3.location("traced-load");
+    let ufs = s3.ufs(&loc);
+    curvine_integration::runtime().block_on(async {
+        for i in 0..6 {
+            ufs.write_all(&format!("d/obj{i}"), random_bytes(300_000, i))
+                .await
+                .unwrap();
+        }
+    });
+    mount(n0, &s3, &loc, "/m", &["--block-size", "64KiB"]);
+
+    // A traced load job: its listing and every file are spans of the node
+    // running it, under the request that created the job; the blocks given
+    // to the other node are a gateway span there, with its UFS reads below.
+    let id = traced(n0, "load /m --wait");
+    let events = tree(n0, &id);
+    let of = |actor: &str, kind: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["actor"] == actor && e["kind"] == kind)
+            .collect()
+    };
+    let create = events
+        .iter()
+        .find(|e| e["actor"] == "rpc" && e["kind"] == "Load")
+        .unwrap_or_else(|| panic!("no Load request in {events:#?}"));
+    let list = of("ufs-loader", "list");
+    assert_eq!(list.len(), 1, "{events:#?}");
+    assert_eq!(list[0]["parent"], create["span"]);
+    assert!(of("ufs", "list").iter().any(|e| descends(
+        &events,
+        e["span"].as_str().unwrap(),
+        list[0]["span"].as_str().unwrap()
+    )));
+    let files = of("ufs-loader", "load-file");
+    assert_eq!(files.len(), 6, "{events:#?}");
+    assert!(files.iter().all(|f| f["outcome"] == "ok"), "{files:#?}");
+    let remote = of("gateway", "PeerMsg::Load");
+    let remote_part = remote
+        .iter()
+        .find(|e| e["node"] == n1.node_id.as_str())
+        .unwrap_or_else(|| panic!("no part loaded on the other node: {events:#?}"));
+    assert!(files.iter().any(|f| f["span"] == remote_part["parent"]));
+    assert!(
+        of("ufs", "read")
+            .iter()
+            .any(|r| r["node"] == n1.node_id.as_str()
+                && descends(
+                    &events,
+                    r["span"].as_str().unwrap(),
+                    remote_part["span"].as_str().unwrap()
+                )),
+        "{events:#?}"
+    );
+
+    // A first read of an uncached object: the name comes from a UFS stat,
+    // the bytes from a fill on the data port that reads the object.
+    let loc2 = s3.location("traced-read");
+    curvine_integration::runtime().block_on(async {
+        s3.ufs(&loc2)
+            .write_all("hello", b"hello\n".to_vec())
+            .await
+            .unwrap();
+    });
+    mount(n0, &s3, &loc2, "/r", &[]);
+    let id = traced(n0, "fs cat /r/hello");
+    let events = tree(n0, &id);
+    let stat = events
+        .iter()
+        .find(|e| e["actor"] == "ufs" && e["kind"] == "stat")
+        .unwrap_or_else(|| panic!("no UFS stat in {events:#?}"));
+    assert_eq!(stat["outcome"], "ok");
+    let fill = events
+        .iter()
+        .find(|e| e["actor"] == "data-server" && e["kind"] == "fill")
+        .unwrap_or_else(|| panic!("no fill in {events:#?}"));
+    assert!(events.iter().any(|e| e["actor"] == "ufs"
+        && e["kind"] == "read"
+        && descends(
+            &events,
+            e["span"].as_str().unwrap(),
+            fill["span"].as_str().unwrap()
+        )));
+
+    // fs_mode: the upload after a traced close joins the close's trace.
+    let loc3 = s3.location("traced-persist");
+    mount(n0, &s3, &loc3, "/p", &["--write-type", "fs_mode"]);
+    let local = dir.path().join("f");
+    std::fs::write(&local, random_bytes(100_000, 3)).unwrap();
+    let id = traced(n0, &format!("fs put {} /p/f", local.display()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = tree(n0, &id);
+        let persist = events
+            .iter()
+            .find(|e| e["actor"] == "ufs-loader" && e["kind"] == "persist");
+        if let Some(persist) = persist {
+            assert_eq!(persist["outcome"], "ok", "{events:#?}");
+            let close = events
+                .iter()
+                .find(|e| e["span"] == persist["parent"])
+                .unwrap_or_else(|| panic!("the upload's parent is not in {events:#?}"));
+            assert_eq!(close["kind"], "CompleteFile", "{events:#?}");
+            assert!(events.iter().any(|e| e["actor"] == "ufs"
+                && e["kind"] == "write"
+                && e["parent"] == persist["span"]));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no upload span joined the trace: {events:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

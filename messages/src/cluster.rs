@@ -242,6 +242,8 @@ pub enum PeerMsg {
     /// with the bytes read from the UFS.
     Load {
         part: LoadPart,
+        /// The load job's trace, and when the part was sent (Unix ns).
+        trace: Option<(TraceCtx, i64)>,
         reply: RpcReplyPort<FsResult<u64>>,
     },
     /// A message that did not decode. Only ever built on the receiving side;
@@ -329,9 +331,11 @@ impl ractor::Message for PeerMsg {
             PeerMsg::Pull { pull, reply } => {
                 call("pull", encode_peer("pull", &pull), bridge_out(reply))
             }
-            PeerMsg::Load { part, reply } => {
-                call("load", encode_peer("load", &part), bridge_out(reply))
-            }
+            PeerMsg::Load { part, trace, reply } => call(
+                "load",
+                encode_peer("load", &(part, trace)),
+                bridge_out(reply),
+            ),
             PeerMsg::Trace { query, reply } => call(
                 "trace",
                 encode_peer("trace query", &query),
@@ -439,9 +443,10 @@ impl ractor::Message for PeerMsg {
                     },
                     Err(e) => invalid(e, Some(reply)),
                 },
-                "load" => match decode_peer::<LoadPart>("load", &args) {
-                    Ok(part) => PeerMsg::Load {
+                "load" => match decode_peer::<(LoadPart, Option<(TraceCtx, i64)>)>("load", &args) {
+                    Ok((part, trace)) => PeerMsg::Load {
                         part,
+                        trace,
                         reply: bridge_in(reply),
                     },
                     Err(e) => invalid(e, Some(reply)),

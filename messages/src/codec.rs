@@ -10,7 +10,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 /// The client/node protocol version. Bumped on any incompatible change to
 /// [`crate::rpc`]; checked when a connection opens.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The first bytes of every client connection.
 pub const MAGIC: [u8; 4] = *b"CRVN";

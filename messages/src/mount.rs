@@ -7,8 +7,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::block::TierKind;
-use crate::codec::Versioned;
+use crate::codec::{from_bytes, CodecError, Versioned};
 use crate::error::{FsError, FsResult};
+use crate::trace::TraceCtx;
 
 /// Which side is the authority for a mount's content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,11 +173,39 @@ pub struct JournalEntry {
     pub mount: u32,
     pub op: UfsOp,
     pub at_ns: i64,
+    /// The trace of the request that made the change, when it was traced:
+    /// its replay on the UFS joins it.
+    pub trace: Option<TraceCtx>,
+}
+
+/// [`JournalEntry`] as version 1 stored it (no trace).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct JournalEntryV1 {
+    seq: u64,
+    mount: u32,
+    op: UfsOp,
+    at_ns: i64,
 }
 
 impl Versioned for JournalEntry {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const WHAT: &'static str = "UFS journal entry";
+    fn migrate(version: u8, payload: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => from_bytes::<JournalEntryV1>(Self::WHAT, payload).map(|v| JournalEntry {
+                seq: v.seq,
+                mount: v.mount,
+                op: v.op,
+                at_ns: v.at_ns,
+                trace: None,
+            }),
+            found => Err(CodecError::UnknownVersion {
+                what: Self::WHAT,
+                found,
+            }),
+        }
+    }
 }
 
 /// What an inode under a mount knows of its UFS object.
@@ -319,11 +348,67 @@ pub struct LoadJob {
     pub failures: Vec<(String, String)>,
     /// Why the job failed as a whole.
     pub error: String,
+    /// The trace of the request that created the job, when it was traced:
+    /// the job's work (listing, each file, each node's part) joins it.
+    pub trace: Option<TraceCtx>,
+}
+
+/// [`LoadJob`] as version 1 stored it (no trace).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct LoadJobV1 {
+    id: String,
+    path: String,
+    mount: u32,
+    state: JobState,
+    no_overwrite: bool,
+    created_ns: i64,
+    updated_ns: i64,
+    finished_ns: i64,
+    cursor: Option<String>,
+    tasks: u64,
+    files_total: u64,
+    files_done: u64,
+    files_skipped: u64,
+    files_failed: u64,
+    bytes_total: u64,
+    bytes_done: u64,
+    failures: Vec<(String, String)>,
+    error: String,
 }
 
 impl Versioned for LoadJob {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const WHAT: &'static str = "load job";
+    fn migrate(version: u8, payload: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => from_bytes::<LoadJobV1>(Self::WHAT, payload).map(|v| LoadJob {
+                id: v.id,
+                path: v.path,
+                mount: v.mount,
+                state: v.state,
+                no_overwrite: v.no_overwrite,
+                created_ns: v.created_ns,
+                updated_ns: v.updated_ns,
+                finished_ns: v.finished_ns,
+                cursor: v.cursor,
+                tasks: v.tasks,
+                files_total: v.files_total,
+                files_done: v.files_done,
+                files_skipped: v.files_skipped,
+                files_failed: v.files_failed,
+                bytes_total: v.bytes_total,
+                bytes_done: v.bytes_done,
+                failures: v.failures,
+                error: v.error,
+                trace: None,
+            }),
+            found => Err(CodecError::UnknownVersion {
+                what: Self::WHAT,
+                found,
+            }),
+        }
+    }
 }
 
 /// One file of a load job.
@@ -395,6 +480,71 @@ impl MountTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::{decode_versioned, encode_versioned};
+
+    /// A value as version `version` stored it.
+    fn stored<T: Serialize>(version: u8, v: &T) -> Vec<u8> {
+        let mut out = vec![version];
+        out.extend(postcard::to_allocvec(v).unwrap());
+        out
+    }
+
+    #[test]
+    fn version_1_journal_entries_and_load_jobs_still_read() {
+        let v1 = JournalEntryV1 {
+            seq: 7,
+            mount: 2,
+            op: UfsOp::Rename {
+                from: "/a".into(),
+                to: "/b".into(),
+                dir: false,
+            },
+            at_ns: 99,
+        };
+        let e: JournalEntry = decode_versioned(&stored(1, &v1)).unwrap();
+        assert_eq!((e.seq, e.mount, e.at_ns, e.trace), (7, 2, 99, None));
+        assert_eq!(e.op, v1.op);
+        let e2 = JournalEntry {
+            trace: Some(TraceCtx { trace: 5, span: 6 }),
+            ..e
+        };
+        assert_eq!(
+            decode_versioned::<JournalEntry>(&encode_versioned(&e2)).unwrap(),
+            e2
+        );
+
+        let v1 = LoadJobV1 {
+            id: "ab12".into(),
+            path: "/m/d".into(),
+            mount: 3,
+            state: JobState::Running,
+            no_overwrite: true,
+            created_ns: 1,
+            updated_ns: 2,
+            finished_ns: 0,
+            cursor: Some("k".into()),
+            tasks: 10,
+            files_total: 10,
+            files_done: 4,
+            files_skipped: 1,
+            files_failed: 1,
+            bytes_total: 1000,
+            bytes_done: 400,
+            failures: vec![("/m/d/x".into(), "gone".into())],
+            error: String::new(),
+        };
+        let job: LoadJob = decode_versioned(&stored(1, &v1)).unwrap();
+        assert_eq!(job.id, "ab12");
+        assert_eq!(job.state, JobState::Running);
+        assert_eq!((job.files_done, job.bytes_done, job.trace), (4, 400, None));
+        assert_eq!(job.failures, v1.failures);
+        assert_eq!(
+            decode_versioned::<LoadJob>(&encode_versioned(&job)).unwrap(),
+            job
+        );
+        // A version this release does not know is refused, not guessed.
+        assert!(decode_versioned::<LoadJob>(&stored(9, &v1)).is_err());
+    }
 
     fn mount(id: u32, path: &str) -> MountInfo {
         MountInfo {

@@ -183,15 +183,30 @@ impl Actor for Gateway {
                     let _ = reply.send(result);
                 });
             }
-            PeerMsg::Load { part, reply } => {
+            PeerMsg::Load { part, trace, reply } => {
                 let service = state.service();
-                tokio::spawn(async move {
+                // In a traced job the part is a span of this gateway's, and
+                // what it asks of shards and the UFS joins it.
+                let span = trace.and_then(|(ctx, sent_ns)| {
+                    state.view.tracer.start(
+                        Some(ctx),
+                        sent_ns,
+                        "gateway",
+                        myself.get_id(),
+                        "PeerMsg::Load",
+                    )
+                });
+                let ctx = span.as_ref().map(|s| s.ctx());
+                tokio::spawn(curvine_actors::trace::scope(ctx, async move {
                     let result = match service {
                         Ok(s) => s.load_part(&part).await,
                         Err(e) => Err(e),
                     };
+                    if let Some(span) = span {
+                        span.end(curvine_actors::trace::outcome_of(&result));
+                    }
                     let _ = reply.send(result);
-                });
+                }));
             }
             PeerMsg::Drain {
                 draining,

@@ -141,6 +141,8 @@ impl Service {
             bytes_done: 0,
             failures: Vec::new(),
             error: String::new(),
+            // A traced `load` traces the job's work too.
+            trace: curvine_actors::trace::current(),
         };
         self.save_job(&job).await?;
         tracing::info!(job = %job.id, path = %job.path, "load job created");
@@ -202,8 +204,12 @@ impl Service {
             job.finished_ns = now_ns();
             return self.save_job(&job).await;
         };
+        let trace = job.trace;
         if job.state == JobState::Listing {
-            if let Err(e) = self.list_job(&mut job, &mount).await {
+            let listed = self
+                .in_span(trace, "list", self.list_job(&mut job, &mount))
+                .await;
+            if let Err(e) = listed {
                 if self.load_job(id).await?.state == JobState::Cancelled {
                     return Ok(());
                 }
@@ -354,10 +360,17 @@ impl Service {
                     }
                     let this = self.clone();
                     let no_overwrite = job.no_overwrite;
+                    let trace = job.trace;
                     next_node += 1;
                     let start = next_node;
                     running.spawn(async move {
-                        let r = this.load_file(&task, no_overwrite, start).await;
+                        let r = this
+                            .in_span(
+                                trace,
+                                "load-file",
+                                this.load_file(&task, no_overwrite, start),
+                            )
+                            .await;
                         (task, r)
                     });
                 }
@@ -383,13 +396,20 @@ impl Service {
                         tracing::debug!(path = %task.path, error = %e, "loading a file failed; trying again");
                         let this = self.clone();
                         let no_overwrite = job.no_overwrite;
+                        let trace = job.trace;
                         next_node += 1;
                         let start = next_node;
                         let retry = task.clone();
                         running.spawn(async move {
                             tokio::time::sleep(Duration::from_millis(200 * retry.attempts as u64))
                                 .await;
-                            let r = this.load_file(&retry, no_overwrite, start).await;
+                            let r = this
+                                .in_span(
+                                    trace,
+                                    "load-file",
+                                    this.load_file(&retry, no_overwrite, start),
+                                )
+                                .await;
                             (retry, r)
                         });
                         continue;
@@ -529,10 +549,11 @@ impl Service {
                 };
                 let this = self.clone();
                 let node = node.clone();
-                calls.spawn(async move {
+                let trace = curvine_actors::trace::current();
+                calls.spawn(curvine_actors::trace::scope(trace, async move {
                     let r = this.load_on(&node, part.clone()).await;
                     (part, r)
-                });
+                }));
             }
         }
         let mut bytes = 0;
@@ -556,9 +577,10 @@ impl Service {
             return self.load_part(&part).await;
         }
         let gw = self.view.gateway(node)?;
+        let trace = curvine_actors::trace::current().map(|ctx| (ctx, now_ns()));
         match gw
             .call(
-                |reply| PeerMsg::Load { part, reply },
+                |reply| PeerMsg::Load { part, trace, reply },
                 Some(Duration::from_secs(600)),
             )
             .await

@@ -656,7 +656,7 @@ async fn start_with(
     };
     let tier_store = block_store.clone();
     let map_ns = namespace.clone();
-    let mounts = Mounts::new(&config.ufs);
+    let mounts = Mounts::new(&config.ufs, Some(tracer.clone()));
     let mounts_seen = mounts.clone();
     let mounts_behind = (mounts.clone(), namespace.clone());
     let me_id = identity.node_id.clone();

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 
 use curvine_messages::mount::{JournalEntry, MountInfo, Persist, UfsOp, UfsState, WriteType};
 use curvine_messages::shard::ShardMsg;
+use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::{now_ns, shard_of, FileKind, FsError, FsResult, Ino};
 
 use crate::service::Service;
@@ -54,19 +55,44 @@ impl Service {
             .await
     }
 
-    /// Persists a file in a task of `uploads` once one of `slots` is free.
+    /// Runs `work` as a span `kind` of the node's UfsLoader in `trace`
+    /// (when there is one): what it asks of shards, nodes and the UFS joins
+    /// the span.
+    pub(crate) async fn in_span<T>(
+        &self,
+        trace: Option<TraceCtx>,
+        kind: &'static str,
+        work: impl std::future::Future<Output = FsResult<T>>,
+    ) -> FsResult<T> {
+        let Some(span) = self.view.tracer.start(trace, 0, "ufs-loader", "", kind) else {
+            return work.await;
+        };
+        let result = curvine_actors::trace::scope(Some(span.ctx()), work).await;
+        span.end(curvine_actors::trace::outcome_of(&result));
+        result
+    }
+
+    /// A new trace for background work, at the node's sample rate.
+    fn sampled_trace(&self) -> Option<TraceCtx> {
+        sample(self.view.tracer.sample_rate()).then(TraceCtx::root)
+    }
+
+    /// Persists a file in a task of `uploads` once one of `slots` is free,
+    /// as a span of `trace`.
     async fn spawn_persist(
         self: &Arc<Self>,
         uploads: &mut JoinSet<()>,
         slots: &Arc<Semaphore>,
-        path: String,
-        ino: Ino,
+        (path, ino): (String, Ino),
         retry: (Duration, Duration),
+        trace: Option<TraceCtx>,
     ) {
         let permit = slots.clone().acquire_owned().await.expect("open semaphore");
         let this = self.clone();
         uploads.spawn(async move {
-            this.persist_file(&path, ino, retry).await;
+            let _ = this
+                .in_span(trace, "persist", this.persist_file(&path, ino, retry))
+                .await;
             drop(permit);
         });
     }
@@ -95,14 +121,20 @@ impl Service {
                 continue;
             };
             match entry.op {
+                // The replay joins the trace of the change, if it had one.
                 UfsOp::Put { path, ino } => {
-                    self.spawn_persist(&mut uploads, &slots, path, ino, retry)
+                    let trace = entry.trace.or_else(|| self.sampled_trace());
+                    self.spawn_persist(&mut uploads, &slots, (path, ino), retry, trace)
                         .await;
                 }
                 op => {
                     // Deletes and renames wait for the uploads before them.
                     while uploads.join_next().await.is_some() {}
-                    if let Err(e) = self.replay(&mount, &op).await {
+                    let trace = entry.trace.or_else(|| self.sampled_trace());
+                    let replayed = self
+                        .in_span(trace, "replay", self.replay(&mount, &op))
+                        .await;
+                    if let Err(e) = replayed {
                         tracing::warn!(mount = %mount.path, error = %e, "replaying a change on the UFS failed; retrying");
                         stopped = Some(e);
                         break;
@@ -193,23 +225,29 @@ impl Service {
     }
 
     /// Uploads file `ino` at `path` when it still waits to be persisted;
-    /// records success, or the failure and when to try again.
-    pub async fn persist_file(&self, path: &str, ino: Ino, retry: (Duration, Duration)) {
+    /// records success, or the failure and when to try again. Returns the
+    /// upload's error (`Ok` also when there was nothing to do).
+    pub async fn persist_file(
+        &self,
+        path: &str,
+        ino: Ino,
+        retry: (Duration, Duration),
+    ) -> FsResult<()> {
         let attr = match self.namespace.stat(path, false).await {
             Ok(a) if a.ino == ino && a.kind == FileKind::File && a.writing.is_none() => a,
-            _ => return,
+            _ => return Ok(()),
         };
         let Some(state) = attr.ufs.clone() else {
-            return;
+            return Ok(());
         };
         let Some(since) = state.persist.since_ns() else {
-            return;
+            return Ok(());
         };
         let Some((m, rel)) = self
             .mount_of(path)
             .filter(|(m, _)| m.id == state.mount && m.write_type == WriteType::FsMode)
         else {
-            return;
+            return Ok(());
         };
         let outcome = async {
             let ufs = self.mounts.client(&m)?;
@@ -217,10 +255,10 @@ impl Service {
             self.upload(&ufs, &rel, &attr, &blocks).await
         }
         .await;
-        let next = match outcome {
+        let next = match &outcome {
             Ok(obj) => {
                 tracing::debug!(path, bytes = obj.len, "persisted");
-                Self::synced_state(&m, &obj)
+                Self::synced_state(&m, obj)
             }
             Err(e) => {
                 let attempts = match &state.persist {
@@ -249,9 +287,10 @@ impl Service {
                 reply,
             })
             .await;
-        if let Err(e) = stored {
+        if let Err(e) = &stored {
             tracing::warn!(path, error = %e, "recording a file's persistence failed");
         }
+        outcome.and(stored).map(drop)
     }
 
     /// The files below directory `root` that `keep` picks, with their paths.
@@ -353,7 +392,8 @@ impl Service {
                 .await?;
             for (path, attr) in due {
                 found += 1;
-                self.spawn_persist(&mut uploads, &slots, path, attr.ino, retry)
+                let trace = self.sampled_trace();
+                self.spawn_persist(&mut uploads, &slots, (path, attr.ino), retry, trace)
                     .await;
             }
         }
