@@ -155,9 +155,10 @@ fn run(
         // their next mutations right now. Waiting a moment for them puts
         // them in this commit instead of the next (PostgreSQL's
         // commit_delay). A lone caller never waits.
+        // It stops waiting once as many have come as shared the last commit.
         if last_batch > 1 && !commit_delay.is_zero() {
             let deadline = Instant::now() + commit_delay;
-            while batch.len() < group_max {
+            while batch.len() < group_max.min(last_batch) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(left) {
                     Ok(job) => batch.push(job),
