@@ -133,6 +133,9 @@ impl BlockStore {
             }
         }
         let options = crate::store::StoreOptions {
+            wal: false,
+            wal_size: 0,
+            checkpoint_interval: std::time::Duration::ZERO,
             map_size: 4 << 30,
             max_readers: 254,
             sync_commit: true,

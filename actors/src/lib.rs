@@ -21,5 +21,7 @@ pub mod store;
 pub mod supervisor;
 pub mod token;
 pub mod trace;
+pub mod txn;
 pub mod ufs;
+pub mod wal;
 pub mod writer;

@@ -68,7 +68,7 @@ impl ShardState {
     fn write<T, F>(&mut self, reply: RpcReplyPort<FsResult<T>>, f: F)
     where
         T: Send + 'static,
-        F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<T> + Send + 'static,
+        F: FnOnce(&ShardStore, &mut crate::txn::WriteTxn<'_>) -> FsResult<T> + Send + 'static,
     {
         let store = self.store.clone();
         self.writer.submit_traced(
@@ -81,7 +81,7 @@ impl ShardState {
     /// A mutation nobody waits for (a message that may be lost).
     fn write_unanswered<F>(&mut self, f: F)
     where
-        F: FnOnce(&ShardStore, &mut heed::RwTxn<'_>) -> FsResult<()> + Send + 'static,
+        F: FnOnce(&ShardStore, &mut crate::txn::WriteTxn<'_>) -> FsResult<()> + Send + 'static,
     {
         let store = self.store.clone();
         self.writer

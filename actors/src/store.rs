@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
+use heed::{CommitOrAbort, Env, EnvOpenOptions, RoTxn, WithoutTls};
+
+use crate::txn::{Table, WriteTxn, TABLE_NAMES};
 use serde::{Deserialize, Serialize};
 
 use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FileSpec, FreedBlock};
@@ -42,8 +44,6 @@ use curvine_messages::{
     check_xattr, make_id, now_ns, shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino,
     NewInode, OpId, SetAttr, ShardId, ShardStats, TimeSet, XattrMode, ROOT_INO,
 };
-
-type Db = Database<'static, Bytes, Bytes>;
 
 /// Converts an LMDB error into the error a caller sees.
 pub fn lmdb_err(e: heed::Error) -> FsError {
@@ -125,6 +125,11 @@ pub struct StoreOptions {
     pub map_size: u64,
     pub max_readers: u32,
     pub sync_commit: bool,
+    /// Make changes durable with a write-ahead log (`meta.wal`) instead of
+    /// LMDB's synced commits.
+    pub wal: bool,
+    pub wal_size: u64,
+    pub checkpoint_interval: std::time::Duration,
 }
 
 /// Environments opened by this process, by path. LMDB allows one per path per
@@ -143,13 +148,19 @@ pub(crate) fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static
     }
     std::fs::create_dir_all(path)
         .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
+    // A log left by the last run puts LMDB back on its last checkpoint
+    // first; its records are applied once the environment is open.
+    let recovery = crate::wal::restore_base(path)?;
     let mut opts = EnvOpenOptions::new().read_txn_without_tls();
     opts.map_size(options.map_size as usize)
+        // One more reader: the log's hold on its checkpoint.
         .max_dbs(16)
-        .max_readers(options.max_readers);
-    if !options.sync_commit {
-        // NO_SYNC alone keeps the database intact; a machine crash may lose the
-        // last commits. WRITE_MAP is never used (it can corrupt on a crash).
+        .max_readers(options.max_readers + 1);
+    if options.wal || !options.sync_commit {
+        // With the log, LMDB commits without sync and is flushed at
+        // checkpoints (see `wal`). Without it, NO_SYNC alone keeps the
+        // database intact only until a machine crash. WRITE_MAP is never
+        // used.
         unsafe {
             opts.flags(heed::EnvFlags::NO_SYNC);
         }
@@ -158,6 +169,12 @@ pub(crate) fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static
     // process opens a node's data directory (the node holds a lock file).
     let env = unsafe { opts.open(path) }.map_err(lmdb_err)?;
     let env: &'static Env<WithoutTls> = Box::leak(Box::new(env));
+    let wal = options.wal.then_some(crate::wal::WalOptions {
+        sync: options.sync_commit,
+        size: options.wal_size,
+        checkpoint_interval: options.checkpoint_interval,
+    });
+    crate::wal::Wal::open(env, recovery, wal)?;
     map.insert(path.to_path_buf(), env);
     Ok(env)
 }
@@ -173,17 +190,17 @@ pub struct ShardStore {
     pub shard_count: u32,
     pub cluster_id: String,
     env: &'static Env<WithoutTls>,
-    meta: Db,
-    inodes: Db,
-    dentries: Db,
-    xattrs: Db,
-    intents: Db,
-    ops: Db,
-    locks: Db,
-    blocks: Db,
-    owners: Db,
-    pending: Db,
-    freed: Db,
+    meta: Table,
+    inodes: Table,
+    dentries: Table,
+    xattrs: Table,
+    intents: Table,
+    ops: Table,
+    locks: Table,
+    blocks: Table,
+    owners: Table,
+    pending: Table,
+    freed: Table,
 }
 
 /// The key of a shard's [`ShardMeta`] record.
@@ -204,20 +221,20 @@ impl ShardStore {
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let dbs = env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
-                let meta = opener.create_database::<Bytes, Bytes>(wtxn, Some("meta"))?;
-                let inodes = opener.create_database::<Bytes, Bytes>(wtxn, Some("inodes"))?;
-                let dentries = opener.create_database::<Bytes, Bytes>(wtxn, Some("dentries"))?;
-                let xattrs = opener.create_database::<Bytes, Bytes>(wtxn, Some("xattrs"))?;
-                let intents = opener.create_database::<Bytes, Bytes>(wtxn, Some("intents"))?;
-                let ops = opener.create_database::<Bytes, Bytes>(wtxn, Some("ops"))?;
-                let locks = opener.create_database::<Bytes, Bytes>(wtxn, Some("locks"))?;
-                let blocks = opener.create_database::<Bytes, Bytes>(wtxn, Some("blocks"))?;
-                let owners = opener.create_database::<Bytes, Bytes>(wtxn, Some("owners"))?;
-                let pending = opener.create_database::<Bytes, Bytes>(wtxn, Some("pending"))?;
-                let freed = opener.create_database::<Bytes, Bytes>(wtxn, Some("freed"))?;
+                let mut create =
+                    |n: usize| opener.create_database::<Bytes, Bytes>(wtxn, Some(TABLE_NAMES[n]));
                 Ok(CommitOrAbort::<_, ()>::Commit([
-                    meta, inodes, dentries, xattrs, intents, ops, locks, blocks, owners, pending,
-                    freed,
+                    create(0)?,
+                    create(1)?,
+                    create(2)?,
+                    create(3)?,
+                    create(4)?,
+                    create(5)?,
+                    create(6)?,
+                    create(7)?,
+                    create(8)?,
+                    create(9)?,
+                    create(10)?,
                 ]))
             })
             .map_err(lmdb_err)?;
@@ -234,24 +251,56 @@ impl ShardStore {
             shard_count: identity.shard_count,
             cluster_id: identity.cluster_id.clone(),
             env,
-            meta: dbs[0],
-            inodes: dbs[1],
-            dentries: dbs[2],
-            xattrs: dbs[3],
-            intents: dbs[4],
-            ops: dbs[5],
-            locks: dbs[6],
-            blocks: dbs[7],
-            owners: dbs[8],
-            pending: dbs[9],
-            freed: dbs[10],
+            meta: Table::new(dbs[0], 0),
+            inodes: Table::new(dbs[1], 1),
+            dentries: Table::new(dbs[2], 2),
+            xattrs: Table::new(dbs[3], 3),
+            intents: Table::new(dbs[4], 4),
+            ops: Table::new(dbs[5], 5),
+            locks: Table::new(dbs[6], 6),
+            blocks: Table::new(dbs[7], 7),
+            owners: Table::new(dbs[8], 8),
+            pending: Table::new(dbs[9], 9),
+            freed: Table::new(dbs[10], 10),
         };
         store.format_or_check(identity)?;
+        // What opening wrote (new databases, a format) is not in the log.
+        store.checkpoint()?;
         Ok(store)
     }
 
+    /// Makes everything committed so far durable: a checkpoint of the
+    /// environment's log (without one, LMDB synced its commits itself).
+    pub fn checkpoint(&self) -> FsResult<()> {
+        match crate::wal::of(self.env) {
+            Some(wal) => wal.lock().unwrap_or_else(|p| p.into_inner()).checkpoint(),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` in a write transaction of its own and makes it durable
+    /// (for writes made while the node starts, before its writers run, and
+    /// for tests); a failed `f` changes nothing.
+    pub fn write_now<T>(
+        &self,
+        f: impl FnOnce(&ShardStore, &mut WriteTxn) -> FsResult<T>,
+    ) -> FsResult<T> {
+        let mut wtxn = WriteTxn::new(self.env.write_txn().map_err(lmdb_err)?);
+        match f(self, &mut wtxn) {
+            Ok(v) => {
+                wtxn.commit().map_err(lmdb_err)?;
+                self.checkpoint()?;
+                Ok(v)
+            }
+            Err(e) => {
+                wtxn.abort();
+                Err(e)
+            }
+        }
+    }
+
     fn format_or_check(&self, identity: &ShardIdentity) -> FsResult<()> {
-        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
+        let mut wtxn = WriteTxn::new(self.env.write_txn().map_err(lmdb_err)?);
         match self.meta.get(&wtxn, &self.meta_key).map_err(lmdb_err)? {
             Some(bytes) => {
                 let meta: ShardMeta = decode(bytes)?;
@@ -488,7 +537,7 @@ impl ShardStore {
     }
 
     /// Entries of `db` that belong to this shard.
-    fn own<'t>(&self, db: Db, txn: &'t RoTxn) -> FsResult<heed::RoRange<'t, Bytes, Bytes>> {
+    fn own<'t>(&self, db: Table, txn: &'t RoTxn) -> FsResult<heed::RoRange<'t, Bytes, Bytes>> {
         let (start, end) = self.own_keys();
         let upper = match &end {
             Some(end) => Bound::Excluded(&end[..]),
@@ -498,7 +547,7 @@ impl ShardStore {
             .map_err(lmdb_err)
     }
 
-    fn count_own(&self, db: Db, txn: &RoTxn) -> FsResult<u64> {
+    fn count_own(&self, db: Table, txn: &RoTxn) -> FsResult<u64> {
         let mut n = 0;
         for item in self.own(db, txn)? {
             item.map_err(lmdb_err)?;
@@ -548,13 +597,13 @@ impl ShardStore {
 
     // ---- write helpers -----------------------------------------------------
 
-    fn put_inode(&self, wtxn: &mut RwTxn, attr: &Attr) -> FsResult<()> {
+    fn put_inode(&self, wtxn: &mut WriteTxn, attr: &Attr) -> FsResult<()> {
         self.inodes
             .put(wtxn, &key_ino(attr.ino), &encode_versioned(attr))
             .map_err(lmdb_err)
     }
 
-    fn delete_inode(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
+    fn delete_inode(&self, wtxn: &mut WriteTxn, ino: Ino) -> FsResult<()> {
         self.inodes.delete(wtxn, &key_ino(ino)).map_err(lmdb_err)?;
         self.free_blocks_from(wtxn, ino, 0)?;
         self.free_pending(wtxn, ino)?;
@@ -563,7 +612,7 @@ impl ShardStore {
 
     fn put_dentry(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         parent: Ino,
         name: &str,
         ino: Ino,
@@ -578,7 +627,7 @@ impl ShardStore {
             .map_err(lmdb_err)
     }
 
-    fn delete_dentry(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<()> {
+    fn delete_dentry(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<()> {
         self.dentries
             .delete(wtxn, &key_name(parent, name))
             .map_err(lmdb_err)
@@ -595,7 +644,7 @@ impl ShardStore {
         }
     }
 
-    fn alloc_ino(&self, wtxn: &mut RwTxn) -> FsResult<Ino> {
+    fn alloc_ino(&self, wtxn: &mut WriteTxn) -> FsResult<Ino> {
         let mut meta = self.meta(wtxn)?;
         let ino = make_id(self.shard, meta.next_ino);
         meta.next_ino += 1;
@@ -605,7 +654,7 @@ impl ShardStore {
         Ok(ino)
     }
 
-    fn alloc_op(&self, wtxn: &mut RwTxn) -> FsResult<OpId> {
+    fn alloc_op(&self, wtxn: &mut WriteTxn) -> FsResult<OpId> {
         let mut meta = self.meta(wtxn)?;
         let op = make_id(self.shard, meta.next_op);
         meta.next_op += 1;
@@ -642,7 +691,7 @@ impl ShardStore {
         }
     }
 
-    fn lock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
+    fn lock_name(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
         self.locks
             .put(
                 wtxn,
@@ -652,7 +701,7 @@ impl ShardStore {
             .map_err(lmdb_err)
     }
 
-    fn unlock_name(&self, wtxn: &mut RwTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
+    fn unlock_name(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str, op: OpId) -> FsResult<()> {
         if self.lock_holder(wtxn, parent, name)? == Some(op) {
             self.locks
                 .delete(wtxn, &key_name(parent, name))
@@ -663,7 +712,7 @@ impl ShardStore {
 
     /// Updates a directory after its entries changed: times, and link count
     /// by `nlink_delta` (subdirectories added or removed).
-    fn touch_dir(&self, wtxn: &mut RwTxn, ino: Ino, nlink_delta: i32, now: i64) -> FsResult<()> {
+    fn touch_dir(&self, wtxn: &mut WriteTxn, ino: Ino, nlink_delta: i32, now: i64) -> FsResult<()> {
         let mut dir = self.getattr(wtxn, ino)?;
         dir.nlink = (dir.nlink as i64 + nlink_delta as i64).max(2) as u32;
         dir.mtime_ns = now;
@@ -695,7 +744,7 @@ impl ShardStore {
     }
 
     /// Decrements a local inode's link count, deleting it at zero.
-    fn drop_link_local(&self, wtxn: &mut RwTxn, ino: Ino, now: i64) -> FsResult<()> {
+    fn drop_link_local(&self, wtxn: &mut WriteTxn, ino: Ino, now: i64) -> FsResult<()> {
         let Some(mut attr) = self.inode(wtxn, ino)? else {
             return Ok(());
         };
@@ -713,7 +762,7 @@ impl ShardStore {
     /// Creates a file or symlink with its inode in this shard.
     pub fn create(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         parent: Ino,
         name: &str,
         attrs: &NewInode,
@@ -746,7 +795,7 @@ impl ShardStore {
     /// Creates a directory whose inode lives in this shard, like its parent.
     pub fn mkdir_local(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         parent: Ino,
         name: &str,
         attrs: &NewInode,
@@ -771,7 +820,7 @@ impl ShardStore {
         Ok(attr)
     }
 
-    pub fn setattr(&self, wtxn: &mut RwTxn, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
+    pub fn setattr(&self, wtxn: &mut WriteTxn, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
         let mut attr = self.getattr(wtxn, ino)?;
         let now = now_ns();
         if let Some(size) = set.size {
@@ -841,7 +890,7 @@ impl ShardStore {
         Ok((attr, blocks))
     }
 
-    fn free_block(&self, wtxn: &mut RwTxn, id: BlockId, locs: Vec<String>) -> FsResult<()> {
+    fn free_block(&self, wtxn: &mut WriteTxn, id: BlockId, locs: Vec<String>) -> FsResult<()> {
         self.owners.delete(wtxn, &key_ino(id)).map_err(lmdb_err)?;
         self.freed
             .put(
@@ -853,7 +902,7 @@ impl ShardStore {
     }
 
     /// Frees the committed blocks of `ino` from index `first` on.
-    fn free_blocks_from(&self, wtxn: &mut RwTxn, ino: Ino, first: u32) -> FsResult<()> {
+    fn free_blocks_from(&self, wtxn: &mut WriteTxn, ino: Ino, first: u32) -> FsResult<()> {
         let start = key_block(ino, first);
         let end = key_ino(ino + 1);
         let range = (Bound::Included(&start[..]), Bound::Excluded(&end[..]));
@@ -872,7 +921,7 @@ impl ShardStore {
     }
 
     /// Frees blocks allocated to writers of `ino` and never committed.
-    fn free_pending(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<()> {
+    fn free_pending(&self, wtxn: &mut WriteTxn, ino: Ino) -> FsResult<()> {
         let mut ids = Vec::new();
         for item in self
             .pending
@@ -893,7 +942,7 @@ impl ShardStore {
     }
 
     /// Drops the blocks past a new, smaller size and shortens the last one.
-    fn truncate_blocks(&self, wtxn: &mut RwTxn, attr: &Attr, size: u64) -> FsResult<()> {
+    fn truncate_blocks(&self, wtxn: &mut WriteTxn, attr: &Attr, size: u64) -> FsResult<()> {
         let bs = attr.block_size;
         if bs == 0 {
             return Ok(());
@@ -935,7 +984,7 @@ impl ShardStore {
     /// Takes the write lease of an existing file.
     pub fn open_write(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         open: &OpenForWrite,
     ) -> FsResult<(Attr, Vec<BlockInfo>, Option<BlockId>)> {
@@ -994,7 +1043,7 @@ impl ShardStore {
     /// block, in one transaction.
     pub fn create_file(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         parent: Ino,
         name: &str,
         attrs: &NewInode,
@@ -1011,7 +1060,7 @@ impl ShardStore {
 
     /// A new block id for block `index` of `ino`, recorded as pending (freed
     /// by the file's next completion unless committed).
-    fn alloc_pending_block(&self, wtxn: &mut RwTxn, ino: Ino, index: u32) -> FsResult<BlockId> {
+    fn alloc_pending_block(&self, wtxn: &mut WriteTxn, ino: Ino, index: u32) -> FsResult<BlockId> {
         let id = self.alloc_ino(wtxn)?;
         let owner = BlockOwner {
             ino,
@@ -1030,7 +1079,7 @@ impl ShardStore {
     /// Allocates block `index` of a file being written, renewing the lease.
     pub fn add_block(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         handle: u64,
         index: u32,
@@ -1049,7 +1098,7 @@ impl ShardStore {
     /// that index, so a confused writer cannot graft another file's data.
     pub fn complete_file(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         handle: u64,
         size: u64,
@@ -1061,7 +1110,7 @@ impl ShardStore {
     /// `complete_file` that also sets the file's UFS state (when `Some`).
     pub fn complete_file_with(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         handle: u64,
         size: u64,
@@ -1200,7 +1249,7 @@ impl ShardStore {
     /// Sets the nodes of a committed block that is still `id`.
     pub fn set_locs(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         index: u32,
         id: BlockId,
@@ -1233,7 +1282,7 @@ impl ShardStore {
         Ok(out)
     }
 
-    pub fn forget_freed(&self, wtxn: &mut RwTxn, ids: &[BlockId]) -> FsResult<()> {
+    pub fn forget_freed(&self, wtxn: &mut WriteTxn, ids: &[BlockId]) -> FsResult<()> {
         for id in ids {
             self.freed.delete(wtxn, &key_ino(*id)).map_err(lmdb_err)?;
         }
@@ -1248,7 +1297,7 @@ impl ShardStore {
 
     pub fn set_xattr(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         name: &str,
         value: &[u8],
@@ -1301,7 +1350,7 @@ impl ShardStore {
         Ok(names)
     }
 
-    pub fn remove_xattr(&self, wtxn: &mut RwTxn, ino: Ino, name: &str) -> FsResult<()> {
+    pub fn remove_xattr(&self, wtxn: &mut WriteTxn, ino: Ino, name: &str) -> FsResult<()> {
         check_xattr(name, None)?;
         let mut attr = self.getattr(wtxn, ino)?;
         if !self
@@ -1317,7 +1366,7 @@ impl ShardStore {
 
     /// Removes a file or symlink entry. Its inode goes with it when it is
     /// local; otherwise an intent to drop the remote link is recorded.
-    pub fn unlink(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
+    pub fn unlink(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
         self.dir(wtxn, parent)?;
         let entry = self
             .dentry(wtxn, parent, name)?
@@ -1353,7 +1402,7 @@ impl ShardStore {
     }
 
     /// Removes an empty directory whose inode lives here.
-    pub fn rmdir_local(&self, wtxn: &mut RwTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
+    pub fn rmdir_local(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
         self.dir(wtxn, parent)?;
         let entry = self
             .dentry(wtxn, parent, name)?
@@ -1385,7 +1434,7 @@ impl ShardStore {
     /// rename changes is here too; otherwise answers `NeedsIntent` and changes nothing.
     pub fn rename_local(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         src_parent: Ino,
         src_name: &str,
         dst_parent: Ino,
@@ -1455,7 +1504,7 @@ impl ShardStore {
     // ---- cross-shard operations --------------------------------------------
 
     /// Validates a cross-shard operation, reserves its name and records it.
-    pub fn begin_intent(&self, wtxn: &mut RwTxn, action: &IntentOp) -> FsResult<Intent> {
+    pub fn begin_intent(&self, wtxn: &mut WriteTxn, action: &IntentOp) -> FsResult<Intent> {
         let action = match action.clone() {
             IntentOp::Mkdir {
                 parent,
@@ -1541,7 +1590,7 @@ impl ShardStore {
         Ok(intent)
     }
 
-    pub fn abort_intent(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+    pub fn abort_intent(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
         let mut intent = self.intent(wtxn, op)?;
         intent.aborting = true;
         self.intents
@@ -1550,7 +1599,7 @@ impl ShardStore {
     }
 
     /// Deletes a finished intent, the locks it still holds here and its step records here.
-    pub fn end_intent(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+    pub fn end_intent(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
         if let Ok(intent) = self.intent(wtxn, op) {
             match &intent.action {
                 IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
@@ -1576,13 +1625,13 @@ impl ShardStore {
     }
 
     /// Deletes the step records of an operation.
-    pub fn forget_op(&self, wtxn: &mut RwTxn, op: OpId) -> FsResult<()> {
+    pub fn forget_op(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
         delete_id_prefix(self.ops, wtxn, op)
     }
 
     /// Deletes step records older than `before_ns` whose operation is no
     /// longer recorded as an intent here. Returns how many went.
-    pub fn sweep_op_records(&self, wtxn: &mut RwTxn, before_ns: i64) -> FsResult<u64> {
+    pub fn sweep_op_records(&self, wtxn: &mut WriteTxn, before_ns: i64) -> FsResult<u64> {
         let mut stale = Vec::new();
         for item in self.ops.iter(wtxn).map_err(lmdb_err)? {
             let (k, v) = item.map_err(lmdb_err)?;
@@ -1611,7 +1660,7 @@ impl ShardStore {
     /// had when it was applied before.
     pub fn apply_step(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         op: OpId,
         step_no: u8,
         step: &Step,
@@ -1730,7 +1779,7 @@ const TABLE_COUNT: u8 = 11;
 const OPS_TABLE: u8 = 5;
 
 impl ShardStore {
-    fn table(&self, n: u8) -> Option<Db> {
+    fn table(&self, n: u8) -> Option<Table> {
         Some(match n {
             0 => self.meta,
             1 => self.inodes,
@@ -1788,16 +1837,14 @@ impl ShardStore {
         let Some(first) = first else {
             return Ok(None);
         };
-        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
-        let stored = self.set_cluster_map(&mut wtxn, 0, first)?;
-        wtxn.commit().map_err(lmdb_err)?;
+        let stored = self.write_now(|s, wtxn| s.set_cluster_map(wtxn, 0, first))?;
         Ok(Some(stored))
     }
 
     /// Stores `map` when the stored version is `expect`; returns what is stored after.
     pub fn set_cluster_map(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         expect: u64,
         map: &ClusterMap,
     ) -> FsResult<ClusterMap> {
@@ -1841,7 +1888,7 @@ impl ShardStore {
     /// stored after (the winner, for a caller that lost a race).
     pub fn set_mounts(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         expect: u64,
         table: &MountTable,
     ) -> FsResult<MountTable> {
@@ -1865,7 +1912,7 @@ impl ShardStore {
     }
 
     /// Sets (or clears) what inode `ino` mirrors of its UFS object.
-    pub fn set_ufs(&self, wtxn: &mut RwTxn, ino: Ino, ufs: Option<UfsState>) -> FsResult<Attr> {
+    pub fn set_ufs(&self, wtxn: &mut WriteTxn, ino: Ino, ufs: Option<UfsState>) -> FsResult<Attr> {
         let mut attr = self.getattr(wtxn, ino)?;
         attr.ufs = ufs;
         self.put_inode(wtxn, &attr)?;
@@ -1882,7 +1929,7 @@ impl ShardStore {
     /// alone. Returns each file as it is afterwards.
     pub fn ufs_sync(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         parent: Ino,
         mount: u32,
         files: &[UfsFile],
@@ -1937,7 +1984,7 @@ impl ShardStore {
     /// UFS object's are left as they are.
     pub fn ufs_refresh(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         mount: u32,
         f: &UfsFile,
@@ -1980,7 +2027,7 @@ impl ShardStore {
     /// caching).
     pub fn ufs_add_block(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         index: u32,
         expect: &UfsFile,
@@ -2005,7 +2052,7 @@ impl ShardStore {
     /// `expect` or another copy got there first.
     pub fn ufs_commit_block(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         info: &BlockInfo,
         expect: &UfsFile,
@@ -2041,7 +2088,7 @@ impl ShardStore {
     }
 
     /// Makes pending block `info` block `info.index` of file `ino`.
-    fn record_block(&self, wtxn: &mut RwTxn, ino: Ino, info: &BlockInfo) -> FsResult<()> {
+    fn record_block(&self, wtxn: &mut WriteTxn, ino: Ino, info: &BlockInfo) -> FsResult<()> {
         self.blocks
             .put(wtxn, &key_block(ino, info.index), &encode_versioned(info))
             .map_err(lmdb_err)?;
@@ -2063,7 +2110,7 @@ impl ShardStore {
     /// content written at `since_ns`.
     pub fn ufs_persisted(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         ino: Ino,
         since_ns: i64,
         state: &UfsState,
@@ -2097,7 +2144,7 @@ impl ShardStore {
     /// Appends `ops` to the journal; their replays join `trace`.
     pub fn journal_append(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn,
         mount: u32,
         ops: &[UfsOp],
         trace: Option<curvine_messages::trace::TraceCtx>,
@@ -2129,7 +2176,7 @@ impl ShardStore {
         Ok(seq)
     }
 
-    pub fn record_put(&self, wtxn: &mut RwTxn, entries: &[(Vec<u8>, Vec<u8>)]) -> FsResult<()> {
+    pub fn record_put(&self, wtxn: &mut WriteTxn, entries: &[(Vec<u8>, Vec<u8>)]) -> FsResult<()> {
         self.journal_check()?;
         for (k, v) in entries {
             let mut key = RECORD_PREFIX.to_vec();
@@ -2194,7 +2241,7 @@ impl ShardStore {
         Ok(out)
     }
 
-    pub fn journal_trim(&self, wtxn: &mut RwTxn, upto: u64) -> FsResult<()> {
+    pub fn journal_trim(&self, wtxn: &mut WriteTxn, upto: u64) -> FsResult<()> {
         self.journal_check()?;
         let keys: Vec<Vec<u8>> = self
             .meta
@@ -2214,7 +2261,7 @@ impl ShardStore {
     }
 
     /// Gives up block `id` allocated by `ufs_add_block` and never committed.
-    pub fn ufs_abort_block(&self, wtxn: &mut RwTxn, ino: Ino, id: BlockId) -> FsResult<()> {
+    pub fn ufs_abort_block(&self, wtxn: &mut WriteTxn, ino: Ino, id: BlockId) -> FsResult<()> {
         let key = key_pending(ino, id);
         if self.pending.get(wtxn, &key).map_err(lmdb_err)?.is_some() {
             self.pending.delete(wtxn, &key).map_err(lmdb_err)?;
@@ -2226,7 +2273,7 @@ impl ShardStore {
     /// Drops the cached blocks of a UFS-backed file (its bytes stay in the
     /// UFS and are read from there again). Refused for a file whose content
     /// is not in the UFS.
-    pub fn ufs_evict(&self, wtxn: &mut RwTxn, ino: Ino) -> FsResult<u32> {
+    pub fn ufs_evict(&self, wtxn: &mut WriteTxn, ino: Ino) -> FsResult<u32> {
         let attr = self.getattr(wtxn, ino)?;
         match &attr.ufs {
             Some(u) if u.persist == Persist::Synced && attr.writing.is_none() => {}
@@ -2293,7 +2340,7 @@ impl ShardStore {
     }
 
     /// Writes exported records into this shard's tables.
-    pub fn import(&self, wtxn: &mut RwTxn, records: &[ShardRecord]) -> FsResult<()> {
+    pub fn import(&self, wtxn: &mut WriteTxn, records: &[ShardRecord]) -> FsResult<()> {
         for r in records {
             let db = self.table(r.table).ok_or_else(|| {
                 FsError::Protocol(format!("shard import names table {}", r.table))
@@ -2310,7 +2357,7 @@ impl ShardStore {
     }
 
     /// Deletes every record of this shard (step records stay: see `owns_record`).
-    pub fn drop_all(&self, wtxn: &mut RwTxn) -> FsResult<()> {
+    pub fn drop_all(&self, wtxn: &mut WriteTxn) -> FsResult<()> {
         self.meta.delete(wtxn, &self.meta_key).map_err(lmdb_err)?;
         if self.shard == 0 {
             self.meta.delete(wtxn, MAP_KEY).map_err(lmdb_err)?;
@@ -2347,7 +2394,7 @@ impl ShardStore {
     }
 }
 
-fn delete_id_prefix(db: Db, wtxn: &mut RwTxn, id: u64) -> FsResult<()> {
+fn delete_id_prefix(db: Table, wtxn: &mut WriteTxn, id: u64) -> FsResult<()> {
     let start = key_ino(id);
     let end = key_ino(id + 1);
     let range = (Bound::Included(&start[..]), Bound::Excluded(&end[..]));

@@ -4,10 +4,12 @@
 //! has one dedicated thread that owns every write to it, whichever shard the
 //! write is for. It takes all queued mutations (up to `meta.group_commit_max`),
 //! waits up to `meta.commit_delay` for more when callers are concurrent,
-//! runs each in a nested transaction of one write transaction, commits once
-//! (one pair of fsyncs), and only then answers each caller. A mutation that
-//! fails or panics is rolled back alone; the others still commit. An
-//! acknowledged mutation is therefore durable.
+//! runs each in a nested transaction of one write transaction, makes the
+//! group durable with one record in the environment's write-ahead log (or,
+//! without a log, with LMDB's own synced commit), commits, and only then
+//! answers each caller. A mutation that fails or panics is rolled back
+//! alone; the others still commit. An acknowledged mutation is therefore
+//! durable.
 //!
 //! The thread also keeps zero-filled space ahead of the end of LMDB's data
 //! file: a commit that writes inside the file costs one journal-free
@@ -22,18 +24,19 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use heed::{Env, RwTxn, WithoutTls};
+use heed::{Env, WithoutTls};
 
 use curvine_messages::{now_ns, FsError, FsResult};
 
 use crate::store::lmdb_err;
 use crate::trace::{outcome_of, Span};
+use crate::txn::WriteTxn;
 
 /// Called once the transaction a mutation ran in has committed (`Ok`) or failed.
 type Completion = Box<dyn FnOnce(FsResult<()>) + Send>;
 /// A mutation: runs inside a nested transaction; says whether it succeeded
 /// and what to do after the commit.
-type Job = Box<dyn FnOnce(&mut RwTxn<'_>) -> (bool, Completion) + Send>;
+type Job = Box<dyn FnOnce(&mut WriteTxn<'_>) -> (bool, Completion) + Send>;
 
 struct Inner {
     tx: mpsc::Sender<Job>,
@@ -84,7 +87,7 @@ impl Writer {
     pub fn submit<T, F, R>(&self, mutation: F, reply: R)
     where
         T: Send + 'static,
-        F: FnOnce(&mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> FsResult<T> + Send + 'static,
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
         self.submit_traced(mutation, reply, None)
@@ -96,7 +99,7 @@ impl Writer {
     pub fn submit_traced<T, F, R>(&self, mutation: F, reply: R, span: Option<Span>)
     where
         T: Send + 'static,
-        F: FnOnce(&mut RwTxn<'_>) -> FsResult<T> + Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> FsResult<T> + Send + 'static,
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
         let queued_ns = span.as_ref().map_or(0, |_| now_ns());
@@ -142,6 +145,7 @@ fn run(
     commit_delay: Duration,
 ) {
     let mut space = Headroom::new(env);
+    let wal = crate::wal::of(env);
     let mut last_batch = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -170,17 +174,31 @@ fn run(
         let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
         let commit = (|| -> FsResult<()> {
             let mut txn = env.write_txn().map_err(lmdb_err)?;
+            let mut changes = Vec::new();
             for job in batch.drain(..) {
-                let mut nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
+                let nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
+                let mut nested = WriteTxn::new(nested);
                 let (ok, completion) = job(&mut nested);
                 if ok {
-                    nested.commit().map_err(lmdb_err)?;
+                    changes.extend(nested.commit().map_err(lmdb_err)?);
                 } else {
                     nested.abort();
                 }
                 completions.push(completion);
             }
-            txn.commit().map_err(lmdb_err)
+            let Some(wal) = &wal else {
+                return txn.commit().map_err(lmdb_err);
+            };
+            // The record is durable before LMDB commits: a reader never
+            // sees a change that a crash could take back.
+            let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
+            wal.append(&changes)?;
+            txn.commit().map_err(lmdb_err)?;
+            // The group is durable whatever a checkpoint says.
+            if let Err(e) = wal.after_commit() {
+                tracing::error!(env = %env.path().display(), error = %e, "metadata checkpoint failed");
+            }
+            Ok(())
         })();
         if let Err(e) = &commit {
             tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
+use curvine_actors::txn::WriteTxn;
 use curvine_actors::writer::Writer;
 use curvine_messages::block::{BlockInfo, BlockUse, FileSpec, WriteLease};
 use curvine_messages::cluster::ClusterMap;
@@ -15,7 +16,6 @@ use curvine_messages::shard::{
 use curvine_messages::{
     make_id, now_ns, shard_of, Attr, FileKind, FsError, FsResult, NewInode, XattrMode, ROOT_INO,
 };
-use heed::RwTxn;
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -27,6 +27,9 @@ fn options() -> StoreOptions {
         map_size: 64 << 20,
         max_readers: 32,
         sync_commit: true,
+        wal: true,
+        wal_size: 1 << 20,
+        checkpoint_interval: Duration::from_millis(500),
     }
 }
 
@@ -57,15 +60,9 @@ impl Fixture {
     fn write<T>(
         &self,
         shard: usize,
-        f: impl FnOnce(&ShardStore, &mut RwTxn) -> FsResult<T>,
+        f: impl FnOnce(&ShardStore, &mut WriteTxn) -> FsResult<T>,
     ) -> FsResult<T> {
-        let store = &self.shards[shard];
-        let mut txn = store.env().write_txn().unwrap();
-        let result = f(store, &mut txn);
-        if result.is_ok() {
-            txn.commit().unwrap();
-        }
-        result
+        self.shards[shard].write_now(f)
     }
 
     fn read<T>(
@@ -142,9 +139,9 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
     let txn = again.read_txn().unwrap();
     assert_eq!(again.lookup(&txn, ROOT_INO, "a").unwrap().ino, a.ino);
     drop(txn);
-    let mut w = again.env().write_txn().unwrap();
-    let b = again.create(&mut w, ROOT_INO, "b", &file(), None).unwrap();
-    w.commit().unwrap();
+    let b = again
+        .write_now(|s, w| s.create(w, ROOT_INO, "b", &file(), None))
+        .unwrap();
     assert!(b.ino > a.ino);
     // Another cluster's identity is refused, naming both.
     let other = ShardIdentity {

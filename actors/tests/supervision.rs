@@ -18,6 +18,9 @@ fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
         map_size: 64 << 20,
         max_readers: 32,
         sync_commit: true,
+        wal: true,
+        wal_size: 1 << 20,
+        checkpoint_interval: std::time::Duration::from_millis(500),
     };
     (0..2u16)
         .map(|shard| {

@@ -83,9 +83,19 @@ pub struct MetaConf {
     /// concurrent changes to any shards share one commit) or `shard` (one
     /// environment per shard).
     pub layout: String,
-    /// Fsync every commit before acknowledging it. Turning this off trades
-    /// the last acknowledged operations on a machine crash for speed.
+    /// Fsync every commit (its log record, with `wal`) before acknowledging
+    /// it. Turning this off trades the last acknowledged operations on a
+    /// machine crash for speed.
     pub sync_commit: bool,
+    /// Make commits durable with a write-ahead log (one sequential write and
+    /// fdatasync per commit) and flush LMDB at checkpoints, instead of
+    /// LMDB's own synced commits (an fdatasync of every page changed).
+    pub wal: bool,
+    /// Preallocated size of each environment's log.
+    pub wal_size: ByteSize,
+    /// Longest time between checkpoints while changes arrive; a restart
+    /// applies at most this much of the log.
+    pub checkpoint_interval: Dur,
     /// Most mutations grouped into one write transaction.
     pub group_commit_max: u32,
     /// How long a commit waits for more mutations when the previous commit
@@ -340,6 +350,9 @@ impl Default for MetaConf {
         MetaConf {
             layout: "node".into(),
             sync_commit: true,
+            wal: true,
+            wal_size: ByteSize(16 << 20),
+            checkpoint_interval: Dur(std::time::Duration::from_millis(100)),
             group_commit_max: 512,
             commit_delay: Dur(std::time::Duration::from_micros(200)),
             map_size: ByteSize(32 << 30),
@@ -903,6 +916,23 @@ impl Config {
                 "meta.layout",
                 format!("{:?}", self.meta.layout),
                 "expected \"node\" or \"shard\"",
+            ));
+        }
+        if !((1 << 20)..=(4 << 30)).contains(&self.meta.wal_size.0) {
+            return Err(invalid(
+                "meta.wal_size",
+                self.meta.wal_size.to_string(),
+                "expected 1MiB to 4GiB",
+            ));
+        }
+        let interval = self.meta.checkpoint_interval.0;
+        if interval < std::time::Duration::from_millis(10)
+            || interval > std::time::Duration::from_secs(3600)
+        {
+            return Err(invalid(
+                "meta.checkpoint_interval",
+                self.meta.checkpoint_interval.to_string(),
+                "expected 10ms to 1h",
             ));
         }
         if self.meta.commit_delay.0 > std::time::Duration::from_millis(100) {

@@ -434,6 +434,9 @@ async fn start_with(
         map_size: config.meta.map_size.0,
         max_readers: config.meta.max_readers,
         sync_commit: config.meta.sync_commit,
+        wal: config.meta.wal,
+        wal_size: config.meta.wal_size.0,
+        checkpoint_interval: config.meta.checkpoint_interval.0,
     };
     let identities: Vec<ShardIdentity> = (0..identity.shard_count as ShardId)
         .map(|shard| ShardIdentity {
@@ -838,6 +841,8 @@ impl RunningNode {
             .supervisor
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
             .await;
+        // A clean stop leaves no metadata log to apply at the next start.
+        let _ = tokio::task::spawn_blocking(curvine_actors::wal::checkpoint_all).await;
     }
 }
 

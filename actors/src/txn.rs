@@ -1,0 +1,180 @@
+//! Write transactions that record what they change.
+//!
+//! Every write to a shard's tables goes through a [`WriteTxn`], which applies
+//! it to LMDB and keeps it as a [`Change`]; the writer thread appends the
+//! changes of a group commit to the environment's write-ahead log before
+//! LMDB commits them (`wal`). Tables are [`Table`]s: their reads are plain
+//! heed reads, their writes take a `WriteTxn`, and there is no way to write
+//! one with a bare `RwTxn`, so no change can bypass the log.
+
+use std::ops::{Bound, Deref, RangeBounds};
+
+use heed::types::Bytes;
+use heed::{Database, RoTxn, RwTxn, WithoutTls};
+use serde::{Deserialize, Serialize};
+
+/// A shard table's LMDB database.
+pub type Db = Database<'static, Bytes, Bytes>;
+
+/// The named databases of a metadata environment, by table number.
+pub const TABLE_NAMES: [&str; 11] = [
+    "meta", "inodes", "dentries", "xattrs", "intents", "ops", "locks", "blocks", "owners",
+    "pending", "freed",
+];
+
+/// One write, as the log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    Put {
+        table: u8,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        table: u8,
+        key: Vec<u8>,
+    },
+    DeleteRange {
+        table: u8,
+        start: Bound<Vec<u8>>,
+        end: Bound<Vec<u8>>,
+    },
+}
+
+/// A table of a metadata environment: its database and its number.
+#[derive(Clone, Copy)]
+pub struct Table {
+    db: Db,
+    number: u8,
+}
+
+impl Table {
+    pub fn new(db: Db, number: u8) -> Table {
+        Table { db, number }
+    }
+
+    pub fn number(&self) -> u8 {
+        self.number
+    }
+
+    pub fn put(&self, w: &mut WriteTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
+        self.db.put(&mut w.txn, key, value)?;
+        w.changes.push(Change::Put {
+            table: self.number,
+            key: key.to_vec(),
+            value: value.to_vec(),
+        });
+        Ok(())
+    }
+
+    pub fn delete(&self, w: &mut WriteTxn, key: &[u8]) -> heed::Result<bool> {
+        let found = self.db.delete(&mut w.txn, key)?;
+        if found {
+            w.changes.push(Change::Delete {
+                table: self.number,
+                key: key.to_vec(),
+            });
+        }
+        Ok(found)
+    }
+
+    pub fn delete_range<R: RangeBounds<[u8]>>(
+        &self,
+        w: &mut WriteTxn,
+        range: &R,
+    ) -> heed::Result<usize> {
+        let deleted = self.db.delete_range(&mut w.txn, range)?;
+        if deleted > 0 {
+            w.changes.push(Change::DeleteRange {
+                table: self.number,
+                start: owned(range.start_bound()),
+                end: owned(range.end_bound()),
+            });
+        }
+        Ok(deleted)
+    }
+}
+
+/// Reads go straight to the database.
+impl Deref for Table {
+    type Target = Db;
+    fn deref(&self) -> &Db {
+        &self.db
+    }
+}
+
+fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// A write transaction (usually one mutation's nested transaction) and the
+/// changes made in it. Reads see its writes, as with any LMDB transaction.
+pub struct WriteTxn<'p> {
+    txn: RwTxn<'p>,
+    changes: Vec<Change>,
+}
+
+impl<'p> WriteTxn<'p> {
+    pub fn new(txn: RwTxn<'p>) -> WriteTxn<'p> {
+        WriteTxn {
+            txn,
+            changes: Vec::new(),
+        }
+    }
+
+    /// Commits the transaction; returns what it changed.
+    pub fn commit(self) -> heed::Result<Vec<Change>> {
+        self.txn.commit()?;
+        Ok(self.changes)
+    }
+
+    /// Drops the transaction and everything it changed.
+    pub fn abort(self) {
+        self.txn.abort();
+    }
+}
+
+impl<'p> Deref for WriteTxn<'p> {
+    type Target = RoTxn<'p, WithoutTls>;
+    fn deref(&self) -> &RoTxn<'p, WithoutTls> {
+        &self.txn
+    }
+}
+
+/// Applies logged changes in `txn` (recovery), with the environment's
+/// databases by table number.
+pub fn apply(txn: &mut RwTxn, dbs: &[Db], changes: &[Change]) -> heed::Result<()> {
+    let db = |table: u8| {
+        dbs.get(table as usize)
+            .copied()
+            .ok_or(heed::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the metadata log names table {table}, which does not exist"),
+            )))
+    };
+    for change in changes {
+        match change {
+            Change::Put { table, key, value } => db(*table)?.put(txn, key, value)?,
+            Change::Delete { table, key } => {
+                db(*table)?.delete(txn, key)?;
+            }
+            Change::DeleteRange { table, start, end } => {
+                let range = (as_ref(start), as_ref(end));
+                db(*table)?.delete_range(txn, &range)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k),
+        Bound::Excluded(k) => Bound::Excluded(k),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}

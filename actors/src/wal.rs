@@ -1,0 +1,513 @@
+//! The write-ahead log of a metadata environment.
+//!
+//! An acknowledged change is durable once its group's record is in the log
+//! (one sequential write and one fdatasync of a preallocated file), not once
+//! LMDB has flushed every page the group touched: LMDB commits without sync
+//! and is flushed at checkpoints.
+//!
+//! LMDB written without sync can, after a machine crash, hold a meta page
+//! that points at pages that never reached the disk, or pages of an older
+//! snapshot overwritten by newer ones. A checkpoint therefore:
+//!
+//! 1. flushes the data file (`force_sync`): the last committed snapshot is
+//!    on disk;
+//! 2. opens a read transaction on that snapshot and holds it until the next
+//!    checkpoint, so LMDB never reuses one of its pages (MVCC never writes a
+//!    page a live reader can see);
+//! 3. copies the two meta pages of the data file into a header slot of the
+//!    log (with a new epoch) and syncs it.
+//!
+//! Recovery (before the environment is opened) writes the saved meta pages
+//! back, which puts LMDB on that snapshot, intact whatever else reached the
+//! disk, and then applies every record of the epoch, in one transaction
+//! (which cannot reuse the snapshot's pages either).
+//!
+//! File layout: two header slots (written alternately; the valid one with
+//! the highest epoch counts), then records: `len u32 | crc32c u32 | epoch
+//! u64 | seq u64 | payload` (postcard `Vec<Change>`, crc over epoch, seq and
+//! payload). The first record that is short, fails its crc or carries
+//! another epoch or sequence number ends the log. The file is preallocated
+//! with zeros and synced, so an fdatasync of a record writes no file-system
+//! metadata.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use heed::{Env, RoTxn, WithoutTls};
+
+use curvine_messages::block::Crc32c;
+use curvine_messages::{FsError, FsResult};
+
+use crate::txn::{Change, Db, TABLE_NAMES};
+
+const MAGIC: &[u8; 8] = b"CRVNWAL1";
+/// Fixed part of a header slot; the meta pages follow it.
+const SLOT_FIXED: usize = 64;
+/// Largest LMDB page size a slot holds two of.
+const MAX_PAGE: usize = 65536;
+/// Bytes of one header slot; records start after the two.
+const SLOT_LEN: u64 = (SLOT_FIXED + 2 * MAX_PAGE).div_ceil(4096) as u64 * 4096;
+const RECORDS_AT: u64 = 2 * SLOT_LEN;
+const RECORD_HEAD: usize = 24;
+const LOG_NAME: &str = "wal";
+
+/// How an environment's log behaves (from `meta.*`).
+#[derive(Debug, Clone)]
+pub struct WalOptions {
+    /// Sync each record (`meta.sync_commit`); without it a machine crash may
+    /// lose the last changes, never the environment.
+    pub sync: bool,
+    /// Preallocated size of the log (`meta.wal_size`).
+    pub size: u64,
+    /// Longest time between checkpoints while changes arrive
+    /// (`meta.checkpoint_interval`).
+    pub checkpoint_interval: Duration,
+}
+
+/// The log of one environment, shared by its writer thread and the
+/// writes made while the node starts.
+pub struct Wal {
+    env: &'static Env<WithoutTls>,
+    opts: WalOptions,
+    log: File,
+    data: File,
+    page_size: usize,
+    len: u64,
+    epoch: u64,
+    next_seq: u64,
+    offset: u64,
+    /// The snapshot of the last checkpoint, held so its pages stay.
+    pin: Option<RoTxn<'static, WithoutTls>>,
+    base_at: Instant,
+    base_pages: usize,
+    /// Set when a sync of the log failed: nothing more is acknowledged.
+    broken: Option<String>,
+    syncs: Arc<crate::stats::Histogram>,
+    checkpoints: Arc<crate::stats::Histogram>,
+}
+
+fn io(what: &str, path: &Path, e: std::io::Error) -> FsError {
+    FsError::Io(format!("metadata log {what} {}: {e}", path.display()))
+}
+
+fn lmdb(e: heed::Error) -> FsError {
+    crate::store::lmdb_err(e)
+}
+
+fn logs() -> &'static Mutex<HashMap<PathBuf, Arc<Mutex<Wal>>>> {
+    static LOGS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<Wal>>>>> = OnceLock::new();
+    LOGS.get_or_init(Default::default)
+}
+
+/// The log of `env`, if it has one.
+pub fn of(env: &'static Env<WithoutTls>) -> Option<Arc<Mutex<Wal>>> {
+    logs()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(env.path())
+        .cloned()
+}
+
+/// What recovery found in a log: the epoch whose records are to be applied.
+pub struct Recovery {
+    epoch: u64,
+}
+
+/// A header slot: its epoch and the two meta pages.
+struct Header {
+    epoch: u64,
+    metas: Vec<u8>,
+}
+
+/// crc32c over `parts` in order.
+fn crc(parts: &[&[u8]]) -> u32 {
+    let mut c = Crc32c::default();
+    for p in parts {
+        c.update(p);
+    }
+    c.value()
+}
+
+fn read_header(log: &File, at: u64) -> Option<Header> {
+    let mut fixed = [0u8; SLOT_FIXED];
+    log.read_exact_at(&mut fixed, at).ok()?;
+    if &fixed[..8] != MAGIC {
+        return None;
+    }
+    let epoch = u64::from_le_bytes(fixed[8..16].try_into().ok()?);
+    let page_size = u32::from_le_bytes(fixed[16..20].try_into().ok()?) as usize;
+    let sum = u32::from_le_bytes(fixed[20..24].try_into().ok()?);
+    if !(512..=MAX_PAGE).contains(&page_size) {
+        return None;
+    }
+    let mut metas = vec![0u8; 2 * page_size];
+    log.read_exact_at(&mut metas, at + SLOT_FIXED as u64).ok()?;
+    (crc(&[&fixed[8..20], &metas]) == sum).then_some(Header { epoch, metas })
+}
+
+/// The valid header with the highest epoch.
+fn newest_header(log: &File) -> Option<Header> {
+    [read_header(log, 0), read_header(log, SLOT_LEN)]
+        .into_iter()
+        .flatten()
+        .max_by_key(|h| h.epoch)
+}
+
+/// Before the environment at `dir` is opened: when it has a log, puts LMDB
+/// back on the snapshot of the log's last checkpoint (its saved meta pages),
+/// so the records can be applied to it once it is open.
+pub fn restore_base(dir: &Path) -> FsResult<Option<Recovery>> {
+    let path = dir.join(LOG_NAME);
+    let log = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("open", &path, e)),
+    };
+    // No valid header: the log never reached its first checkpoint, and
+    // nothing was committed without sync before one.
+    let Some(header) = newest_header(&log) else {
+        return Ok(None);
+    };
+    let data_path = dir.join("data.mdb");
+    let data = OpenOptions::new()
+        .write(true)
+        .open(&data_path)
+        .map_err(|e| io("open", &data_path, e))?;
+    data.write_all_at(&header.metas, 0)
+        .map_err(|e| io("restore", &data_path, e))?;
+    data.sync_data().map_err(|e| io("sync", &data_path, e))?;
+    Ok(Some(Recovery {
+        epoch: header.epoch,
+    }))
+}
+
+/// Reads the records of `epoch` in order.
+fn read_records(log: &File, path: &Path, epoch: u64) -> FsResult<Vec<Vec<Change>>> {
+    let len = log.metadata().map_err(|e| io("stat", path, e))?.len();
+    let mut at = RECORDS_AT;
+    let mut seq = 1u64;
+    let mut out = Vec::new();
+    loop {
+        if at + RECORD_HEAD as u64 > len {
+            break;
+        }
+        let mut head = [0u8; RECORD_HEAD];
+        log.read_exact_at(&mut head, at)
+            .map_err(|e| io("read", path, e))?;
+        let n = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as u64;
+        let sum = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+        let rec_epoch = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        let rec_seq = u64::from_le_bytes(head[16..24].try_into().expect("8 bytes"));
+        if n == 0 || rec_epoch != epoch || rec_seq != seq || at + RECORD_HEAD as u64 + n > len {
+            break;
+        }
+        let mut payload = vec![0u8; n as usize];
+        log.read_exact_at(&mut payload, at + RECORD_HEAD as u64)
+            .map_err(|e| io("read", path, e))?;
+        if crc(&[&head[8..24], &payload]) != sum {
+            break;
+        }
+        // A record that passed its checksum but does not decode was written
+        // by another release: refusing to start beats dropping changes.
+        let changes: Vec<Change> = postcard::from_bytes(&payload).map_err(|e| {
+            FsError::Corrupt(format!(
+                "metadata log {}: record {seq} of epoch {epoch} does not decode ({e}); it was written by another release",
+                path.display()
+            ))
+        })?;
+        out.push(changes);
+        at += RECORD_HEAD as u64 + n;
+        seq += 1;
+    }
+    Ok(out)
+}
+
+/// The named databases of `env` by table number (a record only names
+/// tables that existed at its checkpoint, so opening them writes nothing).
+fn databases(env: &'static Env<WithoutTls>) -> FsResult<Vec<Db>> {
+    let rtxn = env.read_txn().map_err(lmdb)?;
+    let opened = env
+        .open_databases_and_commit(rtxn, |opener, rtxn| -> Result<_, heed::Error> {
+            let mut dbs: [Option<Db>; TABLE_NAMES.len()] = [None; TABLE_NAMES.len()];
+            for (n, name) in TABLE_NAMES.iter().enumerate() {
+                dbs[n] = opener.open_database(rtxn, Some(name))?;
+            }
+            Ok(heed::CommitOrAbort::<_, ()>::Commit(dbs))
+        })
+        .map_err(lmdb)?;
+    let heed::CommitOrAbort::Commit(dbs) = opened else {
+        return Err(FsError::Io("cannot open the metadata databases".into()));
+    };
+    dbs.iter()
+        .zip(TABLE_NAMES)
+        .map(|(db, name)| {
+            db.ok_or_else(|| {
+                FsError::Corrupt(format!(
+                    "the metadata log of {} changes table {name}, which the environment lacks",
+                    env.path().display()
+                ))
+            })
+        })
+        .collect()
+}
+
+impl Wal {
+    /// After `env` at `dir` is opened: applies what `recovery` found, then
+    /// starts the log with a checkpoint (`opts` `None`: the log is removed
+    /// once applied, and LMDB syncs its own commits).
+    pub fn open(
+        env: &'static Env<WithoutTls>,
+        recovery: Option<Recovery>,
+        opts: Option<WalOptions>,
+    ) -> FsResult<()> {
+        let dir = env.path().to_path_buf();
+        let path = dir.join(LOG_NAME);
+        if let Some(rec) = recovery {
+            let log = File::open(&path).map_err(|e| io("open", &path, e))?;
+            let records = read_records(&log, &path, rec.epoch)?;
+            if !records.is_empty() {
+                // One transaction: it cannot reuse a page of the restored
+                // snapshot, so a crash before the next checkpoint finds
+                // that snapshot intact again.
+                let dbs = databases(env)?;
+                let mut wtxn = env.write_txn().map_err(lmdb)?;
+                let mut count = 0;
+                for changes in &records {
+                    crate::txn::apply(&mut wtxn, &dbs, changes).map_err(lmdb)?;
+                    count += changes.len();
+                }
+                wtxn.commit().map_err(lmdb)?;
+                tracing::info!(env = %dir.display(), records = records.len(), changes = count, "applied the metadata log");
+            }
+            env.force_sync().map_err(lmdb)?;
+        }
+        let Some(opts) = opts else {
+            if path.exists() {
+                std::fs::remove_file(&path).map_err(|e| io("remove", &path, e))?;
+            }
+            return Ok(());
+        };
+        let page_size = env.unnamed_database_stat().page_size.max(512) as usize;
+        if page_size > MAX_PAGE {
+            return Err(FsError::InvalidArgument(format!(
+                "{}: LMDB pages of {page_size} bytes are larger than the metadata log holds ({MAX_PAGE})",
+                dir.display()
+            )));
+        }
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io("open", &path, e))?;
+        let epoch = newest_header(&log).map(|h| h.epoch).unwrap_or(0);
+        let want = opts.size.max(RECORDS_AT + (1 << 20));
+        let mut len = log.metadata().map_err(|e| io("stat", &path, e))?.len();
+        if len < want {
+            preallocate(&log, len, want).map_err(|e| io("preallocate", &path, e))?;
+            len = want;
+        }
+        let data_path = dir.join("data.mdb");
+        let data = File::open(&data_path).map_err(|e| io("open", &data_path, e))?;
+        let mut wal = Wal {
+            env,
+            opts,
+            log,
+            data,
+            page_size,
+            len,
+            epoch,
+            next_seq: 1,
+            offset: RECORDS_AT,
+            pin: None,
+            base_at: Instant::now(),
+            base_pages: 0,
+            broken: None,
+            syncs: crate::stats::process().histogram(
+                "curvine_meta_log_write_seconds",
+                "Time to write and sync one record of the metadata log (one group commit).",
+                &[],
+            ),
+            checkpoints: crate::stats::process().histogram(
+                "curvine_meta_checkpoint_seconds",
+                "Time a metadata checkpoint took (flushing LMDB and saving its base).",
+                &[],
+            ),
+        };
+        wal.checkpoint()?;
+        logs()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir, Arc::new(Mutex::new(wal)));
+        Ok(())
+    }
+
+    fn path(&self) -> PathBuf {
+        self.env.path().join(LOG_NAME)
+    }
+
+    fn check(&self) -> FsResult<()> {
+        match &self.broken {
+            Some(why) => Err(FsError::Io(format!(
+                "the metadata log of {} failed ({why}); no change is accepted until the node restarts",
+                self.env.path().display()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes `changes` durable (one record), before they are committed.
+    pub fn append(&mut self, changes: &[Change]) -> FsResult<()> {
+        self.check()?;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let payload = postcard::to_allocvec(changes)
+            .map_err(|e| FsError::Io(format!("encoding a metadata log record: {e}")))?;
+        let need = (RECORD_HEAD + payload.len()) as u64;
+        if self.offset + need > self.len {
+            // The last committed snapshot becomes the base; this group's
+            // record starts the new epoch.
+            self.checkpoint()?;
+            if self.offset + need > self.len {
+                let want = (self.offset + need) * 2;
+                preallocate(&self.log, self.len, want).map_err(|e| io("grow", &self.path(), e))?;
+                self.len = want;
+            }
+        }
+        let started = Instant::now();
+        let mut record = Vec::with_capacity(need as usize);
+        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        record.extend_from_slice(&[0u8; 4]);
+        record.extend_from_slice(&self.epoch.to_le_bytes());
+        record.extend_from_slice(&self.next_seq.to_le_bytes());
+        let crc = crc(&[&record[8..24], &payload]);
+        record[4..8].copy_from_slice(&crc.to_le_bytes());
+        record.extend_from_slice(&payload);
+        self.log
+            .write_all_at(&record, self.offset)
+            .map_err(|e| io("write", &self.path(), e))?;
+        if self.opts.sync {
+            if let Err(e) = self.log.sync_data() {
+                // After a failed fsync the kernel may have dropped the
+                // pages: nothing written since can be trusted.
+                let why = format!("fdatasync: {e}");
+                tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
+                self.broken = Some(why);
+                return self.check();
+            }
+        }
+        self.syncs.observe(started.elapsed());
+        self.offset += need;
+        self.next_seq += 1;
+        Ok(())
+    }
+
+    /// After a commit: checkpoints when one is due (LMDB's pages are left
+    /// to the checkpoint: starting their writeback earlier made every log
+    /// sync wait behind it, 8.8k against 9.5k creates/s here).
+    pub fn after_commit(&mut self) -> FsResult<()> {
+        let pending = self.offset > RECORDS_AT;
+        let grown = self
+            .env
+            .info()
+            .last_page_number
+            .saturating_sub(self.base_pages)
+            .saturating_mul(self.page_size);
+        if pending
+            && (self.base_at.elapsed() >= self.opts.checkpoint_interval
+                || self.offset > self.len / 4 * 3
+                || grown > 128 << 20)
+        {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes LMDB, pins the snapshot and records it as the new base; the
+    /// log starts over. Commits must not run meanwhile (callers hold the
+    /// log's lock across their commits).
+    pub fn checkpoint(&mut self) -> FsResult<()> {
+        self.check()?;
+        let started = Instant::now();
+        self.env.force_sync().map_err(lmdb)?;
+        let synced = started.elapsed();
+        let pin = self.env.read_txn().map_err(lmdb)?;
+        let mut metas = vec![0u8; 2 * self.page_size];
+        let data_path = self.env.path().join("data.mdb");
+        self.data
+            .read_exact_at(&mut metas, 0)
+            .map_err(|e| io("read", &data_path, e))?;
+        let epoch = self.epoch + 1;
+        let mut fixed = [0u8; SLOT_FIXED];
+        fixed[..8].copy_from_slice(MAGIC);
+        fixed[8..16].copy_from_slice(&epoch.to_le_bytes());
+        fixed[16..20].copy_from_slice(&(self.page_size as u32).to_le_bytes());
+        let crc = crc(&[&fixed[8..20], &metas]);
+        fixed[20..24].copy_from_slice(&crc.to_le_bytes());
+        let mut slot = fixed.to_vec();
+        slot.extend_from_slice(&metas);
+        let at = (epoch % 2) * SLOT_LEN;
+        let path = self.path();
+        self.log
+            .write_all_at(&slot, at)
+            .map_err(|e| io("write", &path, e))?;
+        if let Err(e) = self.log.sync_data() {
+            self.broken = Some(format!("fdatasync: {e}"));
+            return self.check();
+        }
+        // The new base is durable: the old one may go.
+        self.pin = Some(pin);
+        self.epoch = epoch;
+        self.next_seq = 1;
+        self.offset = RECORDS_AT;
+        self.base_at = Instant::now();
+        self.base_pages = self.env.info().last_page_number;
+        self.checkpoints.observe(started.elapsed());
+        tracing::debug!(
+            env = %self.env.path().display(),
+            epoch,
+            sync_ms = synced.as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            pages = self.base_pages,
+            "metadata checkpoint"
+        );
+        Ok(())
+    }
+}
+
+/// Extends `file` from `from` to `to` bytes with zeros, and syncs it.
+fn preallocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()
+}
+
+/// Ends every log of this process with a checkpoint (a clean stop leaves
+/// nothing to apply at the next start).
+pub fn checkpoint_all() {
+    let all: Vec<Arc<Mutex<Wal>>> = logs()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    for wal in all {
+        let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
+        if wal.offset > RECORDS_AT {
+            if let Err(e) = wal.checkpoint() {
+                tracing::warn!(env = %wal.env.path().display(), error = %e, "final metadata checkpoint failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The metadata write-ahead log on real LMDB environments: every change
+//! acknowledged by the writer survives the process being killed, and a
+//! machine crash simulated on the files (any subset of the pages LMDB wrote
+//! since its checkpoint lost, meta pages included); a torn record at the
+//! end of the log is ignored; a node started without the log applies and
+//! removes it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
+use curvine_actors::writer::Writer;
+use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
+
+const CHILD_DIR: &str = "CURVINE_WAL_TEST_DIR";
+
+fn options(wal: bool) -> StoreOptions {
+    StoreOptions {
+        map_size: 256 << 20,
+        max_readers: 32,
+        sync_commit: true,
+        wal,
+        wal_size: 1 << 20,
+        // No checkpoint after the ones opening makes: every change of the
+        // test lives in the log and in pages written without sync.
+        checkpoint_interval: Duration::from_secs(3600),
+    }
+}
+
+fn identity(shard: u16) -> ShardIdentity {
+    ShardIdentity {
+        cluster_id: "wal".into(),
+        shard,
+        shard_count: 2,
+    }
+}
+
+fn file() -> NewInode {
+    NewInode {
+        kind: FileKind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        symlink: None,
+        now_ns: now_ns(),
+    }
+}
+
+fn open(dir: &Path, wal: bool) -> Vec<Arc<ShardStore>> {
+    (0..2)
+        .map(|s| {
+            Arc::new(ShardStore::open(&dir.join("meta"), &identity(s), &options(wal)).unwrap())
+        })
+        .collect()
+}
+
+/// The writing process: opens the stores, says `ready`, waits for a line,
+/// then creates files through the writer from many callers at once and
+/// prints each name once its creation is acknowledged.
+#[test]
+#[ignore = "run by the tests below as a child process"]
+fn wal_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let stores = open(Path::new(&dir), true);
+    println!("ready");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let writer = Writer::for_env(stores[0].env(), 512, Duration::from_micros(200));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    // Waves of 16 concurrent creates (so commits carry groups), with a
+    // rename and an unlink now and then, until killed.
+    for wave in 0u32.. {
+        for i in 0..16 {
+            let name = format!("f{wave:05}-{i:02}");
+            let store = stores[0].clone();
+            let tx = tx.clone();
+            let n = name.clone();
+            writer.submit(
+                move |w| store.create(w, ROOT_INO, &n, &file(), None),
+                move |r| {
+                    if r.is_ok() {
+                        let _ = tx.send(name);
+                    }
+                },
+            );
+        }
+        for _ in 0..16 {
+            let name = rx.recv().unwrap();
+            println!("acked {name}");
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+/// Starts the child, copies the data file once it is open (what the disk
+/// holds at its checkpoint), lets it write until `acked` creations were
+/// acknowledged, then kills it. Returns the names and the copy.
+fn write_and_kill(dir: &Path, acked: usize) -> (Vec<String>, Vec<u8>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "wal_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
+        if line.trim().ends_with("ready") {
+            break;
+        }
+    }
+    let base = std::fs::read(dir.join("meta/data.mdb")).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut names = Vec::new();
+    while names.len() < acked {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
+        if let Some(name) = line.trim().strip_prefix("acked ") {
+            names.push(name.to_string());
+        }
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    (names, base)
+}
+
+/// Every acknowledged name is there, and the root counts them all.
+fn assert_all_there(stores: &[Arc<ShardStore>], names: &[String]) {
+    let txn = stores[0].read_txn().unwrap();
+    for name in names {
+        let e = stores[0]
+            .lookup(&txn, ROOT_INO, name)
+            .unwrap_or_else(|e| panic!("acknowledged {name} is gone: {e}"));
+        assert_eq!(e.kind, FileKind::File);
+    }
+    let listed = stores[0]
+        .readdir(&txn, ROOT_INO, None, u32::MAX)
+        .unwrap()
+        .len();
+    assert!(
+        listed >= names.len(),
+        "{listed} entries, {} acknowledged",
+        names.len()
+    );
+    // No entry without its inode, no inode without its entry.
+    let stats = stores[0].stats(&txn).unwrap();
+    assert_eq!(stats.inodes, 1 + listed as u64, "{stats:?}");
+    assert_eq!(stats.dentries, listed as u64, "{stats:?}");
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// A machine crash as the disk may have it: each page LMDB wrote since the
+/// checkpoint either reached the disk or did not (the copy's version).
+fn lose_unsynced_pages(data: &PathBuf, base: &[u8], seed: u64) {
+    let now = std::fs::read(data).unwrap();
+    let ps = page_size();
+    let mut torn = now.clone();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut lost = 0;
+    for (i, page) in torn.chunks_mut(ps).enumerate() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if x.is_multiple_of(2) {
+            let at = i * ps;
+            let old = base.get(at..at + page.len());
+            match old {
+                Some(old) => page.copy_from_slice(old),
+                None => page.fill(0),
+            }
+            lost += 1;
+        }
+    }
+    assert!(lost > 0);
+    std::fs::write(data, torn).unwrap();
+}
+
+#[test]
+fn acknowledged_changes_survive_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let (names, _) = write_and_kill(dir.path(), 400);
+    let stores = open(dir.path(), true);
+    assert_all_there(&stores, &names);
+}
+
+#[test]
+fn acknowledged_changes_survive_a_simulated_machine_crash() {
+    for seed in 1..=3u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let (names, base) = write_and_kill(dir.path(), 300 * seed as usize);
+        lose_unsynced_pages(&dir.path().join("meta/data.mdb"), &base, seed);
+        let stores = open(dir.path(), true);
+        assert_all_there(&stores, &names);
+        // And the environment is whole: more changes commit and read back.
+        let name = "after".to_string();
+        stores[0]
+            .write_now(|s, w| s.create(w, ROOT_INO, &name, &file(), None))
+            .unwrap();
+        assert_all_there(&stores, &[name]);
+    }
+}
+
+#[test]
+fn a_torn_record_at_the_end_is_ignored_and_no_log_applies_and_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (names, _) = write_and_kill(dir.path(), 200);
+    // Bytes of a record that was being written when the process died (its
+    // callers were never answered) follow the last whole record.
+    let log = dir.path().join("meta/wal");
+    let bytes = std::fs::read(&log).unwrap();
+    // Records follow the two header slots: `len u32 | crc | epoch | seq`
+    // then `len` bytes; a zero length ends them.
+    let slot = (64 + 2 * 65536usize).div_ceil(4096) * 4096;
+    let mut end = 2 * slot;
+    loop {
+        let len = u32::from_le_bytes(bytes[end..end + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        end += 24 + len;
+    }
+    assert!(end > 2 * slot, "no records in the log");
+    let mut torn = bytes.clone();
+    let garbage = [0x40, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 7, 7, 7];
+    torn[end..end + garbage.len()].copy_from_slice(&garbage);
+    std::fs::write(&log, torn).unwrap();
+    // Opened without the log: it is applied, then removed.
+    let stores = open(dir.path(), false);
+    assert_all_there(&stores, &names);
+    assert!(!log.exists(), "the log is still there");
+}
