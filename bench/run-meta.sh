@@ -4,8 +4,9 @@
 # against a real node (data on disk, fsync on every commit) and through a
 # FUSE mount of it (the same program's plain system calls), next to the same
 # program on a tmpfs directory and (8 tasks) on the same disk with an fsync
-# per change, all measured in the same run. Writes results/meta.jsonl and
-# RESULTS.md.
+# per change, and (8 tasks) a node committing with LMDB's synced commits
+# instead of its metadata log (meta.wal=false), all measured in the same
+# run. Writes results/meta.jsonl and RESULTS.md.
 #
 #   bench/run-meta.sh            # 30,000 entries (client library), 10,000 (mount)
 #   bench/run-meta.sh --quick    # 2,000 entries (mount: 1,000)
@@ -41,6 +42,11 @@ for t in 1 2 8; do
 done
 echo "== 8 tasks, durable local baseline on disk" >&2
 meta --action local.meta.all --sync --dir "$work/local-sync" --client-threads 8 --file-num "$files"
+echo "== 8 tasks, a node without the metadata log (LMDB synced commits)" >&2
+port2=$(free_port)
+start_node node-lmdb-sync 127.0.0.1 "$port2" "[MEM:1GiB]$shm/tier2" -c meta.wal=false
+meta --cluster "127.0.0.1:$port2" --action meta.all --dir /bench-t8 --client-threads 8 \
+  --file-num "$files" --label lmdb-sync
 
 fstype=$(df -T "$work" | awk 'NR==2 {print $2}')
 write_info meta entries="$files" mount_entries="$mount_files" fstype="$fstype"
