@@ -131,10 +131,12 @@ record() { tee -a "$results_file" >&2; }
 write_info() {
   local name=$1; shift
   python3 - "$mode" "$@" > "$out/results/$name.info.json" <<'PY'
-import json, subprocess, sys, datetime
+import json, os, subprocess, sys, datetime
+# run-all.sh names the commit its binaries were built from.
+commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": commit,
         "mode": sys.argv[1], "quick": sys.argv[1] != "full"}
 for kv in sys.argv[2:]:
     k, v = kv.split("=", 1)

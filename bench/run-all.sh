@@ -42,6 +42,13 @@ if ! python3 -c 'import matplotlib, PIL' 2>/dev/null; then
   echo "installing matplotlib and pillow (plots, decoding in B2) with pip" >&2
   python3 -m pip install --quiet matplotlib pillow >&2
 fi
+# What is measured is what the binaries are built from: the tree as it is
+# now (edits made while the suite runs do not count).
+commit=$(git rev-parse --short HEAD)
+if [ -n "$(git status --porcelain --untracked-files=no -- . ':!bench/results' ':!bench/RESULTS.md' ':!bench/plots')" ]; then
+  commit="$commit (with uncommitted changes)"
+fi
+export BENCH_COMMIT=$commit
 if [ -z "${BENCH_BIN_DIR:-}" ]; then
   cargo build --release --bins --locked
   export BENCH_BIN_DIR=$PWD/target/release
@@ -62,13 +69,11 @@ for g in $groups; do
 done
 
 python3 - "${flag#--}" "$(( $(date +%s) - start ))" "${durations[@]}" > "$BENCH_OUT/results/run.info.json" <<'PY'
-import json, subprocess, sys, datetime
-def sh(cmd):
-    return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+import json, os, sys, datetime
 mode, total, *durs = sys.argv[1:]
 print(json.dumps({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    "commit": sh("git rev-parse --short HEAD") + (" (with uncommitted changes)" if sh("git status --porcelain --untracked-files=no -- . ':!bench/results' ':!bench/RESULTS.md' ':!bench/plots'") else ""),
+    "commit": os.environ["BENCH_COMMIT"],
     "mode": mode or "full", "seconds": int(total),
     "groups": {k: int(v) for k, v in (d.split("=") for d in durs)},
 }))
