@@ -325,16 +325,6 @@ impl Namespace {
         .await
     }
 
-    fn forget(&self, op: OpId, shards: &[ShardId]) {
-        let mut done: Vec<ShardId> = vec![shard_of(op)];
-        for &shard in shards {
-            if !done.contains(&shard) {
-                done.push(shard);
-                self.cast(shard, ShardMsg::ForgetOp { op });
-            }
-        }
-    }
-
     // ---- single lookups ----------------------------------------------------
 
     pub async fn lookup(&self, parent: Ino, name: &str) -> FsResult<DirEntry> {
@@ -1337,7 +1327,6 @@ impl Namespace {
                 )
                 .await?;
                 self.end_intent(op).await?;
-                self.forget(op, &[child_shard]);
                 Ok(Some(created))
             }
             IntentOp::Rmdir { parent, name, ino } => {
@@ -1354,7 +1343,6 @@ impl Namespace {
                 self.step(home, op, 2, Step::UnlinkName { parent, name, ino })
                     .await?;
                 self.end_intent(op).await?;
-                self.forget(op, &[shard_of(ino)]);
                 Ok(None)
             }
             IntentOp::Rename {
@@ -1466,14 +1454,12 @@ impl Namespace {
                     touched.push(shard_of(e.ino));
                 }
                 self.end_intent(op).await?;
-                self.forget(op, &touched);
                 Ok(None)
             }
             IntentOp::DropLink { ino } => {
                 self.step(shard_of(ino), op, 1, Step::DropLink { ino })
                     .await?;
                 self.end_intent(op).await?;
-                self.forget(op, &[shard_of(ino)]);
                 Ok(None)
             }
         }

@@ -29,6 +29,8 @@ pub struct ShardArgs {
     pub group_commit_max: usize,
     pub commit_delay: Duration,
     pub op_record_ttl: Duration,
+    /// How long a writer's lease lasts without renewal (`data.write_lease`).
+    pub write_lease: Duration,
     pub tracer: Tracer,
     pub metrics: Metrics,
 }
@@ -112,6 +114,34 @@ impl Actor for NamespaceShard {
                 Ok(n) if n > 0 => tracing::info!(shard, swept = n, "removed stale step records"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(shard, error = %e, "sweeping step records failed"),
+            },
+        );
+        // Step records of finished operations go once they are older than
+        // the TTL, checked a few times per TTL.
+        let ttl = args.op_record_ttl;
+        let every = (ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        myself.send_interval(every, move || {
+            Traced::new(
+                ShardMsg::SweepOps {
+                    before_ns: now_ns() - ttl.as_nanos() as i64,
+                },
+                None,
+            )
+        });
+        // Blocks of writers that died go once their lease has long run out
+        // (and blocks of fills after an hour).
+        let lease = args.write_lease;
+        myself.send_interval(
+            lease.clamp(Duration::from_secs(1), Duration::from_secs(60)),
+            move || {
+                let now = now_ns();
+                Traced::new(
+                    ShardMsg::ReclaimPending {
+                        lease_before_ns: now - 2 * lease.as_nanos() as i64,
+                        fill_before_ns: now - 3600 * 1_000_000_000,
+                    },
+                    None,
+                )
             },
         );
         tracing::debug!(shard, "namespace shard started");
@@ -362,6 +392,12 @@ impl Actor for NamespaceShard {
                 locs,
                 reply,
             } => state.write(reply, move |s, t| s.set_locs(t, ino, index, id, &locs)),
+            ShardMsg::DropCopy {
+                id,
+                node,
+                apply,
+                reply,
+            } => state.write(reply, move |s, t| s.drop_copy(t, id, &node, apply)),
             ShardMsg::Create {
                 parent,
                 name,
@@ -454,7 +490,33 @@ impl Actor for NamespaceShard {
             ShardMsg::EndIntent { op, reply } => {
                 state.write(reply, move |s, t| s.end_intent(t, op))
             }
-            ShardMsg::ForgetOp { op } => state.write_unanswered(move |s, t| s.forget_op(t, op)),
+            ShardMsg::ReclaimPending {
+                lease_before_ns,
+                fill_before_ns,
+            } => {
+                let shard = state.store.shard;
+                state.write_unanswered(move |s, t| {
+                    let n = s.reclaim_pending(t, lease_before_ns, fill_before_ns)?;
+                    if n > 0 {
+                        tracing::info!(
+                            shard,
+                            files = n,
+                            "freed the unfinished blocks of writers that are gone"
+                        );
+                    }
+                    Ok(())
+                })
+            }
+            ShardMsg::SweepOps { before_ns } => {
+                let shard = state.store.shard;
+                state.write_unanswered(move |s, t| {
+                    let n = s.sweep_op_records(t, before_ns)?;
+                    if n > 0 {
+                        tracing::debug!(shard, swept = n, "removed old step records");
+                    }
+                    Ok(())
+                })
+            }
         }
         // Messages answered in the actor itself (locks, unfreeze).
         if let Some(span) = state.span.take() {

@@ -21,7 +21,7 @@
 //! transaction of the group commit, so a failed mutation leaves nothing.
 //! A directory's inode and its entries always live in the same shard.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -32,7 +32,9 @@ use heed::{CommitOrAbort, Env, EnvOpenOptions, RoTxn, WithoutTls};
 use crate::txn::{Table, WriteTxn, TABLE_NAMES};
 use serde::{Deserialize, Serialize};
 
-use curvine_messages::block::{BlockId, BlockInfo, BlockOwner, BlockUse, FileSpec, FreedBlock};
+use curvine_messages::block::{
+    BlockId, BlockInfo, BlockOwner, BlockUse, CopyDrop, FileSpec, FreedBlock,
+};
 use curvine_messages::cluster::ClusterMap;
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
 use curvine_messages::mount::{JournalEntry, MountTable, Persist, UfsFile, UfsOp, UfsState};
@@ -1070,10 +1072,61 @@ impl ShardStore {
         self.owners
             .put(wtxn, &key_ino(id), &encode_versioned(&owner))
             .map_err(lmdb_err)?;
+        // When it was handed out (see `reclaim_pending`).
         self.pending
-            .put(wtxn, &key_pending(ino, id), &[])
+            .put(wtxn, &key_pending(ino, id), &now_ns().to_be_bytes())
             .map_err(lmdb_err)?;
         Ok(id)
+    }
+
+    /// Frees blocks handed out but never committed whose writer is gone: the
+    /// file's lease was last renewed before `lease_before_ns` (a writer that
+    /// died; the lease is cleared too), or, for blocks of a file nobody
+    /// writes (UFS fills), handed out before `fill_before_ns`. Returns the
+    /// files concerned.
+    pub fn reclaim_pending(
+        &self,
+        wtxn: &mut WriteTxn,
+        lease_before_ns: i64,
+        fill_before_ns: i64,
+    ) -> FsResult<u32> {
+        let mut by_file: BTreeMap<Ino, Vec<(BlockId, i64)>> = BTreeMap::new();
+        for item in self.own(self.pending, wtxn)? {
+            let (k, v) = item.map_err(lmdb_err)?;
+            let at = v.try_into().map(i64::from_be_bytes).unwrap_or(0);
+            by_file
+                .entry(ino_from(k)?)
+                .or_default()
+                .push((ino_from(&k[8..])?, at));
+        }
+        let mut files = 0;
+        for (ino, blocks) in by_file {
+            let attr = self.inode(wtxn, ino)?;
+            let stale: Vec<BlockId> = match attr.as_ref().and_then(|a| a.writing.as_ref()) {
+                Some(lease) if lease.renewed_ns >= lease_before_ns => continue,
+                Some(_) => blocks.iter().map(|(id, _)| *id).collect(),
+                None => blocks
+                    .iter()
+                    .filter(|(_, at)| *at < fill_before_ns)
+                    .map(|(id, _)| *id)
+                    .collect(),
+            };
+            if stale.is_empty() {
+                continue;
+            }
+            for id in stale {
+                self.pending
+                    .delete(wtxn, &key_pending(ino, id))
+                    .map_err(lmdb_err)?;
+                self.free_block(wtxn, id, Vec::new())?;
+            }
+            if let Some(mut attr) = attr.filter(|a| a.writing.is_some()) {
+                attr.writing = None;
+                self.put_inode(wtxn, &attr)?;
+            }
+            files += 1;
+        }
+        Ok(files)
     }
 
     /// Allocates block `index` of a file being written, renewing the lease.
@@ -1268,6 +1321,57 @@ impl ShardStore {
             .put(wtxn, &key, &encode_versioned(&info))
             .map_err(lmdb_err)?;
         Ok(true)
+    }
+
+    /// A bad copy of block `id` on `node`: forgets it when the data is whole
+    /// elsewhere (see `ShardMsg::DropCopy`); without `apply` only says what
+    /// it would do.
+    pub fn drop_copy(
+        &self,
+        wtxn: &mut WriteTxn,
+        id: BlockId,
+        node: &str,
+        apply: bool,
+    ) -> FsResult<CopyDrop> {
+        let Some(v) = self.owners.get(wtxn, &key_ino(id)).map_err(lmdb_err)? else {
+            return Ok(CopyDrop::Unused);
+        };
+        let owner: BlockOwner = decode(v)?;
+        if owner.pending {
+            // Its writer has not closed the file: the block is not data yet
+            // that anyone relies on, and the writer owns it.
+            return Ok(CopyDrop::OnlyCopy);
+        }
+        let key = key_block(owner.ino, owner.index);
+        let Some(v) = self.blocks.get(wtxn, &key).map_err(lmdb_err)? else {
+            return Ok(CopyDrop::Unused);
+        };
+        let mut info: BlockInfo = decode(v)?;
+        if info.id != id || !info.locs.iter().any(|n| n == node) {
+            return Ok(CopyDrop::Unused);
+        }
+        if info.locs.len() > 1 {
+            info.locs.retain(|n| n != node);
+            if apply {
+                self.blocks
+                    .put(wtxn, &key, &encode_versioned(&info))
+                    .map_err(lmdb_err)?;
+            }
+            return Ok(CopyDrop::Dropped {
+                left: info.locs.len() as u32,
+            });
+        }
+        let mirrors = self.inode(wtxn, owner.ino)?.is_some_and(|a| {
+            a.writing.is_none() && a.ufs.as_ref().is_some_and(|u| u.persist == Persist::Synced)
+        });
+        if !mirrors {
+            return Ok(CopyDrop::OnlyCopy);
+        }
+        if apply {
+            self.blocks.delete(wtxn, &key).map_err(lmdb_err)?;
+            self.free_block(wtxn, id, vec![node.to_string()])?;
+        }
+        Ok(CopyDrop::Refetch)
     }
 
     /// Up to `limit` freed blocks still to remove from their nodes.
@@ -1598,7 +1702,7 @@ impl ShardStore {
             .map_err(lmdb_err)
     }
 
-    /// Deletes a finished intent, the locks it still holds here and its step records here.
+    /// Deletes a finished intent and the locks it still holds here.
     pub fn end_intent(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
         if let Ok(intent) = self.intent(wtxn, op) {
             match &intent.action {
@@ -1620,13 +1724,12 @@ impl ShardStore {
                 IntentOp::DropLink { .. } => {}
             }
         }
+        // The step records stay (until swept by age): a step of this
+        // operation that arrives late, from a second driver (the node that
+        // started it retrying while this shard's node re-drove it after a
+        // restart), returns its recorded result instead of applying again.
         self.intents.delete(wtxn, &key_ino(op)).map_err(lmdb_err)?;
-        self.forget_op(wtxn, op)
-    }
-
-    /// Deletes the step records of an operation.
-    pub fn forget_op(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
-        delete_id_prefix(self.ops, wtxn, op)
+        Ok(())
     }
 
     /// Deletes step records older than `before_ns` whose operation is no

@@ -491,13 +491,19 @@ fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
     })
     .unwrap();
     f.write(0, |s, t| s.end_intent(t, intent.op)).unwrap();
-    f.write(1, |s, t| s.forget_op(t, intent.op)).unwrap();
     assert!(f.read(0, |s, t| s.intents(t)).unwrap().is_empty());
     assert_eq!(f.read(0, |s, t| s.stats(t)).unwrap().locks, 0);
     assert_eq!(
         f.read(0, |s, t| s.lookup(t, ROOT_INO, "x")).unwrap().ino,
         attr.ino
     );
+    // A step that arrives after the operation ended (a second driver that
+    // was retrying it) returns what it did the first time: no second inode.
+    let late = f
+        .write(1, |s, t| s.apply_step(t, intent.op, 1, &step))
+        .unwrap();
+    assert_eq!(late, StepResult::Created(attr.clone()));
+    assert_eq!(f.read(1, |s, t| s.scan(t)).unwrap().inodes.len(), 1);
     // Step records are swept once old, and only when their intent is gone.
     let held = f
         .write(0, |s, t| {
@@ -526,13 +532,17 @@ fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
     let swept = f
         .write(1, |s, t| s.sweep_op_records(t, now_ns() + 1))
         .unwrap();
+    // With one environment per shard: the finished operation's step 1 and
+    // the held one's (its intent is in the other environment). With one
+    // environment for both: the finished operation's two steps (the step
+    // table is the environment's), while the held one's stays.
+    assert_eq!(swept, 2);
+    let kept = f
+        .write(1, |s, t| s.sweep_op_records(t, now_ns() + 1))
+        .unwrap();
     assert_eq!(
-        swept,
-        if f.shards[0].same_env(&f.shards[1]) {
-            0
-        } else {
-            1
-        }
+        kept, 0,
+        "the held operation's record stays where its intent is seen"
     );
 }
 
@@ -849,6 +859,40 @@ fn file_blocks_lease_commit_and_free(f: Fixture) {
         f.read(0, |s, t| s.check_blocks(t, &[stale], "")).unwrap(),
         vec![BlockUse::Unknown]
     );
+    // A writer that died and that nobody takes over: its blocks go once
+    // its lease has run out, and the file is no longer being written; a
+    // live lease keeps them.
+    let dead = f.write(0, |s, t| s.add_block(t, c.ino, 6, 0)).unwrap();
+    let renewed = f
+        .read(0, |s, t| s.getattr(t, c.ino))
+        .unwrap()
+        .writing
+        .unwrap()
+        .renewed_ns;
+    assert_eq!(
+        f.write(0, |s, t| s.reclaim_pending(t, renewed, 0)).unwrap(),
+        0,
+        "a fresh lease keeps its blocks"
+    );
+    assert_eq!(
+        f.write(0, |s, t| s.reclaim_pending(t, renewed + 1, 0))
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        f.read(0, |s, t| s.check_blocks(t, &[dead], "")).unwrap(),
+        vec![BlockUse::Unknown]
+    );
+    assert!(f
+        .read(0, |s, t| s.getattr(t, c.ino))
+        .unwrap()
+        .writing
+        .is_none());
+    assert!(f
+        .read(0, |s, t| s.take_freed(t, 100))
+        .unwrap()
+        .iter()
+        .any(|b| b.id == dead));
 
     // A writer's create allocates the first block in the same commit; an
     // append allocates the block holding the end of the file.

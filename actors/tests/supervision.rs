@@ -34,6 +34,7 @@ fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
                 group_commit_max: 64,
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),
+                write_lease: Duration::from_secs(60),
                 tracer: curvine_actors::trace::Tracer::new("n", 1_000, 0.0),
                 metrics: metrics.clone(),
             }

@@ -173,6 +173,18 @@ enum AdminCommand {
         /// Node id, or a unique prefix of it.
         node: String,
     },
+    /// Verify every block of every node against its checksums; exits 1 when
+    /// a problem is left.
+    Scrub {
+        /// Only this node (id, or a unique prefix of it).
+        #[arg(long)]
+        node: Option<String>,
+        /// Drop bad copies whose data is whole elsewhere (another copy, which
+        /// re-replication multiplies again, or the file's UFS object); the
+        /// only copy of data is kept and reported.
+        #[arg(long)]
+        repair: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -733,6 +745,34 @@ async fn run_traced(
                 println!("node {node} has left the cluster; it can be stopped");
             }
         }
+        Command::Admin(AdminCommand::Scrub { node, repair }) => {
+            let nodes = client
+                .scrub(node, repair)
+                .await
+                .map_err(|e| fail("scrub", "", e))?;
+            if json_out {
+                print_json(&nodes);
+            } else {
+                print!("{}", format_scrub(&nodes));
+            }
+            let left = nodes
+                .iter()
+                .map(|n| {
+                    n.problems
+                        .iter()
+                        .filter(|p| !(repair && p.recoverable))
+                        .count()
+                        + usize::from(n.error.is_some())
+                })
+                .sum::<usize>();
+            if left > 0 {
+                return Err(Failure {
+                    what: "scrub".into(),
+                    error: format!("{left} problem(s) left"),
+                    code: 1,
+                });
+            }
+        }
         Command::Admin(AdminCommand::Fsck) => {
             let report = client.fsck().await.map_err(|e| fail("fsck", "", e))?;
             if json_out {
@@ -869,6 +909,31 @@ async fn run_trace(
 }
 
 /// The supervision trees as `actors` prints them: one table per node.
+/// `admin scrub` as text: a line per node, a line per problem.
+fn format_scrub(nodes: &[curvine_messages::rpc::NodeScrub]) -> String {
+    let mut out = String::new();
+    for n in nodes {
+        match &n.error {
+            Some(e) => out.push_str(&format!("node {}: could not scrub: {e}\n", n.node)),
+            None => out.push_str(&format!(
+                "node {}: {} blocks, {} verified in {:.1}s, {} problem(s)\n",
+                n.node,
+                n.blocks,
+                curvine_messages::human_bytes(n.bytes),
+                n.seconds,
+                n.problems.len()
+            )),
+        }
+        for p in &n.problems {
+            out.push_str(&format!(
+                "  block {:#x} ({} tier, {}): {}; {}\n",
+                p.block, p.tier, p.path, p.problem, p.action
+            ));
+        }
+    }
+    out
+}
+
 fn format_actor_trees(trees: &[curvine_messages::stats::NodeActors]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();

@@ -300,6 +300,11 @@ pub struct HttpConf {
     /// `/metrics`). Empty: loopback on the client port + 3; `off`: no HTTP
     /// port. Bind it beyond loopback only on a trusted network.
     pub listen: String,
+    /// Bearer token every request to the node's HTTP port and the FUSE
+    /// mount's metrics must present (`Authorization: Bearer TOKEN`; the
+    /// dashboard also takes `/?token=TOKEN` once and keeps it in a cookie).
+    /// Empty: none asked.
+    pub token: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -840,7 +845,9 @@ impl Loader {
             .iter()
             .map(|(key, (value, source))| Entry {
                 key: key.clone(),
-                value: if key.ends_with("cookie") && value.as_str().is_some_and(|s| !s.is_empty()) {
+                value: if (key.ends_with("cookie") || key == "http.token")
+                    && value.as_str().is_some_and(|s| !s.is_empty())
+                {
                     "\"<redacted>\"".to_string()
                 } else {
                     display_value(value)

@@ -89,8 +89,12 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
     /// Do not let the kernel check permissions from modes (fuse.default_permissions = false).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "check_permission")]
     pub no_default_permissions: bool,
+    /// Let other users use the mount, each held to the modes, owners and
+    /// groups of files (fuse.allow_other and fuse.default_permissions).
+    #[arg(long)]
+    pub check_permission: bool,
     /// Directory for data of random writes until flushed (fuse.stage_dir).
     #[arg(long, value_name = "DIR")]
     pub stage_dir: Option<String>,
@@ -200,6 +204,18 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             args.no_default_permissions,
             "false",
             "--no-default-permissions",
+        ),
+        (
+            "fuse.allow_other",
+            args.check_permission,
+            "true",
+            "--check-permission",
+        ),
+        (
+            "fuse.default_permissions",
+            args.check_permission,
+            "true",
+            "--check-permission",
         ),
         (
             "fuse.readdirplus",
@@ -442,6 +458,7 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
         listen => match curvine_node::http::serve_metrics(
             listen,
             "fuse",
+            &config.http.token,
             curvine_actors::stats::Metrics::new(),
             Arc::new(Vec::new),
         ) {

@@ -1,6 +1,7 @@
 //! Test harness: real `curvine-node` processes and the real CLI, plus a
 //! simple in-memory model of the namespace to compare against.
 
+pub mod fuzzing;
 pub mod model;
 
 use std::io::Read;
@@ -120,6 +121,14 @@ impl NodeProcess {
 
     /// Starts the process without waiting for it to serve.
     fn launch(&mut self, extra: &[&str]) {
+        // The log of an earlier run of the node is kept beside (log.1, ...).
+        if std::fs::metadata(&self.log).is_ok_and(|m| m.len() > 0) {
+            let kept = (1..)
+                .map(|n| self.log.with_extension(format!("log.{n}")))
+                .find(|p| !p.exists())
+                .expect("a free name");
+            let _ = std::fs::rename(&self.log, kept);
+        }
         let log_file = std::fs::File::create(&self.log).expect("node log");
         // Blocks stay inside the test's directory unless the test names tiers.
         let tiers = format!(
@@ -372,6 +381,11 @@ impl NodeProcess {
         self.child.is_some()
     }
 
+    /// The node's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// How many nodes this node sees up (from `report --json`).
     pub fn members_up(&self) -> usize {
         let out = self.cli(&["--json", "report"]);
@@ -387,6 +401,22 @@ impl NodeProcess {
             .map(|nodes| nodes.iter().filter(|n| n["state"] == "up").count())
             .unwrap_or(0)
     }
+}
+
+/// A process's peak resident memory (`VmHWM`) in bytes, and its open file
+/// descriptors.
+pub fn process_usage(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    (peak, fds)
 }
 
 /// Waits until the node reports no pending cross-shard operations.
@@ -477,15 +507,26 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// `GET path` on an HTTP port: the status code and the body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(addr, path, &[]);
+    (status, body)
+}
+
+/// `GET path` with extra request headers: the status code, the response
+/// head (status line and headers) and the body.
+pub fn http_get_with(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String, String) {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(addr)
         .unwrap_or_else(|e| panic!("cannot connect to http://{addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();
@@ -507,7 +548,7 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     } else {
         body.to_string()
     };
-    (status, body)
+    (status, head.to_string(), body)
 }
 
 fn dechunk(mut body: &str) -> String {
@@ -665,6 +706,11 @@ impl FuseMount {
             self.dir.display(),
             self.log_text()
         );
+    }
+
+    /// The mount's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The address of the mount's `/metrics` (from its log).

@@ -263,6 +263,65 @@ fn files_directories_and_their_errnos() {
     assert_eq!(names[2_499], "f02499");
 }
 
+/// Runs `script` in `sh` as user and group `id` (no other groups), with
+/// `$M` the mount point: whether it succeeded, and its stdout and stderr.
+fn as_user(id: u32, m: &FuseMount, script: &str) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args(["--reuid", &id.to_string(), "--regid", &id.to_string()])
+        .args(["--clear-groups", "--", "sh", "-c", script])
+        .env("M", m.path(""))
+        .output()
+        .expect("setpriv (util-linux)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn check_permission_holds_other_users_to_modes_and_owners() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (dir, _node, m) = setup(&["--check-permission"]);
+    // Other users must reach the mount point.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(m.path("secret"), b"top").unwrap();
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.path("open"), b"pub").unwrap();
+    fs::set_permissions(m.path("open"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(m.path("ro")).unwrap();
+    fs::set_permissions(m.path("ro"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(m.path("shared")).unwrap();
+    fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+    let (alice, bob) = (65534, 65533);
+    let denied = |id: u32, script: &str, what: &str| {
+        let (ok, out) = as_user(id, &m, script);
+        assert!(!ok && out.contains(what), "{script} as {id}: {out}");
+    };
+    denied(alice, "cat $M/secret", "Permission denied");
+    denied(alice, "echo x > $M/open", "Permission denied");
+    denied(alice, "touch $M/ro/x", "Permission denied");
+    denied(alice, "chmod 666 $M/open", "Operation not permitted");
+    let (ok, out) = as_user(alice, &m, "cat $M/open");
+    assert!(ok && out == "pub", "{out}");
+    // A file a user creates is theirs, and their modes hold others out.
+    let (ok, out) = as_user(
+        alice,
+        &m,
+        "echo mine > $M/shared/a && chmod 600 $M/shared/a",
+    );
+    assert!(ok, "{out}");
+    let meta = fs::metadata(m.path("shared/a")).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o777),
+        (alice, alice, 0o600)
+    );
+    denied(bob, "cat $M/shared/a", "Permission denied");
+    denied(bob, "chmod 666 $M/shared/a", "Operation not permitted");
+    let (ok, out) = as_user(alice, &m, "cat $M/shared/a");
+    assert!(ok && out == "mine\n", "{out}");
+    // Root is not held back.
+    assert_eq!(fs::read(m.path("shared/a")).unwrap(), b"mine\n");
+}
+
 #[test]
 fn writeback_cache_mount_streams_large_writes_and_keeps_their_times() {
     // With the kernel's writeback cache, its writes of a file arrive at once
@@ -665,9 +724,11 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
 #[test]
 fn fio_verifies_random_writes_and_concurrent_readers_and_writers() {
     let Some(fio) = tool("fio") else { return };
-    let (_dir, _node, m) = setup(&["-c", "data.block_size=4MiB"]);
+    let (dir, _node, m) = setup(&["-c", "data.block_size=4MiB"]);
     let job = |args: &[&str]| {
+        // fio saves its verify state in the working directory.
         let out = Command::new(&fio)
+            .current_dir(dir.path())
             .args([
                 "--ioengine=psync",
                 "--verify=crc32c",

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use curvine_integration::{
-    http_get, random_bytes, runtime, FuseMount, NodeProcess, ProcessCluster, TestS3,
+    http_get, http_get_with, random_bytes, runtime, FuseMount, NodeProcess, ProcessCluster, TestS3,
 };
 use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 
@@ -109,6 +109,60 @@ fn metrics(addr: &str) -> prometheus_parse::Scrape {
     let (status, body) = http_get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
     scrape(&body)
+}
+
+#[test]
+fn http_port_with_a_token_refuses_requests_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &["-c", "http.token=s3cret-tok"]);
+    let addr = node.http_addr.clone();
+    for path in ["/metrics", "/api/overview", "/"] {
+        let (status, head, body) = http_get_with(&addr, path, &[]);
+        assert_eq!(status, 401, "GET {path} without a token: {head}\n{body}");
+        assert!(
+            body.contains("no bearer token") && body.contains("http.token"),
+            "{body}"
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("www-authenticate: bearer"),
+            "{head}"
+        );
+    }
+    let wrong = [("Authorization", "Bearer s3cret-tox")];
+    let (status, _, body) = http_get_with(&addr, "/metrics", &wrong);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("wrong bearer token"), "{body}");
+    let right = [("Authorization", "Bearer s3cret-tok")];
+    let (status, _, body) = http_get_with(&addr, "/metrics", &right);
+    assert_eq!(status, 200, "{body}");
+    assert!(value(&scrape(&body), "curvine_shards_served", &[]).unwrap() >= 1.0);
+    // The dashboard in a browser: the token once in the address, then a
+    // cookie carries it to the API calls of the page.
+    let (status, head, body) = http_get_with(&addr, "/?token=s3cret-tok", &[]);
+    assert_eq!(status, 200, "{body}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l["set-cookie:".len()..].trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no cookie set: {head}"));
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let (status, _, body) = http_get_with(&addr, "/api/overview", &[("Cookie", &pair)]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&node.node_id), "{body}");
+    // The refusals are logged; the token is printed nowhere.
+    let log = node.log_text();
+    assert!(log.contains("http request refused"), "{log}");
+    assert!(!log.contains("s3cret-tok"), "the token is in the log");
+    let shown = node.cli_ok(&["conf", "show", "-c", "http.token=s3cret-tok"]);
+    assert!(
+        !shown.contains("s3cret-tok") && shown.contains("<redacted>"),
+        "{shown}"
+    );
 }
 
 #[test]

@@ -228,3 +228,144 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     }
     drop(b);
 }
+
+/// Runs `tc ARGS`; false when it fails.
+fn tc(args: &[&str]) -> bool {
+    Command::new("tc")
+        .args(args)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
+    let tag = format!("{}", (std::process::id() + 50_000) % 100_000);
+    let Some(ns) = Netns::create(&tag) else {
+        eprintln!("skipping the slow-link test: needs root and ip netns");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", FAST_CLUSTER);
+    let mut joined: Vec<&str> = FAST_CLUSTER.to_vec();
+    joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
+    let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
+    let far = NodeProcess::start_wrapped(&dir.path().join("far"), "10.77.0.2", &joined, &wrapper);
+    wait_for("two nodes up", || {
+        a.members_up() == 2 && far.members_up() == 2
+    });
+    cli_ok(&a, &["admin", "rebalance"]);
+    // A slow link that loses packets: the host end shapes to 20 Mbit/s with
+    // up to 300 ms of queue (tbf), and the far end drops 5% of the packets
+    // it sends and receives (iptables; netem is not in every kernel).
+    let shaped = tc(&[
+        "qdisc",
+        "add",
+        "dev",
+        ns.host_if.as_str(),
+        "root",
+        "tbf",
+        "rate",
+        "20mbit",
+        "burst",
+        "32kbit",
+        "latency",
+        "300ms",
+    ]);
+    let lossy = ["INPUT", "OUTPUT"].iter().all(|chain| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.name.as_str(),
+                "iptables",
+                "-A",
+                chain,
+                "-m",
+            ])
+            .args([
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                "0.05",
+                "-j",
+                "DROP",
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    });
+    if !(shaped && lossy) {
+        eprintln!("skipping the slow-link test: needs tc tbf and iptables (the statistic match)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let bytes: Vec<u8> = (0..2_500_000u32).map(|i| (i * 7 % 253) as u8).collect();
+    rt.block_on(async {
+        let c = a.client().await;
+        // Every operation through the slow link completes, none beyond the
+        // timeouts, and each took effect once.
+        for i in 0..12 {
+            let started = Instant::now();
+            let d = format!("/slow{i}");
+            c.mkdir(&d, false).await.unwrap();
+            c.create(&format!("{d}/f")).await.unwrap();
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{d}: {:?}",
+                started.elapsed()
+            );
+        }
+        put(&c, "/slow0/data", &bytes, 2).await;
+        assert!(get(&c, "/slow0/data").await == bytes);
+        let listed = c.list_all("/").await.unwrap();
+        assert_eq!(listed.len(), 12, "{listed:?}");
+    });
+    // Now cut the link. A shard on the far node takes no write from this
+    // side (it fails once the node is down), while a client beside the far
+    // node still writes to it: the name is created exactly once. (Shard 0,
+    // where every path starts, goes to the far node first.)
+    cli_ok(&a, &["admin", "move-shard", "0", &far.node_id]);
+    let map: serde_json::Value =
+        serde_json::from_str(&cli_ok(&a, &["--json", "admin", "shards"])).unwrap();
+    // A directory whose entries (they live in its inode's shard) are on the
+    // far node.
+    let far_dir = rt.block_on(async {
+        let c = a.client().await;
+        for i in 0..12 {
+            let d = format!("/slow{i}");
+            let shard = curvine_messages::shard_of(c.stat(&d).await.unwrap().ino) as usize;
+            if map["shards"][shard].as_str() == Some(far.node_id.as_str()) {
+                return d;
+            }
+        }
+        panic!("no directory on the far node's shards: {map}");
+    });
+    ns.link(false);
+    let name = format!("{far_dir}/once");
+    let near = a.cli(&["fs", "touch", &name]);
+    assert!(
+        !near.status.success(),
+        "a write reached a shard across a cut link"
+    );
+    let inside = Command::new("ip")
+        .args(["netns", "exec", ns.name.as_str()])
+        .arg(curvine_integration::bin("curvine-cli"))
+        .args(["--cluster", &far.addr, "fs", "touch", &name])
+        .output()
+        .unwrap();
+    assert!(
+        inside.status.success(),
+        "the far side's own client: {}",
+        String::from_utf8_lossy(&inside.stderr)
+    );
+    ns.link(true);
+    wait_for("both nodes up again", || a.members_up() == 2);
+    let out = cli_ok(&a, &["fs", "ls", &far_dir]);
+    assert_eq!(out.lines().filter(|l| *l == "once").count(), 1, "{out}");
+}

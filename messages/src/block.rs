@@ -184,6 +184,21 @@ pub enum BlockUse {
     Unknown,
 }
 
+/// What a shard did with a bad copy of a block ([`crate::shard::ShardMsg::DropCopy`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CopyDrop {
+    /// The node is no longer one of the block's copies; `left` remain (and
+    /// re-replication tops the file up).
+    Dropped { left: u32 },
+    /// It was the only cached copy of a UFS file: the block is forgotten and
+    /// read from the UFS object again.
+    Refetch,
+    /// The only copy of data nobody else holds: kept.
+    OnlyCopy,
+    /// No file uses the block on that node (already replaced or freed).
+    Unused,
+}
+
 /// A block the shard no longer references, to be removed from its nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FreedBlock {

@@ -238,6 +238,12 @@ pub enum PeerMsg {
         pull: PullBlock,
         reply: RpcReplyPort<FsResult<()>>,
     },
+    /// Verify this node's blocks (`admin scrub`), dropping bad copies that
+    /// have another when `repair`.
+    Scrub {
+        repair: bool,
+        reply: RpcReplyPort<FsResult<crate::rpc::NodeScrub>>,
+    },
     /// Cache part of a UFS file on this node (a load job's task); replies
     /// with the bytes read from the UFS.
     Load {
@@ -261,6 +267,7 @@ impl PeerMsg {
             PeerMsg::Join(_) => "join",
             PeerMsg::Shard { .. } => "shard",
             PeerMsg::Drain { .. } => "drain",
+            PeerMsg::Scrub { .. } => "scrub",
             PeerMsg::Report(_) => "report",
             PeerMsg::Actors(_) => "actors",
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
@@ -341,6 +348,9 @@ impl ractor::Message for PeerMsg {
                 encode_peer("trace query", &query),
                 bridge_out(reply),
             ),
+            PeerMsg::Scrub { repair, reply } => {
+                call("scrub", encode_peer("scrub", &repair), bridge_out(reply))
+            }
             PeerMsg::Drain {
                 draining,
                 leave,
@@ -417,6 +427,13 @@ impl ractor::Message for PeerMsg {
                 "remove_blocks" => match decode_peer::<Vec<BlockId>>("remove blocks", &args) {
                     Ok(ids) => PeerMsg::RemoveBlocks {
                         ids,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "scrub" => match decode_peer::<bool>("scrub", &args) {
+                    Ok(repair) => PeerMsg::Scrub {
+                        repair,
                         reply: bridge_in(reply),
                     },
                     Err(e) => invalid(e, Some(reply)),

@@ -9,8 +9,9 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The client/node protocol version. Bumped on any incompatible change to
-/// [`crate::rpc`]; checked when a connection opens.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// [`crate::rpc`] or to the messages between nodes ([`crate::cluster`],
+/// [`crate::shard`]); checked when a connection opens.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The first bytes of every client connection.
 pub const MAGIC: [u8; 4] = *b"CRVN";

@@ -496,6 +496,44 @@ calls! {
     TraceEvents => Vec<NodeTrace>, Traces;
     Actors => Vec<crate::stats::NodeActors>, ActorTrees;
     RecordTrace => (), Done;
+    Scrub => Vec<NodeScrub>, Scrubbed;
+}
+
+/// Verify every block of every node (or of `node`) against the checksums in
+/// its index (`admin scrub`). With `repair`, a bad copy is dropped when the
+/// block has another copy or its file's UFS object holds the bytes; the
+/// only copy of data is reported and kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scrub {
+    pub node: Option<String>,
+    pub repair: bool,
+}
+
+/// One node's scrub.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeScrub {
+    pub node: String,
+    /// Blocks verified and their bytes.
+    pub blocks: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub problems: Vec<ScrubProblem>,
+    /// Why the node could not scrub (then the counts are 0).
+    pub error: Option<String>,
+}
+
+/// A block that failed its verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubProblem {
+    pub block: crate::block::BlockId,
+    pub tier: String,
+    pub path: String,
+    /// What is wrong: missing, short, a checksum mismatch in a unit.
+    pub problem: String,
+    /// What repair did, or without it what `--repair` would do.
+    pub action: String,
+    /// Whether the block's data is still whole somewhere (another copy, the UFS).
+    pub recoverable: bool,
 }
 
 /// Trace events recorded by a client (a FUSE mount) for the node to keep
@@ -559,6 +597,7 @@ pub enum Response {
     Jobs(Vec<crate::mount::LoadJob>),
     Traces(Vec<NodeTrace>),
     ActorTrees(Vec<crate::stats::NodeActors>),
+    Scrubbed(Vec<NodeScrub>),
 }
 
 impl Response {
@@ -588,6 +627,7 @@ impl Response {
             Response::Jobs(_) => "Jobs",
             Response::Traces(_) => "Traces",
             Response::ActorTrees(_) => "ActorTrees",
+            Response::Scrubbed(_) => "Scrubbed",
         }
     }
 }

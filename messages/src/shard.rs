@@ -447,6 +447,11 @@ shard_messages! {
             /// Sets the nodes of block `index` of `ino` when it is still block
             /// `id`; `false` when the file has moved on (the copy is then an orphan).
             SetLocs { ino: Ino, index: u32, id: BlockId, locs: Vec<String> } -> bool;
+            /// A copy of block `id` on `node` is bad (scrub): forget that copy
+            /// when the data is whole elsewhere (another copy, or the UFS
+            /// object of a file that mirrors it); keep the only copy.
+            /// Without `apply`, only says what it would do.
+            DropCopy { id: BlockId, node: String, apply: bool } -> crate::block::CopyDrop;
             /// Takes the cluster's lock for moving directories across
             /// directories (shard 0 holds it, in memory, for `lease_ms`);
             /// `false` while another holder's lease runs.
@@ -497,9 +502,15 @@ shard_messages! {
             /// Forget freed blocks once their nodes removed them. May be lost: they
             /// are taken again and removal is idempotent.
             ForgetFreed { ids: Vec<BlockId> };
-            /// Delete the step records of a finished operation. May be lost: leftover
-            /// records are swept by age.
-            ForgetOp { op: OpId };
+            /// Delete step records older than `before_ns` of operations no longer
+            /// pending here (sent by the shard to itself now and then). May be
+            /// lost: the next one sweeps.
+            SweepOps { before_ns: i64 };
+            /// Free uncommitted blocks of writers that are gone (leases last
+            /// renewed before `lease_before_ns`) and of UFS fills handed out
+            /// before `fill_before_ns` (sent by the shard to itself now and
+            /// then). May be lost: the next one reclaims.
+            ReclaimPending { lease_before_ns: i64, fill_before_ns: i64 };
         }
     }
 }
@@ -549,7 +560,8 @@ impl ShardMsg {
             ShardMsg::AbortIntent { .. } => "abort_intent",
             ShardMsg::ApplyStep { .. } => "apply_step",
             ShardMsg::EndIntent { .. } => "end_intent",
-            ShardMsg::ForgetOp { .. } => "forget_op",
+            ShardMsg::SweepOps { .. } => "sweep_ops",
+            ShardMsg::ReclaimPending { .. } => "reclaim_pending",
             ShardMsg::ListIntents { .. } => "list_intents",
             ShardMsg::Stats { .. } => "stats",
             ShardMsg::Scan { .. } => "scan",
@@ -562,6 +574,7 @@ impl ShardMsg {
             ShardMsg::Unfreeze { .. } => "unfreeze",
             ShardMsg::ScanBlocks { .. } => "scan_blocks",
             ShardMsg::SetLocs { .. } => "set_locs",
+            ShardMsg::DropCopy { .. } => "drop_copy",
             ShardMsg::LockRenames { .. } => "lock_renames",
             ShardMsg::UnlockRenames { .. } => "unlock_renames",
             ShardMsg::GetMounts { .. } => "get_mounts",

@@ -28,7 +28,7 @@ const EXPORT_CHUNK: u32 = 1 << 20;
 
 impl Service {
     /// A member by id (or unique id prefix).
-    fn find_member(&self, node: &str) -> FsResult<MemberInfo> {
+    pub(crate) fn find_member(&self, node: &str) -> FsResult<MemberInfo> {
         let matches: Vec<_> = self
             .view
             .members()

@@ -566,6 +566,17 @@ impl Client {
         self.call(Blocks { path: path.into() }).await
     }
 
+    /// Verifies the blocks of every node (or of `node`); with `repair`,
+    /// drops bad copies whose data is whole elsewhere.
+    pub async fn scrub(
+        &self,
+        node: Option<String>,
+        repair: bool,
+    ) -> FsResult<Vec<curvine_messages::rpc::NodeScrub>> {
+        self.call(curvine_messages::rpc::Scrub { node, repair })
+            .await
+    }
+
     /// Keeps trace events recorded here (a FUSE mount's) in the node's ring.
     pub async fn record_trace(
         &self,

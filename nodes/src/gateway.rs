@@ -208,6 +208,16 @@ impl Actor for Gateway {
                     let _ = reply.send(result);
                 }));
             }
+            PeerMsg::Scrub { repair, reply } => {
+                let service = state.service();
+                tokio::spawn(async move {
+                    let result = match service {
+                        Ok(s) => s.scrub_local(repair).await,
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
             PeerMsg::Drain {
                 draining,
                 leave,

@@ -9,7 +9,10 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpResponse, HttpServer};
 
 use curvine_actors::stats::{Metrics, Sample};
@@ -40,23 +43,117 @@ impl HttpHandle {
     }
 }
 
-/// Serves the routes `configure` adds on `listener` from a thread of its own.
-pub fn serve<F>(listener: TcpListener, name: &str, configure: F) -> std::io::Result<HttpHandle>
+/// The cookie the dashboard keeps the bearer token in.
+const TOKEN_COOKIE: &str = "curvine_token";
+
+/// The bearer token a request presents: the `Authorization` header, the
+/// dashboard's cookie, or a `token` query parameter (with whether it came
+/// in the query, so the reply sets the cookie).
+fn presented_token(req: &ServiceRequest) -> Option<(String, bool)> {
+    if let Some(v) = req.headers().get(header::AUTHORIZATION) {
+        let v = v.to_str().ok()?;
+        return v
+            .strip_prefix("Bearer ")
+            .map(|t| (t.trim().to_string(), false));
+    }
+    for cookies in req.headers().get_all(header::COOKIE) {
+        let Ok(cookies) = cookies.to_str() else {
+            continue;
+        };
+        for c in cookies.split(';') {
+            if let Some(v) = c
+                .trim()
+                .strip_prefix(TOKEN_COOKIE)
+                .and_then(|r| r.strip_prefix('='))
+            {
+                return Some((v.to_string(), false));
+            }
+        }
+    }
+    web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+        .ok()?
+        .get("token")
+        .map(|t| (t.clone(), true))
+}
+
+/// Equality that takes as long wherever the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses (401) a request that does not present `token`, when there is one.
+async fn require_token<B: MessageBody + 'static>(
+    token: Option<Arc<str>>,
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let Some(token) = token else {
+        return Ok(next.call(req).await?.map_into_left_body());
+    };
+    match presented_token(&req) {
+        Some((t, from_query)) if same_secret(t.as_bytes(), token.as_bytes()) => {
+            let mut res = next.call(req).await?;
+            if from_query {
+                if let Ok(v) = header::HeaderValue::from_str(&format!(
+                    "{TOKEN_COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict"
+                )) {
+                    res.headers_mut().insert(header::SET_COOKIE, v);
+                }
+            }
+            Ok(res.map_into_left_body())
+        }
+        presented => {
+            let peer = req
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "?".into());
+            let why = if presented.is_some() {
+                "a wrong bearer token"
+            } else {
+                "no bearer token"
+            };
+            tracing::warn!(%peer, path = req.path(), "http request refused: {why} (http.token)");
+            let reply = HttpResponse::Unauthorized()
+                .insert_header((header::WWW_AUTHENTICATE, "Bearer realm=\"curvine\""))
+                .body(format!(
+                    "refused: {why}; send the node's http.token as 'Authorization: Bearer TOKEN'\n"
+                ));
+            Ok(req.into_response(reply).map_into_right_body())
+        }
+    }
+}
+
+/// Serves the routes `configure` adds on `listener` from a thread of its
+/// own; with a non-empty `token`, only to requests that present it.
+pub fn serve<F>(
+    listener: TcpListener,
+    name: &str,
+    token: &str,
+    configure: F,
+) -> std::io::Result<HttpHandle>
 where
     F: Fn(&mut web::ServiceConfig) + Send + Sync + Clone + 'static,
 {
     let addr = listener.local_addr()?.to_string();
+    let token: Option<Arc<str>> = (!token.is_empty()).then(|| token.into());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name(format!("{name}-http"))
         .spawn(move || {
             let system = actix_web::rt::System::new();
             system.block_on(async move {
-                let server = HttpServer::new(move || App::new().configure(configure.clone()))
-                    .workers(1)
-                    .disable_signals()
-                    .shutdown_timeout(1)
-                    .listen(listener);
+                let server = HttpServer::new(move || {
+                    let token = token.clone();
+                    App::new()
+                        .wrap(from_fn(move |req, next| {
+                            require_token(token.clone(), req, next)
+                        }))
+                        .configure(configure.clone())
+                })
+                .workers(1)
+                .disable_signals()
+                .shutdown_timeout(1)
+                .listen(listener);
                 match server {
                     Ok(server) => {
                         let server = server.run();
@@ -81,11 +178,12 @@ where
 pub fn serve_metrics(
     listen: &str,
     name: &str,
+    token: &str,
     metrics: Metrics,
     extra: Arc<dyn Fn() -> Vec<Sample> + Send + Sync>,
 ) -> std::io::Result<HttpHandle> {
     let listener = TcpListener::bind(listen)?;
-    serve(listener, name, move |cfg| {
+    serve(listener, name, token, move |cfg| {
         let (metrics, extra) = (metrics.clone(), extra.clone());
         cfg.route(
             "/metrics",
@@ -150,7 +248,11 @@ fn json<T: serde::Serialize>(result: FsResult<T>) -> HttpResponse {
 }
 
 /// Starts the node's HTTP port on `listener`.
-pub fn serve_node(listener: TcpListener, service: Arc<Service>) -> std::io::Result<HttpHandle> {
+pub fn serve_node(
+    listener: TcpListener,
+    service: Arc<Service>,
+    token: &str,
+) -> std::io::Result<HttpHandle> {
     let web = NodeWeb {
         service: service.clone(),
         rt: tokio::runtime::Handle::current(),
@@ -158,6 +260,7 @@ pub fn serve_node(listener: TcpListener, service: Arc<Service>) -> std::io::Resu
     serve(
         listener,
         &format!("node-{}", service.node_id()),
+        token,
         move |cfg| {
             cfg.app_data(web::Data::new(web.clone()))
                 .route("/", web::get().to(dashboard))

@@ -12,6 +12,7 @@ pub mod join;
 pub mod load;
 pub mod node;
 pub mod persist;
+pub mod scrub;
 pub mod server;
 pub mod service;
 pub mod ufs;

@@ -489,6 +489,7 @@ async fn start_with(
             group_commit_max: config.meta.group_commit_max as usize,
             commit_delay: config.meta.commit_delay.0,
             op_record_ttl: config.meta.op_record_ttl.0,
+            write_lease: config.data.write_lease.0,
             tracer: tracer.clone(),
             metrics: metrics.clone(),
         })
@@ -736,16 +737,17 @@ async fn start_with(
     });
     refresh_mounts(mounts, service.namespace.clone());
     let _ = service_slot.set(Arc::downgrade(&service));
-    let http =
-        match http_listener {
-            Some(l) => Some(crate::http::serve_node(l, service.clone()).map_err(|e| {
+    let http = match http_listener {
+        Some(l) => Some(
+            crate::http::serve_node(l, service.clone(), &config.http.token).map_err(|e| {
                 StartError::Listen {
                     addr: "http.listen".into(),
                     reason: e.to_string(),
                 }
-            })?),
-            None => None,
-        };
+            })?,
+        ),
+        None => None,
+    };
     let server = tokio::spawn(crate::server::serve(listener, service.clone()));
     let replicator = tokio::spawn(replicate_loop(
         Arc::downgrade(&service),

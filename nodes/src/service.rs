@@ -16,8 +16,8 @@ use curvine_messages::block::{Access, BlockId, BlockMsg, DataNode, FreeSummary};
 use curvine_messages::cluster::{MemberState, PeerMsg};
 use curvine_messages::mount::MountInfo;
 use curvine_messages::rpc::{
-    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, NodeTrace,
-    Request, Response, TraceEvents, WriteOpen,
+    BlockDetail, BlockGrant, BlockReplica, ClusterReport, FileBlocks, NodeReport, NodeScrub,
+    NodeTrace, Request, Response, TraceEvents, WriteOpen,
 };
 use curvine_messages::stats::NodeActors;
 use curvine_messages::{FileKind, FsError, FsResult};
@@ -198,113 +198,160 @@ impl Service {
         })
     }
 
-    /// Trace events of every node (or of `query.node`), asked in parallel;
-    /// a node that cannot answer is listed with the reason.
-    pub async fn trace_events(&self, req: TraceEvents) -> FsResult<Vec<NodeTrace>> {
-        req.query.validate()?;
+    /// Asks every node (or `only`) in parallel: this node with `here`, the
+    /// others through their gateways with the message `peer` builds. Each
+    /// node's answer, or why it could not give one; `what` names the
+    /// request in errors.
+    async fn ask_nodes<T, H, HF, P>(
+        &self,
+        only: Option<&str>,
+        what: &str,
+        timeout: Duration,
+        here: H,
+        peer: P,
+    ) -> FsResult<Vec<(String, FsResult<T>)>>
+    where
+        T: Send + 'static,
+        H: Fn() -> HF,
+        HF: std::future::Future<Output = FsResult<T>>,
+        P: Fn(&str, ractor::RpcReplyPort<FsResult<T>>) -> PeerMsg,
+    {
         let members = self.view.members();
-        if let Some(node) = &req.query.node {
-            if !members.iter().any(|m| &m.info.node_id == node) {
-                return Err(FsError::NotFound(format!(
-                    "trace query --node {node}: no such node in this cluster"
-                )));
-            }
-        }
-        let asks = members
-            .into_iter()
-            .filter(|m| req.query.node.as_ref().is_none_or(|n| *n == m.info.node_id))
-            .map(|m| {
-                let node = m.info.node_id.clone();
-                let mut query = req.query.clone();
-                if let Some((_, seq)) = req.cursors.iter().find(|(n, _)| *n == node) {
-                    query.from_seq = Some(*seq);
-                }
-                async move {
-                    let result = if node == self.info.node_id {
-                        self.recorder.query(query).await
-                    } else {
-                        match self.view.gateway(&node) {
-                            Ok(gw) => match gw
-                                .call(
-                                    |reply| PeerMsg::Trace { query, reply },
-                                    Some(Duration::from_secs(10)),
-                                )
-                                .await
-                            {
-                                Ok(CallResult::Success(r)) => r,
-                                Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
-                                    "node {node} did not answer in 10s"
-                                ))),
-                                _ => Err(FsError::Unavailable(format!("node {node} is gone"))),
-                            },
-                            Err(e) => Err(e),
-                        }
-                    };
-                    match result {
-                        Ok(batch) => NodeTrace {
-                            node,
-                            batch,
-                            error: None,
-                        },
-                        Err(e) => NodeTrace {
-                            node,
-                            batch: Default::default(),
-                            error: Some(e.to_string()),
-                        },
-                    }
-                }
-            });
-        Ok(futures::future::join_all(asks).await)
-    }
-
-    /// The supervision tree of every node (or of `node`), asked in parallel.
-    pub async fn actors(&self, node: Option<&str>) -> FsResult<Vec<NodeActors>> {
-        let members = self.view.members();
-        if let Some(node) = node {
+        if let Some(node) = only {
             if !members.iter().any(|m| m.info.node_id == node) {
                 return Err(FsError::NotFound(format!(
-                    "actors --node {node}: no such node in this cluster"
+                    "{what} --node {node}: no such node in this cluster"
                 )));
             }
         }
+        let (here, peer) = (&here, &peer);
         let asks = members
             .into_iter()
-            .filter(|m| node.is_none_or(|n| n == m.info.node_id))
+            .filter(|m| only.is_none_or(|n| n == m.info.node_id))
             .map(|m| async move {
                 let node = m.info.node_id;
                 let result = if node == self.info.node_id {
-                    Ok(self.view.metrics.tree(&self.root))
+                    here().await
                 } else {
                     match self.view.gateway(&node) {
-                        Ok(gw) => match gw
-                            .call(PeerMsg::Actors, Some(Duration::from_secs(10)))
-                            .await
-                        {
+                        Ok(gw) => match gw.call(|reply| peer(&node, reply), Some(timeout)).await {
                             Ok(CallResult::Success(r)) => r,
                             Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
-                                "node {node} did not answer in 10s"
+                                "node {node} did not answer in {}s",
+                                timeout.as_secs()
                             ))),
                             _ => Err(FsError::Unavailable(format!("node {node} is gone"))),
                         },
                         Err(e) => Err(e),
                     }
                 };
-                match result {
-                    Ok(root) => NodeActors {
-                        node,
-                        root: Some(root),
-                        error: None,
-                    },
-                    Err(e) => NodeActors {
-                        node,
-                        root: None,
-                        error: Some(e.to_string()),
-                    },
-                }
+                (node, result)
             });
-        let mut trees = futures::future::join_all(asks).await;
+        Ok(futures::future::join_all(asks).await)
+    }
+
+    /// Trace events of every node (or of `query.node`), asked in parallel;
+    /// a node that cannot answer is listed with the reason.
+    pub async fn trace_events(&self, req: TraceEvents) -> FsResult<Vec<NodeTrace>> {
+        req.query.validate()?;
+        let query_of = |node: &str| {
+            let mut query = req.query.clone();
+            if let Some((_, seq)) = req.cursors.iter().find(|(n, _)| n == node) {
+                query.from_seq = Some(*seq);
+            }
+            query
+        };
+        let here = self.info.node_id.clone();
+        let answers = self
+            .ask_nodes(
+                req.query.node.as_deref(),
+                "trace query",
+                Duration::from_secs(10),
+                || self.recorder.query(query_of(&here)),
+                |node, reply| PeerMsg::Trace {
+                    query: query_of(node),
+                    reply,
+                },
+            )
+            .await?;
+        Ok(answers
+            .into_iter()
+            .map(|(node, result)| match result {
+                Ok(batch) => NodeTrace {
+                    node,
+                    batch,
+                    error: None,
+                },
+                Err(e) => NodeTrace {
+                    node,
+                    batch: Default::default(),
+                    error: Some(e.to_string()),
+                },
+            })
+            .collect())
+    }
+
+    /// The supervision tree of every node (or of `node`), asked in parallel.
+    pub async fn actors(&self, node: Option<&str>) -> FsResult<Vec<NodeActors>> {
+        let answers = self
+            .ask_nodes(
+                node,
+                "actors",
+                Duration::from_secs(10),
+                || async { Ok(self.view.metrics.tree(&self.root)) },
+                |_, reply| PeerMsg::Actors(reply),
+            )
+            .await?;
+        let mut trees: Vec<NodeActors> = answers
+            .into_iter()
+            .map(|(node, result)| match result {
+                Ok(root) => NodeActors {
+                    node,
+                    root: Some(root),
+                    error: None,
+                },
+                Err(e) => NodeActors {
+                    node,
+                    root: None,
+                    error: Some(e.to_string()),
+                },
+            })
+            .collect();
         trees.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(trees)
+    }
+
+    /// Verifies the blocks of every node (or of `req.node`), in parallel.
+    pub async fn scrub(&self, req: curvine_messages::rpc::Scrub) -> FsResult<Vec<NodeScrub>> {
+        let repair = req.repair;
+        let node = match &req.node {
+            Some(n) => Some(self.find_member(n)?.node_id),
+            None => None,
+        };
+        let answers = self
+            .ask_nodes(
+                node.as_deref(),
+                "admin scrub",
+                Duration::from_secs(24 * 3600),
+                || self.scrub_local(repair),
+                |_, reply| PeerMsg::Scrub { repair, reply },
+            )
+            .await?;
+        let mut out: Vec<NodeScrub> = answers
+            .into_iter()
+            .map(|(node, result)| {
+                result.unwrap_or_else(|e| NodeScrub {
+                    node,
+                    blocks: 0,
+                    bytes: 0,
+                    seconds: 0.0,
+                    problems: Vec::new(),
+                    error: Some(e.to_string()),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(out)
     }
 
     async fn free_path(&self, path: &str) -> FsResult<FreeSummary> {
@@ -470,6 +517,7 @@ impl Service {
             Request::ListLoads(_) => Response::Jobs(self.load_jobs().await?),
             Request::TraceEvents(r) => Response::Traces(self.trace_events(r).await?),
             Request::Actors(r) => Response::ActorTrees(self.actors(r.node.as_deref()).await?),
+            Request::Scrub(r) => Response::Scrubbed(self.scrub(r).await?),
             Request::RecordTrace(r) => {
                 if r.events.len() > curvine_messages::rpc::MAX_RECORDED_EVENTS {
                     return Err(FsError::InvalidArgument(format!(
