@@ -11,16 +11,17 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "run-tests: cargo-nextest not found; using cargo test" >&2
 fi
 
-export CRASH_KILLS="${CRASH_KILLS:-20}"
+export CRASH_KILLS="${CRASH_KILLS:-24}"
 export MODEL_CASES="${MODEL_CASES:-60}"
 
 cargo build --workspace --bins --tests --locked
 
-# Tools the FUSE tests drive and the headless browser the dashboard test
-# renders in: Debian packages, and the pjdfstest POSIX suite from crates.io
-# (built once into target/tools).
+# Tools the FUSE tests drive, the headless browser the dashboard test
+# renders in, and tc and iptables for the slow-link test: Debian packages,
+# and the pjdfstest POSIX suite from crates.io (built once into target/tools).
 missing=()
-for pair in fusermount3:fuse3 fio:fio rsync:rsync chromium:chromium chromedriver:chromium-driver; do
+for pair in fusermount3:fuse3 fio:fio rsync:rsync chromium:chromium chromedriver:chromium-driver \
+    ip:iproute2 tc:iproute2 iptables:iptables; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -46,6 +47,11 @@ if command -v cargo-nextest >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast || status=$?
 fi
+
+# A short fuzz run of every target from the kept corpus (cargo-fuzz is
+# installed into target/tools when missing).
+echo "run-tests: fuzzing each target for ${FUZZ_SECS:-15}s (integration/fuzz/run.sh)" >&2
+integration/fuzz/run.sh "${FUZZ_SECS:-15}" || status=1
 
 # The benchmark suite at tiny sizes, so it cannot rot: every script, peer and
 # report section runs (with the debug binaries just built); no figure is

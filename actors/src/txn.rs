@@ -11,7 +11,8 @@ use std::ops::{Bound, Deref, RangeBounds};
 
 use heed::types::Bytes;
 use heed::{Database, RoTxn, RwTxn, WithoutTls};
-use serde::{Deserialize, Serialize};
+
+pub use curvine_messages::wal::Change;
 
 /// A shard table's LMDB database.
 pub type Db = Database<'static, Bytes, Bytes>;
@@ -21,25 +22,6 @@ pub const TABLE_NAMES: [&str; 11] = [
     "meta", "inodes", "dentries", "xattrs", "intents", "ops", "locks", "blocks", "owners",
     "pending", "freed",
 ];
-
-/// One write, as the log keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Change {
-    Put {
-        table: u8,
-        key: Vec<u8>,
-        value: Vec<u8>,
-    },
-    Delete {
-        table: u8,
-        key: Vec<u8>,
-    },
-    DeleteRange {
-        table: u8,
-        start: Bound<Vec<u8>>,
-        end: Bound<Vec<u8>>,
-    },
-}
 
 /// A table of a metadata environment: its database and its number.
 #[derive(Clone, Copy)]

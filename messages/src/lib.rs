@@ -16,6 +16,7 @@ pub mod shard;
 pub mod stats;
 pub mod trace;
 pub mod types;
+pub mod wal;
 
 pub use error::{FsError, FsResult};
 pub use types::*;

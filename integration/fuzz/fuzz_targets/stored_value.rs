@@ -1,0 +1,8 @@
+#![no_main]
+//! Fuzz target `stored_value`: see integration/src/fuzzing.rs.
+
+#[path = "../../src/fuzzing.rs"]
+#[allow(dead_code)]
+mod fuzzing;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzzing::stored_value(data));
