@@ -34,6 +34,10 @@ bench_init() {
   name=$(basename "$0" .sh)
   work=$(mktemp -d "/var/tmp/curvine-$name.XXXXXX")
   shm=$(mktemp -d "/dev/shm/curvine-$name.XXXXXX")
+  # One cookie for the nodes this script starts and every client of them
+  # (curvine-cli, curvine-bench, the FUSE mounts): they read it from here.
+  CURVINE_CLUSTER_COOKIE="bench-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
+  export CURVINE_CLUSTER_COOKIE
   pids=()
   mounts=()
   cleanups=()

@@ -25,7 +25,7 @@ port=$(free_port)
 # node NAME HOST PORT [ARGS...]: a node with a MEM tier in /dev/shm.
 node() {
   local name=$1 host=$2 p=$3; shift 3
-  start_node "$name" "$host" "$p" "[MEM:4GiB]$shm/$name" -c cluster.cookie=bench "$@"
+  start_node "$name" "$host" "$p" "[MEM:4GiB]$shm/$name" "$@"
 }
 node single 127.0.0.1 "$port"
 node c0 127.0.0.1 $((port + 10))

@@ -326,7 +326,7 @@ async fn connect_with(
             .map_err(|e| e.to_string())?;
     }
     let config = loader.build().map_err(|e| e.to_string())?;
-    Client::connect(&config.client)
+    Client::connect(&curvine_node::client::client_conf(&config))
         .await
         .map_err(|e| format!("connect: {e}"))
 }

@@ -460,11 +460,13 @@ async fn run_traced(
         }
         other => other,
     };
-    let client = Client::connect(&config.client).await.map_err(|e| Failure {
-        what: format!("connect {}", config.client.cluster.join(",")),
-        error: e.to_string(),
-        code: 1,
-    })?;
+    let client = Client::connect(&curvine_node::client::client_conf(&config))
+        .await
+        .map_err(|e| Failure {
+            what: format!("connect {}", config.client.cluster.join(",")),
+            error: e.to_string(),
+            code: 1,
+        })?;
     let client = match trace {
         Some(t) => client.traced(t),
         None => client,

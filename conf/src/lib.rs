@@ -155,6 +155,10 @@ pub struct ClientConf {
     pub short_circuit: bool,
     /// Blocks a sequential reader fetches ahead of the one it reads.
     pub read_ahead: u32,
+    /// The cluster's cookie, which the client proves to the node it
+    /// connects to. Empty: `cluster.cookie`, else the cookie of the node
+    /// whose data directory is `node.data_dir`, when readable.
+    pub cookie: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -376,6 +380,7 @@ impl Default for ClientConf {
             connections: 2,
             short_circuit: true,
             read_ahead: 1,
+            cookie: String::new(),
         }
     }
 }

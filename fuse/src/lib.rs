@@ -397,7 +397,7 @@ fn daemonize(mnt: &Path, args: &MountArgs) -> Result<(), String> {
 }
 
 async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
-    let client = curvine_node::Client::connect(&config.client)
+    let client = curvine_node::Client::connect(&curvine_node::client::client_conf(&config))
         .await
         .map_err(|e| format!("cannot reach the cluster: {e}"))?;
     let fs_path = curvine_messages::path::normalize(&config.fuse.fs_path, "/")

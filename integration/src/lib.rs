@@ -228,9 +228,25 @@ impl NodeProcess {
         terminate_child(&mut self.child)
     }
 
+    /// The cluster cookie, from the node's identity file (clients prove it).
+    pub fn cookie(&self) -> String {
+        curvine_node::identity::local_cookie(&self.data_dir)
+            .unwrap_or_else(|| panic!("no identity in {}", self.data_dir.display()))
+    }
+
+    /// A command of the project's binary `name` that reaches this node: its
+    /// cookie in the environment, no config file.
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(bin(name));
+        c.env("CURVINE_CLIENT_COOKIE", self.cookie())
+            .env_remove("CURVINE_CONF");
+        c
+    }
+
     pub fn client_conf(&self) -> ClientConf {
         ClientConf {
             cluster: vec![self.addr.clone()],
+            cookie: self.cookie(),
             ..ClientConf::default()
         }
     }
@@ -243,10 +259,9 @@ impl NodeProcess {
 
     /// Runs `curvine-cli --cluster ADDR args...`.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(bin("curvine-cli"))
+        self.command("curvine-cli")
             .args(["--cluster", &self.addr])
             .args(args)
-            .env_remove("CURVINE_CONF")
             .output()
             .expect("run curvine-cli")
     }
@@ -475,6 +490,7 @@ impl InProcessCluster {
     pub async fn client(&self, i: usize) -> Client {
         Client::connect(&ClientConf {
             cluster: vec![self.nodes[i].rpc_addr.clone()],
+            cookie: "test-cookie".into(),
             ..ClientConf::default()
         })
         .await
@@ -665,7 +681,8 @@ impl FuseMount {
         let log = dir.with_extension("fuse.log");
         let out = std::fs::File::create(&log).expect("fuse log");
         let err = out.try_clone().expect("fuse log");
-        let child = Command::new(bin("curvine-fuse"))
+        let child = node
+            .command("curvine-fuse")
             .args(["--cluster", &node.addr, "mount"])
             .arg(dir)
             // Metrics on a free port: mounts of parallel tests never collide.

@@ -39,7 +39,8 @@ fn metadata_actions_run_against_a_node_and_locally() {
         "7",
         "--json",
     ];
-    let out = Command::new(bin("curvine-bench"))
+    let out = node
+        .command("curvine-bench")
         .args([
             "--cluster",
             &node.addr,
@@ -93,8 +94,9 @@ fn metadata_actions_run_against_a_node_and_locally() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown action 'meta.fly'"));
 }
 
-fn bench(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(bin("curvine-bench"))
+fn bench(node: &NodeProcess, args: &[&str]) -> serde_json::Value {
+    let out = node
+        .command("curvine-bench")
         .args(args)
         .args([
             "--file-num",
@@ -138,7 +140,7 @@ fn data_actions_write_read_and_verify() {
     ] {
         let mut args = vec!["--action", action];
         args.extend(target);
-        let row = bench(&args);
+        let row = bench(&node, &args);
         assert_eq!(row["action"], action);
         assert_eq!(row["bytes"].as_u64().unwrap(), 3 * 300 * 1024, "{row}");
         assert!(row["gib_per_sec"].as_f64().unwrap() > 0.0);
@@ -163,7 +165,8 @@ fn small_file_actions_run_against_s3_a_mount_and_a_fuse_mount() {
     let node = NodeProcess::start(&dir.path().join("node"), &[]);
     let loc = s3.location("bench");
     let run = |extra: &[&str]| {
-        let out = Command::new(bin("curvine-bench"))
+        let out = node
+            .command("curvine-bench")
             .args(["--cluster", &node.addr, "--ufs", &loc, "--file-num", "40"])
             .args(["--reads", "60", "--client-threads", "3", "--json"])
             .args(s3.props())

@@ -257,6 +257,92 @@ fn bad_config_stops_the_node_with_the_key() {
 }
 
 #[test]
+fn clients_must_prove_the_cluster_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("node"), &[]);
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let cli = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = std::process::Command::new(bin("curvine-cli"));
+        c.args(["--cluster", &node.addr])
+            .args(args)
+            .env_remove("CURVINE_CONF")
+            .env("HOME", &home);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // A wrong cookie, and none at all, are refused with the reason.
+    for env in [&[("CURVINE_CLIENT_COOKIE", "not-the-cookie")][..], &[]] {
+        let out = cli(env, &["fs", "ls", "/"]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("wrong cluster cookie"),
+            "{env:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(node.log_text().contains("refused client"));
+    // The right one, given or found in the node's identity file (readable
+    // by its owner only).
+    let cookie = node.cookie();
+    assert!(
+        cli(&[("CURVINE_CLIENT_COOKIE", &cookie)], &["fs", "ls", "/"])
+            .status
+            .success()
+    );
+    assert!(
+        cli(&[("CURVINE_CLUSTER_COOKIE", &cookie)], &["fs", "ls", "/"])
+            .status
+            .success()
+    );
+    let data_dir = node.data_dir.display().to_string();
+    let out = cli(&[("CURVINE_NODE_DATA_DIR", &data_dir)], &["fs", "ls", "/"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(node.data_dir.join("identity.toml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "identity.toml is readable by others: {mode:o}"
+    );
+    // The cookie never crosses the wire: a proof for another cluster's
+    // challenge does not open this one.
+    let mut stream = std::net::TcpStream::connect(&node.addr).unwrap();
+    stream
+        .write_all(&curvine_messages::codec::Hello::current().encode())
+        .unwrap();
+    let mut hello = [0u8; 6];
+    stream.read_exact(&mut hello).unwrap();
+    let read_frame = |stream: &mut std::net::TcpStream| {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).unwrap();
+        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+        stream.read_exact(&mut frame).unwrap();
+        frame
+    };
+    let reply: curvine_messages::rpc::HelloReply =
+        curvine_messages::codec::from_bytes("hello", &read_frame(&mut stream)).unwrap();
+    assert!(reply.accepted && reply.challenge.len() >= 16);
+    let proof =
+        curvine_actors::token::ClientKey::new(&cookie).proof(&reply.challenge, "another-cluster");
+    let auth =
+        curvine_messages::codec::to_bytes("auth", &curvine_messages::rpc::ClientAuth { proof })
+            .unwrap();
+    stream
+        .write_all(&(auth.len() as u32).to_be_bytes())
+        .unwrap();
+    stream.write_all(&auth).unwrap();
+    let answer: curvine_messages::rpc::AuthReply =
+        curvine_messages::codec::from_bytes("auth reply", &read_frame(&mut stream)).unwrap();
+    assert!(!answer.accepted && answer.message.contains("wrong cluster cookie"));
+}
+
+#[test]
 fn other_protocol_versions_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(&dir.path().join("node"), &[]);
@@ -323,7 +409,8 @@ fn data_commands() {
     let out = node.cli(&["fs", "tail", "-b", "10", "/d/src.bin"]);
     assert_eq!(out.stdout, &bytes[bytes.len() - 10..]);
     // put from stdin.
-    let mut child = std::process::Command::new(bin("curvine-cli"))
+    let mut child = node
+        .command("curvine-cli")
         .args(["--cluster", &node.addr, "fs", "put", "-", "/d/stdin.txt"])
         .stdin(std::process::Stdio::piped())
         .spawn()

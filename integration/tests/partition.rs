@@ -356,6 +356,7 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
     let inside = Command::new("ip")
         .args(["netns", "exec", ns.name.as_str()])
         .arg(curvine_integration::bin("curvine-cli"))
+        .env("CURVINE_CLIENT_COOKIE", far.cookie())
         .args(["--cluster", &far.addr, "fs", "touch", &name])
         .output()
         .unwrap();

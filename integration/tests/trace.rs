@@ -4,10 +4,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use curvine_integration::{bin, random_bytes, NodeProcess, ProcessCluster, TestS3};
+use curvine_integration::{random_bytes, NodeProcess, ProcessCluster, TestS3};
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
@@ -141,7 +141,8 @@ fn the_ring_keeps_its_bound_and_queries_are_checked() {
     node.cli_ok(&["fs", "mkdir", "/d"]);
 
     // Follow while requests run: the stream shows them.
-    let mut follow = Command::new(bin("curvine-cli"))
+    let mut follow = node
+        .command("curvine-cli")
         .args([
             "--cluster",
             &node.addr,

@@ -25,6 +25,24 @@ pub struct HelloReply {
     pub message: String,
     pub cluster_id: String,
     pub node_id: String,
+    /// Random bytes the client answers with a [`ClientAuth`] proving it
+    /// knows the cluster cookie.
+    pub challenge: Vec<u8>,
+}
+
+/// The client's answer to the node's challenge: HMAC-SHA256 of the
+/// challenge and the cluster id, keyed from the cluster cookie.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientAuth {
+    pub proof: Vec<u8>,
+}
+
+/// Whether the node accepts the client after its [`ClientAuth`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthReply {
+    pub accepted: bool,
+    /// Why not, or empty.
+    pub message: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -26,6 +26,23 @@ use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
 
 use crate::server::{read_frame, write_frame};
 
+/// The client settings of `config`, with the cluster cookie found: the
+/// `client.cookie`, else `cluster.cookie`, else the cookie in the identity
+/// file of `node.data_dir` (a node on this host, when this user may read
+/// its data directory).
+pub fn client_conf(config: &curvine_conf::Config) -> ClientConf {
+    let mut conf = config.client.clone();
+    if conf.cookie.is_empty() {
+        conf.cookie = config.cluster.cookie.clone();
+    }
+    if conf.cookie.is_empty() {
+        if let Some(cookie) = crate::identity::local_cookie(&config.data_dir()) {
+            conf.cookie = cookie;
+        }
+    }
+    conf
+}
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<FsResult<Response>>>>>;
 
 /// How far a failed request got.
@@ -95,7 +112,11 @@ fn read_only(request: &Request) -> bool {
     )
 }
 
-async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
+async fn open(
+    addr: &str,
+    timeout: Duration,
+    key: &curvine_actors::token::ClientKey,
+) -> FsResult<(Conn, HelloReply)> {
     let unavailable =
         |e: std::io::Error| FsError::Unavailable(format!("cannot reach node {addr}: {e}"));
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
@@ -120,17 +141,37 @@ async fn open(addr: &str, timeout: Duration) -> FsResult<(Conn, HelloReply)> {
             .map_err(unavailable)?
             .ok_or_else(|| FsError::Unavailable(format!("node {addr} closed the connection")))?;
         let reply: HelloReply = from_bytes("hello reply", &bytes).map_err(FsError::from)?;
+        if !reply.accepted {
+            return Err(FsError::Protocol(format!(
+                "node {addr} refused the connection: {}",
+                reply.message
+            )));
+        }
+        // Prove the cluster cookie (it is never sent).
+        let auth = ClientAuth {
+            proof: key.proof(&reply.challenge, &reply.cluster_id),
+        };
+        let bytes = to_bytes("client auth", &auth).map_err(FsError::from)?;
+        write_frame(&mut writer, &bytes)
+            .await
+            .map_err(unavailable)?;
+        writer.flush().await.map_err(unavailable)?;
+        let bytes = read_frame(&mut reader)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| FsError::Unavailable(format!("node {addr} closed the connection")))?;
+        let auth: AuthReply = from_bytes("auth reply", &bytes).map_err(FsError::from)?;
+        if !auth.accepted {
+            return Err(FsError::PermissionDenied(format!(
+                "node {addr} refused the connection: {}",
+                auth.message
+            )));
+        }
         Ok::<_, FsError>(reply)
     };
     let reply = tokio::time::timeout(timeout, handshake)
         .await
         .map_err(|_| FsError::TimedOut(format!("handshake with node {addr}")))??;
-    if !reply.accepted {
-        return Err(FsError::Protocol(format!(
-            "node {addr} refused the connection: {}",
-            reply.message
-        )));
-    }
 
     let pending: Pending = Default::default();
     let closed = Arc::new(AtomicBool::new(false));
@@ -212,7 +253,7 @@ impl Client {
         for addr in &conf.cluster {
             match Self::connect_to(addr, conf).await {
                 Ok(client) => return Ok(client),
-                Err(e @ FsError::Protocol(_)) => return Err(e),
+                Err(e @ (FsError::Protocol(_) | FsError::PermissionDenied(_))) => return Err(e),
                 Err(e) => last = e,
             }
         }
@@ -248,8 +289,9 @@ impl Client {
     async fn open_session(addr: &str, conf: &ClientConf) -> FsResult<(Session, HelloReply)> {
         let mut conns = Vec::new();
         let mut hello = None;
+        let key = curvine_actors::token::ClientKey::new(&conf.cookie);
         for _ in 0..conf.connections.max(1) {
-            let (conn, reply) = open(addr, conf.connect_timeout.0).await?;
+            let (conn, reply) = open(addr, conf.connect_timeout.0, &key).await?;
             conns.push(conn);
             hello = Some(reply);
         }

@@ -132,6 +132,11 @@ impl DataDir {
         let file = path.join(IDENTITY_FILE);
         let shown = file.display().to_string();
         let (identity, formatted_now) = if file.exists() {
+            // Files written before it was private: make it so (best effort).
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600));
+            }
             let text = std::fs::read_to_string(&file).map_err(io)?;
             let identity: Identity = toml::from_str(&text).map_err(|e| IdentityError::Invalid {
                 path: shown.clone(),
@@ -237,10 +242,28 @@ fn write_identity(path: &Path, identity: &Identity) -> Result<(), IdentityError>
         reason: e.to_string(),
     })?;
     let tmp = path.join(format!("{IDENTITY_FILE}.tmp"));
-    let mut f = File::create(&tmp).map_err(io)?;
+    // It holds the cluster cookie: only its owner may read it.
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?
+    };
     f.write_all(text.as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, &file).map_err(io)?;
     File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
     Ok(())
+}
+
+/// The cluster cookie in the identity file of data directory `path`, when
+/// there is one this user can read.
+pub fn local_cookie(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path.join(IDENTITY_FILE)).ok()?;
+    let identity: Identity = toml::from_str(&text).ok()?;
+    (!identity.cookie.is_empty()).then_some(identity.cookie)
 }

@@ -726,6 +726,7 @@ async fn start_with(
         },
         blocks: block_store,
         manager: block_ref,
+        clients: curvine_actors::token::ClientKey::new(&identity.cookie),
         tokens,
         data: data_node,
         pool: crate::io::DataPool::new(config.client.connect_timeout.0),

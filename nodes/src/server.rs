@@ -9,7 +9,9 @@ use tokio::sync::mpsc;
 
 use curvine_actors::trace;
 use curvine_messages::codec::{check_frame_len, from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
-use curvine_messages::rpc::{HelloReply, Request, RequestFrame, ResponseFrame};
+use curvine_messages::rpc::{
+    AuthReply, ClientAuth, HelloReply, Request, RequestFrame, ResponseFrame,
+};
 use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
 
@@ -77,14 +79,47 @@ async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result
         )),
         Ok(_) => None,
     };
+    let challenge = curvine_actors::token::ClientKey::challenge();
     let reply = HelloReply {
         accepted: refusal.is_none(),
         server_version: PROTOCOL_VERSION,
         message: refusal.clone().unwrap_or_default(),
         cluster_id: service.cluster_id().to_string(),
         node_id: service.node_id().to_string(),
+        challenge: challenge.clone(),
     };
     let bytes = to_bytes("hello reply", &reply).map_err(std::io::Error::other)?;
+    write_frame(&mut writer, &bytes).await?;
+    writer.flush().await?;
+    if let Some(reason) = refusal {
+        tracing::warn!(peer = ?peer, reason, "refused client");
+        return Ok(());
+    }
+    // The client proves it knows the cluster cookie.
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), read_frame(&mut reader))
+        .await
+        .map_err(|_| std::io::Error::other("no answer to the challenge in 10s"))??;
+    let refusal = match answer.map(|b| from_bytes::<ClientAuth>("client auth", &b)) {
+        None => return Ok(()),
+        Some(Err(e)) => Some(format!("not an answer to the challenge: {e}")),
+        Some(Ok(auth))
+            if service
+                .clients
+                .verify(&challenge, service.cluster_id(), &auth.proof) =>
+        {
+            None
+        }
+        Some(Ok(_)) => Some(
+            "wrong cluster cookie: set the cluster's cookie as client.cookie or cluster.cookie \
+             (it is in identity.toml in a node's data directory)"
+                .to_string(),
+        ),
+    };
+    let reply = AuthReply {
+        accepted: refusal.is_none(),
+        message: refusal.clone().unwrap_or_default(),
+    };
+    let bytes = to_bytes("auth reply", &reply).map_err(std::io::Error::other)?;
     write_frame(&mut writer, &bytes).await?;
     writer.flush().await?;
     if let Some(reason) = refusal {

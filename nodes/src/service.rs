@@ -40,6 +40,8 @@ pub struct Service {
     pub blocks: Arc<BlockStore>,
     pub manager: BlockManagerRef,
     pub tokens: TokenKey,
+    /// Checks that clients know the cluster cookie.
+    pub clients: curvine_actors::token::ClientKey,
     /// This node's data port, as clients reach it.
     pub data: DataNode,
     /// Connections to other nodes' data ports (replication).
