@@ -521,6 +521,37 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// Writes `bytes` as a new file at `path` with 1 MiB blocks and `replicas`
+/// copies, through the client library; panics on failure.
+pub async fn write_file(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
+    use curvine_node::io::{FileWriter, WriteOptions};
+    let options = WriteOptions {
+        spec: curvine_messages::block::FileSpec {
+            block_size: 1 << 20,
+            replicas,
+            storage: None,
+        },
+        ..WriteOptions::create()
+    };
+    let mut w = FileWriter::open(c, path, &options)
+        .await
+        .unwrap_or_else(|e| panic!("create {path}: {e}"));
+    w.write(bytes)
+        .await
+        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+    w.close()
+        .await
+        .unwrap_or_else(|e| panic!("close {path}: {e}"));
+}
+
+/// A whole file through the client library.
+pub async fn read_file(c: &Client, path: &str) -> curvine_messages::FsResult<Vec<u8>> {
+    let mut r = curvine_node::io::FileReader::open(c, path).await?;
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await?;
+    Ok(out)
+}
+
 /// `GET path` on an HTTP port: the status code and the body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get_with(addr, path, &[]);

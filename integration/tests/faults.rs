@@ -10,36 +10,16 @@ use std::io::{Seek, SeekFrom, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use curvine_integration::{random_bytes, runtime, NodeProcess, ProcessCluster, TestS3};
-use curvine_messages::block::FileSpec;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
+use curvine_integration::{
+    random_bytes, read_file, runtime, write_file, NodeProcess, ProcessCluster, TestS3,
+};
+use curvine_node::io::{FileWriter, WriteOptions};
 use curvine_node::Client;
 
 const BS: u64 = 1 << 20;
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-async fn put(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
-    let opts = WriteOptions {
-        spec: FileSpec {
-            block_size: BS,
-            replicas,
-            storage: None,
-        },
-        ..WriteOptions::create()
-    };
-    let mut w = FileWriter::open(c, path, &opts).await.unwrap();
-    w.write(bytes).await.unwrap();
-    w.close().await.unwrap();
-}
-
-async fn get(c: &Client, path: &str) -> Result<Vec<u8>, curvine_messages::FsError> {
-    let mut r = FileReader::open(c, path).await?;
-    let mut out = Vec::new();
-    r.read_to_end(&mut out).await?;
-    Ok(out)
 }
 
 /// The block file of block `index` of `path` on node `node`.
@@ -102,8 +82,8 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
     let one = random_bytes(2 * BS as usize, 2);
     let c = rt.block_on(n0.client());
     rt.block_on(async {
-        put(&c, "/two", &two, 2).await;
-        put(&c, "/one", &one, 1).await;
+        write_file(&c, "/two", &two, 2).await;
+        write_file(&c, "/one", &one, 1).await;
     });
     // A flipped byte in node 0's copy of /two, and node 0's only copy of
     // block 1 of /one cut short.
@@ -120,7 +100,7 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
         // The other copy serves /two, on the short-circuit path and over
         // the data port alike; /one fails with EIO, never wrong bytes.
         assert!(
-            get(&c, "/two").await.unwrap() == two,
+            read_file(&c, "/two").await.unwrap() == two,
             "/two read wrong bytes"
         );
         let far = Client::connect(&curvine_conf::ClientConf {
@@ -129,8 +109,8 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
         })
         .await
         .unwrap();
-        assert!(get(&far, "/two").await.unwrap() == two);
-        let e = get(&c, "/one").await.unwrap_err();
+        assert!(read_file(&far, "/two").await.unwrap() == two);
+        let e = read_file(&c, "/one").await.unwrap_err();
         assert_eq!(e.errno(), libc::EIO, "{e}");
     });
 
@@ -189,7 +169,7 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
     assert_eq!(left.len(), 1, "{again}");
     assert!(left[0]["problem"].as_str().unwrap().starts_with("short"));
     rt.block_on(async {
-        assert!(get(&c, "/two").await.unwrap() == two);
+        assert!(read_file(&c, "/two").await.unwrap() == two);
     });
     // A bad --node is refused clearly.
     let out = n0.cli(&["admin", "scrub", "--node", "nosuchnode"]);
@@ -220,10 +200,10 @@ fn a_bad_cached_block_of_a_ufs_file_is_read_from_the_ufs_and_refetched() {
     node.cli_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let rt = runtime();
     let c = rt.block_on(node.client());
-    rt.block_on(async { assert!(get(&c, "/u/big").await.unwrap() == content) });
+    rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
     flip_byte(&block_file(&node, "/u/big", 1, &node.node_id), 5);
     // The object still has the bytes: the read goes there.
-    rt.block_on(async { assert!(get(&c, "/u/big").await.unwrap() == content) });
+    rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
     let (found, _) = scrub(&node, &[]);
     let bad = problems_of(&found, &node.node_id);
     assert_eq!(bad.len(), 1, "{found}");
@@ -235,7 +215,7 @@ fn a_bad_cached_block_of_a_ufs_file_is_read_from_the_ufs_and_refetched() {
     let (repaired, ok) = scrub(&node, &["--repair"]);
     assert!(ok, "every problem was repaired: {repaired}");
     // Read again: from the object, and cached again, whole.
-    rt.block_on(async { assert!(get(&c, "/u/big").await.unwrap() == content) });
+    rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
     let (clean, ok) = scrub(&node, &[]);
     assert!(ok, "{clean}");
     let v = json(&node.cli_ok(&["--json", "fs", "blocks", "/u/big"]));
@@ -278,7 +258,7 @@ fn a_read_only_tier_fails_writes_clearly_and_keeps_serving() {
     let rt = runtime();
     let c = rt.block_on(node.client());
     let a = random_bytes(BS as usize + 3, 4);
-    rt.block_on(put(&c, "/a", &a, 1));
+    rt.block_on(write_file(&c, "/a", &a, 1));
     assert!(mount(&["-o", "remount,bind,ro", t]), "remount read-only");
     rt.block_on(async {
         let opts = WriteOptions::create();
@@ -296,7 +276,7 @@ fn a_read_only_tier_fails_writes_clearly_and_keeps_serving() {
             "the error names the cause: {text}"
         );
         // Reads and metadata go on.
-        assert!(get(&c, "/a").await.unwrap() == a);
+        assert!(read_file(&c, "/a").await.unwrap() == a);
         c.mkdir("/still", false).await.unwrap();
     });
     assert!(mount(&["-o", "remount,bind,rw", t]), "remount read-write");
@@ -320,6 +300,6 @@ fn a_read_only_tier_fails_writes_clearly_and_keeps_serving() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(get(&c, "/c").await.unwrap() == c2);
+        assert!(read_file(&c, "/c").await.unwrap() == c2);
     });
 }

@@ -8,10 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use curvine_integration::{NodeProcess, FAST_CLUSTER};
-use curvine_messages::block::FileSpec;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
+use curvine_integration::{read_file, write_file, NodeProcess, FAST_CLUSTER};
 
 /// A network namespace joined to the host by a veth pair.
 struct Netns {
@@ -96,27 +93,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-async fn put(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
-    let options = WriteOptions {
-        spec: FileSpec {
-            block_size: 1 << 20,
-            replicas,
-            storage: None,
-        },
-        ..WriteOptions::create()
-    };
-    let mut w = FileWriter::open(c, path, &options).await.unwrap();
-    w.write(bytes).await.unwrap();
-    w.close().await.unwrap();
-}
-
-async fn get(c: &Client, path: &str) -> Vec<u8> {
-    let mut r = FileReader::open(c, path).await.unwrap();
-    let mut out = Vec::new();
-    r.read_to_end(&mut out).await.unwrap();
-    out
-}
-
 #[test]
 fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     let tag = format!("{}", std::process::id() % 100_000);
@@ -159,7 +135,7 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
         for d in &dirs {
             c.mkdir(d, false).await.unwrap();
         }
-        put(&c, "/p0/both", &bytes, 2).await;
+        write_file(&c, "/p0/both", &bytes, 2).await;
     });
 
     ns.link(false);
@@ -190,7 +166,7 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
         }
         assert!(failed > 0 && !served.is_empty(), "failed {failed}");
         // The replicated file reads from the side that is still connected.
-        assert!(get(&c, "/p0/both").await == bytes);
+        assert!(read_file(&c, "/p0/both").await.unwrap() == bytes);
         // What was acknowledged during the partition is kept after it.
         ns.link(true);
         let deadline = Instant::now() + Duration::from_secs(40);
@@ -329,8 +305,8 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
                 started.elapsed()
             );
         }
-        put(&c, "/slow0/data", &bytes, 2).await;
-        assert!(get(&c, "/slow0/data").await == bytes);
+        write_file(&c, "/slow0/data", &bytes, 2).await;
+        assert!(read_file(&c, "/slow0/data").await.unwrap() == bytes);
         let listed = c.list_all("/").await.unwrap();
         assert_eq!(listed.len(), 12, "{listed:?}");
     });

@@ -112,6 +112,17 @@ fn read_only(request: &Request) -> bool {
     )
 }
 
+/// The next frame of the handshake with node `addr`.
+async fn next_frame(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    addr: &str,
+) -> FsResult<Vec<u8>> {
+    read_frame(reader)
+        .await
+        .map_err(|e| FsError::Unavailable(format!("cannot reach node {addr}: {e}")))?
+        .ok_or_else(|| FsError::Unavailable(format!("node {addr} closed the connection")))
+}
+
 async fn open(
     addr: &str,
     timeout: Duration,
@@ -136,10 +147,7 @@ async fn open(
         let mut hello = [0u8; Hello::LEN];
         reader.read_exact(&mut hello).await.map_err(unavailable)?;
         Hello::decode(&hello).map_err(|e| FsError::Protocol(format!("node {addr}: {e}")))?;
-        let bytes = read_frame(&mut reader)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| FsError::Unavailable(format!("node {addr} closed the connection")))?;
+        let bytes = next_frame(&mut reader, addr).await?;
         let reply: HelloReply = from_bytes("hello reply", &bytes).map_err(FsError::from)?;
         if !reply.accepted {
             return Err(FsError::Protocol(format!(
@@ -156,10 +164,7 @@ async fn open(
             .await
             .map_err(unavailable)?;
         writer.flush().await.map_err(unavailable)?;
-        let bytes = read_frame(&mut reader)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| FsError::Unavailable(format!("node {addr} closed the connection")))?;
+        let bytes = next_frame(&mut reader, addr).await?;
         let auth: AuthReply = from_bytes("auth reply", &bytes).map_err(FsError::from)?;
         if !auth.accepted {
             return Err(FsError::PermissionDenied(format!(
