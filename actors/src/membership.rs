@@ -24,6 +24,29 @@ use curvine_messages::now_ns;
 
 use crate::cluster::{gateway_of, ClusterView};
 
+/// Opens a cluster connection to a node's cluster port (`host:port`):
+/// plain, or TLS when the node is configured for it. The session is
+/// handed to the given `NodeServer`; the handshake goes on from there.
+pub type Dialer = Arc<
+    dyn Fn(
+            ActorRef<NodeServerMessage>,
+            String,
+        ) -> futures::future::BoxFuture<'static, Result<(), String>>
+        + Send
+        + Sync,
+>;
+
+/// Dials plain TCP (ractor_cluster's own connect).
+pub fn plain_dialer() -> Dialer {
+    Arc::new(|server, addr| {
+        Box::pin(async move {
+            ractor_cluster::client_connect(&server, addr.as_str())
+                .await
+                .map_err(|e| format!("{e:?}"))
+        })
+    })
+}
+
 /// Called with the old and the new map when a newer map is adopted.
 pub type OnMapChange = Arc<dyn Fn(&ClusterMap, &ClusterMap) + Send + Sync>;
 
@@ -33,6 +56,8 @@ pub struct Membership;
 pub struct MembershipArgs {
     pub view: Arc<ClusterView>,
     pub server: ActorRef<NodeServerMessage>,
+    /// How to open a connection to another node.
+    pub dial: Dialer,
     /// Cluster addresses to dial (the seeds).
     pub seeds: Vec<String>,
     pub heartbeat: Duration,
@@ -267,9 +292,10 @@ impl Membership {
             dial.next = now + dial.delay;
             dial.delay = (dial.delay * 2).min(DIAL_MAX);
             let server = state.args.server.clone();
+            let dial = (state.args.dial)(server, addr.clone());
             tokio::spawn(async move {
-                if let Err(e) = ractor_cluster::client_connect(&server, addr.as_str()).await {
-                    tracing::debug!(%addr, error = ?e, "cannot reach node");
+                if let Err(e) = dial.await {
+                    tracing::debug!(%addr, error = %e, "cannot reach node");
                 }
             });
         }
@@ -516,7 +542,7 @@ impl Actor for Membership {
                             tracing::error!(
                                 peer = ?peer_name,
                                 %peer_addr,
-                                "cluster connection {direction} {peer_addr} closed before it authenticated: the two nodes have different cluster cookies (cluster.cookie), or the peer is not a curvine node"
+                                "cluster connection {direction} {peer_addr} closed before it authenticated: the two nodes have different cluster cookies (cluster.cookie) or TLS settings (tls.*), or the peer is not a curvine node"
                             );
                         });
                     }

@@ -36,6 +36,7 @@ pub struct Config {
     pub log: LogConf,
     pub trace: TraceConf,
     pub http: HttpConf,
+    pub tls: TlsConf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,6 +160,10 @@ pub struct ClientConf {
     /// connects to. Empty: `cluster.cookie`, else the cookie of the node
     /// whose data directory is `node.data_dir`, when readable.
     pub cookie: String,
+    /// The `[tls]` section, copied here by the client library's
+    /// `client_conf` (not a key of its own).
+    #[serde(skip)]
+    pub tls: TlsConf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -311,6 +316,47 @@ pub struct HttpConf {
     pub token: String,
 }
 
+/// TLS on the cluster, client and data ports. Nodes and clients of one
+/// cluster must agree on `enabled` and `data`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConf {
+    /// Encrypt the cluster port (mutual TLS between nodes), the client port
+    /// and, with `data`, the data port.
+    pub enabled: bool,
+    /// PEM file with this node's certificate chain (a node needs one; a
+    /// client may present one).
+    pub cert: String,
+    /// PEM file with the private key of `cert` (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+    /// PEM file with the certificate authorities that sign the cluster's
+    /// node certificates: nodes and clients accept only peers they sign.
+    pub ca: String,
+    /// The name the nodes' certificates are checked against. Empty: the
+    /// host (name or IP address) of the address dialed.
+    pub server_name: String,
+    /// Encrypt the data port too (block reads then copy through user space
+    /// instead of sendfile). Short-circuit access on a node's own host is
+    /// unaffected.
+    pub data: bool,
+    /// Longest time a TLS handshake may take before the connection is dropped.
+    pub handshake_timeout: Dur,
+}
+
+impl Default for TlsConf {
+    fn default() -> Self {
+        TlsConf {
+            enabled: false,
+            cert: String::new(),
+            key: String::new(),
+            ca: String::new(),
+            server_name: String::new(),
+            data: true,
+            handshake_timeout: Dur(std::time::Duration::from_secs(10)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TraceConf {
@@ -381,6 +427,7 @@ impl Default for ClientConf {
             short_circuit: true,
             read_ahead: 1,
             cookie: String::new(),
+            tls: TlsConf::default(),
         }
     }
 }
@@ -1103,6 +1150,33 @@ impl Config {
         if !self.http.listen.is_empty() && self.http.listen != "off" {
             check_addr("http.listen", &self.http.listen, source("http.listen"))?;
         }
+        if self.tls.enabled && self.tls.ca.is_empty() {
+            return Err(invalid(
+                "tls.ca",
+                "\"\"".into(),
+                "expected the PEM file of the certificate authority that signs the nodes' \
+                 certificates (tls.enabled is true)",
+            ));
+        }
+        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+            let (key, other) = if self.tls.key.is_empty() {
+                ("tls.key", "tls.cert")
+            } else {
+                ("tls.cert", "tls.key")
+            };
+            return Err(invalid(
+                key,
+                "\"\"".into(),
+                &format!("expected a PEM file, since {other} is set (a certificate needs its key)"),
+            ));
+        }
+        if self.tls.handshake_timeout.0.is_zero() {
+            return Err(invalid(
+                "tls.handshake_timeout",
+                self.tls.handshake_timeout.to_string(),
+                "expected more than 0",
+            ));
+        }
         if !(1..=64).contains(&self.fuse.threads) {
             return Err(invalid(
                 "fuse.threads",
@@ -1310,6 +1384,35 @@ mod tests {
             err.contains("supervisor.restart_backoff") && err.contains("duration"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn tls_settings_that_cannot_work_name_the_key() {
+        let build = |kvs: &[&str]| {
+            let mut l = Loader::new();
+            for kv in kvs {
+                l.key_value(kv).unwrap();
+            }
+            l.build()
+        };
+        let err = build(&["tls.enabled=true"]).unwrap_err().to_string();
+        assert!(
+            err.contains("tls.ca") && err.contains("certificate authority"),
+            "{err}"
+        );
+        let err = build(&["tls.cert=/etc/n.pem"]).unwrap_err().to_string();
+        assert!(
+            err.contains("'tls.key'") && err.contains("tls.cert is set"),
+            "{err}"
+        );
+        let err = build(&["tls.key=/etc/n.key"]).unwrap_err().to_string();
+        assert!(err.contains("'tls.cert'"), "{err}");
+        let err = build(&["tls.handshake_timeout=0s"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tls.handshake_timeout"), "{err}");
+        let c = build(&["tls.enabled=true", "tls.ca=/etc/ca.pem"]).unwrap();
+        assert!(c.tls.enabled && c.tls.data && c.tls.cert.is_empty());
     }
 
     #[test]

@@ -234,19 +234,44 @@ impl NodeProcess {
             .unwrap_or_else(|| panic!("no identity in {}", self.data_dir.display()))
     }
 
+    /// The `tls.*` settings the node was started with (`-c tls.KEY=VALUE`),
+    /// which its clients share.
+    fn tls_args(&self) -> Vec<(String, String)> {
+        self.args
+            .windows(2)
+            .filter(|w| w[0] == "-c")
+            .filter_map(|w| w[1].split_once('='))
+            .filter(|(k, _)| k.starts_with("tls."))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     /// A command of the project's binary `name` that reaches this node: its
-    /// cookie in the environment, no config file.
+    /// cookie (and TLS settings) in the environment, no config file.
     pub fn command(&self, name: &str) -> Command {
         let mut c = Command::new(bin(name));
         c.env("CURVINE_CLIENT_COOKIE", self.cookie())
             .env_remove("CURVINE_CONF");
+        for (key, value) in self.tls_args() {
+            c.env(
+                format!("CURVINE_{}", key.replace('.', "_").to_ascii_uppercase()),
+                value,
+            );
+        }
         c
     }
 
     pub fn client_conf(&self) -> ClientConf {
+        let mut loader = curvine_conf::Loader::new();
+        for (key, value) in self.tls_args() {
+            loader
+                .key_value(&format!("{key}={value}"))
+                .expect("the node's tls settings");
+        }
         ClientConf {
             cluster: vec![self.addr.clone()],
             cookie: self.cookie(),
+            tls: loader.build().expect("the node's tls settings").tls,
             ..ClientConf::default()
         }
     }
@@ -812,4 +837,37 @@ impl Drop for FuseMount {
             let _ = curvine_fuse::mountpoint::clear(&self.dir);
         }
     }
+}
+
+/// Makes a certificate authority in `dir` (on first use) and a certificate
+/// `dir/NAME.pem` with its key for `hosts`, with `conf/make-certs.sh`, the
+/// script the README gives users.
+pub fn make_certs(dir: &Path, name: &str, hosts: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/make-certs.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(dir)
+        .args(["--name", name])
+        .args(hosts)
+        .output()
+        .expect("run conf/make-certs.sh");
+    assert!(
+        out.status.success(),
+        "make-certs.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `-c` arguments that turn TLS on with the CA of `dir` and the certificate `NAME`.
+pub fn tls_args(dir: &Path, name: &str) -> Vec<String> {
+    let file = |f: &str| dir.join(f).display().to_string();
+    [
+        "tls.enabled=true".to_string(),
+        format!("tls.ca={}", file("ca.pem")),
+        format!("tls.cert={}", file(&format!("{name}.pem"))),
+        format!("tls.key={}", file(&format!("{name}.key"))),
+    ]
+    .into_iter()
+    .flat_map(|kv| ["-c".to_string(), kv])
+    .collect()
 }

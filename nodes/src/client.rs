@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 use curvine_conf::ClientConf;
@@ -25,6 +24,7 @@ use curvine_messages::trace::{TraceCtx, TraceQuery};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
 
 use crate::server::{read_frame, write_frame};
+use crate::tls::{Tls, Transport};
 
 /// The client settings of `config`, with the cluster cookie found: the
 /// `client.cookie`, else `cluster.cookie`, else the cookie in the identity
@@ -32,6 +32,7 @@ use crate::server::{read_frame, write_frame};
 /// its data directory).
 pub fn client_conf(config: &curvine_conf::Config) -> ClientConf {
     let mut conf = config.client.clone();
+    conf.tls = config.tls.clone();
     if conf.cookie.is_empty() {
         conf.cookie = config.cluster.cookie.clone();
     }
@@ -81,6 +82,8 @@ struct Rpc {
     addrs: Mutex<Vec<String>>,
     failover: tokio::sync::Mutex<()>,
     conf: ClientConf,
+    /// The loaded `[tls]` settings, when TLS is on.
+    tls: Option<Arc<Tls>>,
 }
 
 /// A connection to a cluster. Cheap to clone: clones share connections.
@@ -113,8 +116,8 @@ fn read_only(request: &Request) -> bool {
 }
 
 /// The next frame of the handshake with node `addr`.
-async fn next_frame(
-    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+async fn next_frame<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
     addr: &str,
 ) -> FsResult<Vec<u8>> {
     read_frame(reader)
@@ -127,14 +130,21 @@ async fn open(
     addr: &str,
     timeout: Duration,
     key: &curvine_actors::token::ClientKey,
+    tls: Option<&Tls>,
 ) -> FsResult<(Conn, HelloReply)> {
     let unavailable =
         |e: std::io::Error| FsError::Unavailable(format!("cannot reach node {addr}: {e}"));
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+    let stream = Transport::dial(addr, timeout, tls)
         .await
-        .map_err(|_| FsError::TimedOut(format!("connecting to node {addr}")))?
-        .map_err(unavailable)?;
-    stream.set_nodelay(true).map_err(unavailable)?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => {
+                FsError::TimedOut(format!("connecting to node {addr}: {e}"))
+            }
+            _ if e.to_string().starts_with("TLS handshake") => {
+                FsError::Protocol(format!("node {addr}: {e}"))
+            }
+            _ => unavailable(e),
+        })?;
     let (read, write) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, read);
     let mut writer = BufWriter::with_capacity(64 * 1024, write);
@@ -258,7 +268,11 @@ impl Client {
         for addr in &conf.cluster {
             match Self::connect_to(addr, conf).await {
                 Ok(client) => return Ok(client),
-                Err(e @ (FsError::Protocol(_) | FsError::PermissionDenied(_))) => return Err(e),
+                Err(
+                    e @ (FsError::Protocol(_)
+                    | FsError::PermissionDenied(_)
+                    | FsError::InvalidArgument(_)),
+                ) => return Err(e),
                 Err(e) => last = e,
             }
         }
@@ -266,7 +280,9 @@ impl Client {
     }
 
     async fn connect_to(addr: &str, conf: &ClientConf) -> FsResult<Client> {
-        let (session, hello) = Self::open_session(addr, conf).await?;
+        let tls = Tls::from_conf(&conf.tls, false)
+            .map_err(|e| FsError::InvalidArgument(e.to_string()))?;
+        let (session, hello) = Self::open_session(addr, conf, tls.as_deref()).await?;
         let mut addrs = conf.cluster.clone();
         if !addrs.iter().any(|a| a == addr) {
             addrs.insert(0, addr.to_string());
@@ -278,8 +294,9 @@ impl Client {
                 addrs: Mutex::new(addrs),
                 failover: tokio::sync::Mutex::new(()),
                 conf: conf.clone(),
+                tls: tls.clone(),
             }),
-            data: crate::io::DataPool::new(conf.connect_timeout.0),
+            data: crate::io::DataPool::new(conf.connect_timeout.0, crate::node::data_tls(&tls)),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
             trace: None,
@@ -291,12 +308,16 @@ impl Client {
         Ok(client)
     }
 
-    async fn open_session(addr: &str, conf: &ClientConf) -> FsResult<(Session, HelloReply)> {
+    async fn open_session(
+        addr: &str,
+        conf: &ClientConf,
+        tls: Option<&Tls>,
+    ) -> FsResult<(Session, HelloReply)> {
         let mut conns = Vec::new();
         let mut hello = None;
         let key = curvine_actors::token::ClientKey::new(&conf.cookie);
         for _ in 0..conf.connections.max(1) {
-            let (conn, reply) = open(addr, conf.connect_timeout.0, &key).await?;
+            let (conn, reply) = open(addr, conf.connect_timeout.0, &key, tls).await?;
             conns.push(conn);
             hello = Some(reply);
         }
@@ -354,7 +375,7 @@ impl Client {
         candidates.push(dead.node_addr.clone());
         let mut last = FsError::Unavailable("no node to try".into());
         for addr in &candidates {
-            match Self::open_session(addr, &self.rpc.conf).await {
+            match Self::open_session(addr, &self.rpc.conf, self.rpc.tls.as_deref()).await {
                 Ok((session, hello)) if hello.cluster_id == self.cluster_id => {
                     tracing::info!(from = %dead.node_addr, to = %addr, "moved to another node of the cluster");
                     *self.rpc.session.write() = Arc::new(session);

@@ -11,6 +11,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -27,6 +28,7 @@ use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
 
 use crate::server::{read_frame, write_frame};
+use crate::tls::{Tls, Transport};
 
 /// What every connection of the data port needs.
 #[derive(Clone)]
@@ -40,6 +42,8 @@ pub struct DataContext {
     pub service: Arc<std::sync::OnceLock<std::sync::Weak<crate::service::Service>>>,
     pub metrics: curvine_actors::stats::Metrics,
     pub tracer: curvine_actors::trace::Tracer,
+    /// TLS settings when the data port is encrypted.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// The host's identity for short-circuit decisions: host name and boot id.
@@ -61,7 +65,7 @@ pub fn host_key() -> String {
 /// An error that ends the connection (the stream is out of step).
 struct Fatal(String);
 
-type Stream = BufReader<TcpStream>;
+type Stream = BufReader<Transport>;
 
 async fn reply(stream: &mut Stream, reply: &DataReply) -> std::io::Result<()> {
     let bytes = to_bytes("data reply", reply)
@@ -72,8 +76,16 @@ async fn reply(stream: &mut Stream, reply: &DataReply) -> std::io::Result<()> {
 }
 
 /// Writes a chunk header with MSG_MORE, so the kernel sends it in the same
-/// segment as the bytes that follow instead of a packet of its own.
-async fn send_more(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
+/// segment as the bytes that follow instead of a packet of its own (over
+/// TLS, into the record that carries them).
+async fn send_more(stream: &mut Transport, bytes: &[u8]) -> std::io::Result<()> {
+    match stream.plain() {
+        Some(tcp) => send_more_tcp(tcp, bytes).await,
+        None => stream.write_all(bytes).await,
+    }
+}
+
+async fn send_more_tcp(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
         stream.writable().await?;
         let sent = stream.try_io(Interest::WRITABLE, || {
@@ -101,8 +113,37 @@ async fn send_more(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Sends `n` bytes of `file` from `offset` with sendfile(2).
-async fn send_file(stream: &TcpStream, file: &File, offset: u64, n: usize) -> std::io::Result<()> {
+/// Sends `n` bytes of `file` from `offset`: with sendfile(2) on a plain
+/// connection, through `buf` over TLS.
+async fn send_file(
+    stream: &mut Transport,
+    file: &File,
+    offset: u64,
+    n: usize,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if let Some(tcp) = stream.plain() {
+        return sendfile_tcp(tcp, file, offset, n).await;
+    }
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    file.read_exact_at(&mut buf[..n], offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            std::io::Error::new(e.kind(), "block file is shorter than its index says")
+        } else {
+            e
+        }
+    })?;
+    stream.write_all(&buf[..n]).await
+}
+
+async fn sendfile_tcp(
+    stream: &TcpStream,
+    file: &File,
+    offset: u64,
+    n: usize,
+) -> std::io::Result<()> {
     let mut off = offset as libc::off_t;
     let mut left = n;
     while left > 0 {
@@ -137,6 +178,17 @@ pub async fn serve(listener: TcpListener, ctx: DataContext) {
             Ok((stream, peer)) => {
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
+                    let stream = match open(stream, ctx.tls.as_deref()).await {
+                        Ok(Some(stream)) => stream,
+                        Ok(None) => {
+                            tracing::warn!(%peer, "refused a plain data connection: this node's data port requires TLS");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "refused a data connection");
+                            return;
+                        }
+                    };
                     match connection(stream, &ctx).await {
                         Ok(()) => {}
                         Err(e) => tracing::warn!(%peer, error = %e, "data connection closed"),
@@ -151,8 +203,40 @@ pub async fn serve(listener: TcpListener, ctx: DataContext) {
     }
 }
 
-async fn connection(stream: TcpStream, ctx: &DataContext) -> Result<(), String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+/// The connection's transport: TLS after its handshake when the port is
+/// encrypted; `None` when the client spoke plain to it (answered with a
+/// refusal that says so).
+async fn open(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Option<Transport>> {
+    stream.set_nodelay(true)?;
+    let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
+        return Ok(Some(Transport::Plain(stream)));
+    };
+    if crate::tls::opens_tls(&stream, tls.handshake_timeout).await? {
+        return Ok(Some(Transport::Server(Box::new(
+            tls.accept(acceptor, stream).await?,
+        ))));
+    }
+    let mut stream = BufReader::new(Transport::Plain(stream));
+    let mut hello = [0u8; 6];
+    tokio::time::timeout(tls.handshake_timeout, stream.read_exact(&mut hello))
+        .await
+        .map_err(|_| std::io::Error::other("no opening"))??;
+    reply(
+        &mut stream,
+        &DataReply::Hello {
+            accepted: false,
+            message: "this node requires TLS on its data port: set tls.enabled = true, \
+                      tls.data = true and tls.ca in the client's config"
+                .into(),
+            node_id: String::new(),
+            host_key: String::new(),
+        },
+    )
+    .await?;
+    Ok(None)
+}
+
+async fn connection(stream: Transport, ctx: &DataContext) -> Result<(), String> {
     let mut stream = BufReader::with_capacity(256 * 1024, stream);
     let mut hello = [0u8; 6];
     stream
@@ -476,6 +560,7 @@ async fn read(
     .map_err(fatal)?;
     let mut pos = start;
     let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
+    let mut buf = Vec::new();
     while pos < end {
         let n = (end - pos).min(MAX_CHUNK as u64) as usize;
         let first = (pos / unit) as usize;
@@ -487,7 +572,7 @@ async fn read(
         curvine_messages::block::chunk_header(n, crcs, &mut header);
         let s = stream.get_mut();
         send_more(s, &header).await.map_err(fatal)?;
-        send_file(s, &file, pos, n).await.map_err(fatal)?;
+        send_file(s, &file, pos, n, &mut buf).await.map_err(fatal)?;
         pos += n as u64;
     }
     ctx.store.touch(block);

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -36,6 +35,7 @@ use curvine_messages::{Attr, FsError, FsResult};
 
 use crate::client::Client;
 use crate::server::{read_frame, write_frame};
+use crate::tls::{Tls, Transport};
 
 /// Client settings for file I/O.
 #[derive(Debug, Clone)]
@@ -89,7 +89,7 @@ async fn yield_sometimes(since: &mut usize, n: usize) {
 
 /// A connection to a node's data port.
 pub struct DataConn {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Transport>,
     addr: String,
     pub node_id: String,
     pub host_key: String,
@@ -100,12 +100,15 @@ fn lost(addr: &str, e: impl std::fmt::Display) -> FsError {
 }
 
 impl DataConn {
-    async fn connect(addr: &str, timeout: Duration) -> FsResult<DataConn> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+    async fn connect(addr: &str, timeout: Duration, tls: Option<&Tls>) -> FsResult<DataConn> {
+        let stream = Transport::dial(addr, timeout, tls)
             .await
-            .map_err(|_| FsError::TimedOut(format!("connecting to data port {addr}")))?
-            .map_err(|e| lost(addr, e))?;
-        stream.set_nodelay(true).map_err(|e| lost(addr, e))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::TimedOut => {
+                    FsError::TimedOut(format!("connecting to data port {addr}: {e}"))
+                }
+                _ => lost(addr, e),
+            })?;
         let mut conn = DataConn {
             stream: BufReader::with_capacity(256 * 1024, stream),
             addr: addr.to_string(),
@@ -222,15 +225,18 @@ impl DataConn {
 pub struct DataPool {
     idle: Arc<Mutex<HashMap<String, Vec<DataConn>>>>,
     connect_timeout: Duration,
+    /// TLS settings when the data port is encrypted.
+    tls: Option<Arc<Tls>>,
     /// This host's key, compared with a node's to allow short-circuit.
     host_key: Arc<String>,
 }
 
 impl DataPool {
-    pub fn new(connect_timeout: Duration) -> DataPool {
+    pub fn new(connect_timeout: Duration, tls: Option<Arc<Tls>>) -> DataPool {
         DataPool {
             idle: Default::default(),
             connect_timeout,
+            tls,
             host_key: Arc::new(crate::data::host_key()),
         }
     }
@@ -239,7 +245,7 @@ impl DataPool {
         let idle = self.idle.lock().get_mut(addr).and_then(Vec::pop);
         match idle {
             Some(conn) => Ok(conn),
-            None => DataConn::connect(addr, self.connect_timeout).await,
+            None => DataConn::connect(addr, self.connect_timeout, self.tls.as_deref()).await,
         }
     }
 

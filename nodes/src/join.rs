@@ -11,7 +11,7 @@ use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
 use ractor_cluster::NodeServerMessage;
 
 use curvine_actors::cluster::gateway_of;
-use curvine_actors::membership::connected_nodes;
+use curvine_actors::membership::{connected_nodes, Dialer};
 use curvine_messages::cluster::{JoinInfo, PeerMsg};
 
 /// Remembers sessions that closed before they authenticated.
@@ -47,6 +47,7 @@ pub async fn join(
     server: &ActorRef<NodeServerMessage>,
     seeds: &[String],
     timeout: Duration,
+    dial: &Dialer,
 ) -> Result<JoinInfo, String> {
     let watch = Arc::new(Watch::default());
     server
@@ -55,7 +56,7 @@ pub async fn join(
             subscription: Box::new(Sub(watch.clone())),
         })
         .map_err(|e| e.to_string())?;
-    let result = attempt(server, seeds, timeout, &watch).await;
+    let result = attempt(server, seeds, timeout, &watch, dial).await;
     let _ = server.cast(NodeServerMessage::UnsubscribeToEvents(
         "curvine-join".into(),
     ));
@@ -67,6 +68,7 @@ async fn attempt(
     seeds: &[String],
     timeout: Duration,
     watch: &Watch,
+    dial: &Dialer,
 ) -> Result<JoinInfo, String> {
     let deadline = Instant::now() + timeout;
     let mut last_error = String::from("no seed answered");
@@ -76,7 +78,7 @@ async fn attempt(
         if refusals >= REFUSALS && watch.authenticated.lock().is_empty() {
             return Err(format!(
                 "the cluster at {} refused this node during authentication: \
-                 cluster.cookie is not the cluster's cookie",
+                 cluster.cookie is not the cluster's cookie (or the two sides disagree on tls.enabled)",
                 refused_by.unwrap_or_default()
             ));
         }
@@ -102,8 +104,8 @@ async fn attempt(
         if Instant::now() >= next_dial {
             next_dial = Instant::now() + Duration::from_secs(1);
             for seed in seeds {
-                if let Err(e) = ractor_cluster::client_connect(server, seed.as_str()).await {
-                    last_error = format!("cannot reach seed {seed}: {e:?}");
+                if let Err(e) = dial(server.clone(), seed.clone()).await {
+                    last_error = format!("cannot reach seed {seed}: {e}");
                 }
             }
         }

@@ -15,6 +15,7 @@ pub mod persist;
 pub mod scrub;
 pub mod server;
 pub mod service;
+pub mod tls;
 pub mod ufs;
 
 pub use client::Client;

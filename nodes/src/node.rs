@@ -32,6 +32,7 @@ use crate::data::{DataContext, DataServer, DataServerArgs};
 use crate::gateway::{Gateway, GatewayArgs};
 use crate::identity::DataDir;
 use crate::service::{NodeInfo, Service};
+use crate::tls::Tls;
 
 /// Root of the node's supervision tree. Restarts a failed child with backoff;
 /// when a child fails too often it fails itself, which stops the node.
@@ -305,6 +306,8 @@ pub struct RunningNode {
     server: tokio::task::JoinHandle<()>,
     replicator: tokio::task::JoinHandle<()>,
     cluster_server: Option<ActorRef<ractor_cluster::NodeServerMessage>>,
+    /// The cluster port's accept task when TLS is on.
+    _cluster_accept: Option<AbortOnDrop>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -321,49 +324,93 @@ pub enum StartError {
     Actors(String),
     #[error("cannot join the cluster: {0}")]
     Join(String),
+    #[error("TLS settings: {0}")]
+    Tls(String),
 }
 
 /// Starts a node with `config`: opens (or formats) the data directory, joins
 /// the cluster of its seeds when the directory is new, starts the
 /// supervision tree, the client port and the cluster port.
 pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
+    let tls = Tls::from_conf(&config.tls, true).map_err(|e| StartError::Tls(e.to_string()))?;
     let mut data_dir = DataDir::open(&config.data_dir(), config)?;
 
     // The cluster port first: a new node learns its cluster through it.
-    // The port is opened on every interface (ractor_cluster's listener);
-    // with port 0 a free one is picked, again if another process takes it
-    // between the probe and the bind.
+    // With port 0 a free one is picked, again if another process takes it
+    // between the probe and the bind. Plain, ractor_cluster's listener
+    // serves it, on every interface. With TLS this node accepts it on the
+    // configured address (`tls::serve_cluster`: each handshake in a task of
+    // its own with a timeout, where ractor_cluster's listener would wait on
+    // one handshake before it accepts the next connection) and hands
+    // finished sessions to the node server, whose own listener is then
+    // bound to a loopback port (TLS too) and announces the public port.
     let configured = config.cluster_listen();
     let any_port = split_addr(&configured).1 == 0;
     let mut attempt = 0;
-    let (cluster_server, cluster_addr) = loop {
+    let (cluster_server, cluster_addr, cluster_accept) = loop {
         attempt += 1;
         let cluster_addr = resolve_port(&configured)?;
         let (cluster_host, cluster_port) = split_addr(&cluster_addr);
-        let server = ractor_cluster::NodeServer::new(
-            cluster_port,
-            data_dir.identity.cookie.clone(),
-            data_dir.identity.node_id.clone(),
-            cluster_host,
-            None,
-            Some(ractor_cluster::node::NodeConnectionMode::Transitive),
-        );
-        match Actor::spawn(None, server, ()).await {
-            Ok((server, _)) => break (server, cluster_addr),
+        let cluster_error = |e: &dyn std::fmt::Display| StartError::Cluster {
+            addr: cluster_addr.clone(),
+            reason: e.to_string(),
+        };
+        let public = match &tls {
+            Some(_) => match TcpListener::bind(cluster_addr.as_str()).await {
+                Ok(l) => Some(l),
+                Err(_) if any_port && attempt < 5 => continue,
+                Err(e) => return Err(cluster_error(&e)),
+            },
+            None => None,
+        };
+        let server = match tls.as_ref().and_then(|t| t.cluster_acceptor()) {
+            Some(acceptor) => ractor_cluster::NodeServer::new(
+                0,
+                data_dir.identity.cookie.clone(),
+                data_dir.identity.node_id.clone(),
+                cluster_host,
+                Some(ractor_cluster::IncomingEncryptionMode::Tls(
+                    acceptor.clone(),
+                )),
+                Some(ractor_cluster::node::NodeConnectionMode::Isolated),
+            )
+            .with_listen_addr(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+            None => ractor_cluster::NodeServer::new(
+                cluster_port,
+                data_dir.identity.cookie.clone(),
+                data_dir.identity.node_id.clone(),
+                cluster_host,
+                None,
+                Some(ractor_cluster::node::NodeConnectionMode::Transitive),
+            ),
+        };
+        let server = match Actor::spawn(None, server, ()).await {
+            Ok((server, _)) => server,
             Err(_) if any_port && attempt < 5 => continue,
-            Err(e) => {
-                return Err(StartError::Cluster {
-                    addr: cluster_addr,
-                    reason: e.to_string(),
-                })
+            Err(e) => return Err(cluster_error(&e)),
+        };
+        let accept = match (public, &tls) {
+            (Some(listener), Some(tls)) => {
+                // Queued after the listener's own port report.
+                let _ = server
+                    .cast(ractor_cluster::NodeServerMessage::PortChanged { port: cluster_port });
+                Some(AbortOnDrop(tokio::spawn(crate::tls::serve_cluster(
+                    listener,
+                    tls.clone(),
+                    server.clone(),
+                ))))
             }
-        }
+            _ => None,
+        };
+        break (server, cluster_addr, accept);
     };
+    let dial = crate::tls::cluster_dialer(tls.clone(), config.client.connect_timeout.0);
     let joined = if data_dir.joining {
         let info = crate::join::join(
             &cluster_server,
             &config.node.seeds,
             config.cluster.join_timeout.0,
+            &dial,
         )
         .await
         .map_err(|e| {
@@ -376,21 +423,37 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
     } else {
         None
     };
-    match start_with(
-        config,
-        data_dir,
-        cluster_server.clone(),
-        cluster_addr,
-        joined,
-    )
-    .await
-    {
+    let cluster = ClusterPort {
+        server: cluster_server.clone(),
+        addr: cluster_addr,
+        accept: cluster_accept,
+        dial,
+    };
+    match start_with(config, data_dir, cluster, joined, tls).await {
         Ok(node) => Ok(node),
         Err(e) => {
             cluster_server.stop(None);
             Err(e)
         }
     }
+}
+
+/// Aborts a task when dropped (a listener that must not outlive its node).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The node's cluster port: its ractor_cluster node server, the address
+/// it is reached at, the TLS accept task, and how to dial other nodes.
+struct ClusterPort {
+    server: ActorRef<ractor_cluster::NodeServerMessage>,
+    addr: String,
+    accept: Option<AbortOnDrop>,
+    dial: curvine_actors::membership::Dialer,
 }
 
 /// `host:port` with port 0 replaced by a free port (ractor_cluster
@@ -423,10 +486,16 @@ fn split_addr(addr: &str) -> (String, u16) {
 async fn start_with(
     config: &Config,
     data_dir: DataDir,
-    cluster_server: ActorRef<ractor_cluster::NodeServerMessage>,
-    cluster_addr: String,
+    cluster: ClusterPort,
     joined: Option<JoinInfo>,
+    tls: Option<Arc<Tls>>,
 ) -> Result<RunningNode, StartError> {
+    let ClusterPort {
+        server: cluster_server,
+        addr: cluster_addr,
+        accept: cluster_accept,
+        dial,
+    } = cluster;
     let identity = data_dir.identity.clone();
     let directory = ShardDirectory::new(identity.shard_count);
 
@@ -613,6 +682,7 @@ async fn start_with(
         service: service_slot.clone(),
         metrics: metrics.clone(),
         tracer: tracer.clone(),
+        tls: data_tls(&tls),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -667,6 +737,7 @@ async fn start_with(
     let membership_args = MembershipArgs {
         view: view.clone(),
         server: cluster_server.clone(),
+        dial,
         seeds: config.node.seeds.clone(),
         heartbeat: config.cluster.heartbeat.0,
         members_file: data_dir.members_file(),
@@ -729,7 +800,7 @@ async fn start_with(
         clients: curvine_actors::token::ClientKey::new(&identity.cookie),
         tokens,
         data: data_node,
-        pool: crate::io::DataPool::new(config.client.connect_timeout.0),
+        pool: crate::io::DataPool::new(config.client.connect_timeout.0, data_tls(&tls)),
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),
         mounts: mounts.clone(),
@@ -749,7 +820,7 @@ async fn start_with(
         ),
         None => None,
     };
-    let server = tokio::spawn(crate::server::serve(listener, service.clone()));
+    let server = tokio::spawn(crate::server::serve(listener, service.clone(), tls.clone()));
     let replicator = tokio::spawn(replicate_loop(
         Arc::downgrade(&service),
         config.cluster.rereplicate_after.0,
@@ -766,7 +837,13 @@ async fn start_with(
         server,
         replicator,
         cluster_server: Some(cluster_server),
+        _cluster_accept: cluster_accept,
     })
+}
+
+/// The TLS settings of the data port: those of the node when they cover it.
+pub fn data_tls(tls: &Option<Arc<Tls>>) -> Option<Arc<Tls>> {
+    tls.clone().filter(|t| t.data)
 }
 
 /// Periodically gives blocks of the shards this node serves their replicas

@@ -16,6 +16,7 @@ use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
 
 use crate::service::Service;
+use crate::tls::{Tls, Transport};
 
 /// Writes one length-prefixed frame.
 pub async fn write_frame<W: AsyncWriteExt + Unpin>(
@@ -42,13 +43,25 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<O
     Ok(Some(buf))
 }
 
-pub async fn serve(listener: TcpListener, service: Arc<Service>) {
+pub async fn serve(listener: TcpListener, service: Arc<Service>, tls: Option<Arc<Tls>>) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let service = service.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, service).await {
+                    let result = match open(stream, tls.as_deref()).await {
+                        Ok(Some(transport)) => connection(transport, peer, service).await,
+                        Ok(None) => {
+                            tracing::warn!(%peer, "refused a plain client: this node's client port requires TLS");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "refused a client connection");
+                            return;
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(%peer, error = %e, "client connection closed");
                     }
                 });
@@ -61,9 +74,50 @@ pub async fn serve(listener: TcpListener, service: Arc<Service>) {
     }
 }
 
-async fn connection(stream: TcpStream, service: Arc<Service>) -> std::io::Result<()> {
+/// What a plain client of a port that requires TLS is told.
+pub const TLS_REQUIRED: &str = "this node requires TLS on its client port: set tls.enabled = true \
+     and tls.ca (the certificate authority of the cluster) in the client's config";
+
+/// The connection's transport: TLS after its handshake when the node has
+/// TLS on; `None` when the client spoke plain to a TLS port (it has been
+/// answered with a refusal that says so).
+async fn open(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Option<Transport>> {
     stream.set_nodelay(true)?;
-    let peer = stream.peer_addr().ok();
+    let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
+        return Ok(Some(Transport::Plain(stream)));
+    };
+    if crate::tls::opens_tls(&stream, tls.handshake_timeout).await? {
+        return Ok(Some(Transport::Server(Box::new(
+            tls.accept(acceptor, stream).await?,
+        ))));
+    }
+    // A plain client: answer its opening with a refusal it can show.
+    let mut stream = stream;
+    let mut hello = [0u8; Hello::LEN];
+    tokio::time::timeout(tls.handshake_timeout, stream.read_exact(&mut hello))
+        .await
+        .map_err(|_| std::io::Error::other("no opening"))??;
+    stream.write_all(&Hello::current().encode()).await?;
+    let reply = HelloReply {
+        accepted: false,
+        server_version: PROTOCOL_VERSION,
+        message: TLS_REQUIRED.to_string(),
+        cluster_id: String::new(),
+        node_id: String::new(),
+        challenge: Vec::new(),
+    };
+    let bytes = to_bytes("hello reply", &reply).map_err(std::io::Error::other)?;
+    write_frame(&mut stream, &bytes).await?;
+    stream.flush().await?;
+    Ok(None)
+}
+
+async fn connection(
+    stream: Transport,
+    peer: std::net::SocketAddr,
+    service: Arc<Service>,
+) -> std::io::Result<()> {
+    let peer = Some(peer);
     let (read, write) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, read);
     let mut writer = BufWriter::with_capacity(64 * 1024, write);
