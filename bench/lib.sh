@@ -103,6 +103,16 @@ start_node() {
   return 1
 }
 
+# tls_certs: a CA and a node certificate for 127.0.0.1 in $work/certs
+# (conf/make-certs.sh); sets tls_node and tls_client, the -c flags of a
+# node and of a client with TLS on.
+tls_certs() {
+  need openssl openssl
+  "$root/conf/make-certs.sh" "$work/certs" 127.0.0.1 >/dev/null
+  tls_client=(-c tls.enabled=true -c "tls.ca=$work/certs/ca.pem")
+  tls_node=("${tls_client[@]}" -c "tls.cert=$work/certs/node.pem" -c "tls.key=$work/certs/node.key")
+}
+
 # fuse_mount ADDR MNT [FLAGS...]: a daemon FUSE mount of the node at ADDR.
 fuse_mount() {
   local addr=$1 m=$2; shift 2

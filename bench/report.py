@@ -205,7 +205,9 @@ def data_section(r, rows, meta):
         f"{meta.get('reps', '?')} repetitions per figure")
     r.p("- baselines: the same tool doing plain file I/O (`local.write|local.read`) "
         "on a tmpfs directory, or on the disk for the disk rows; `iperf3` over "
-        "loopback for the data-port rows", "")
+        "loopback for the data-port rows; the plain data port for the TLS rows (a node "
+        "with `tls.enabled`, AES-GCM through aws-lc-rs, reads copied through the node "
+        "instead of sendfile)", "")
 
     def m(label, action, t):
         return spread(select(rows, "gib_per_sec", label=label, action=action, threads=t))
@@ -223,12 +225,16 @@ def data_section(r, rows, meta):
          "the client copies each chunk once more (socket, chunk buffer, caller) where iperf3 "
          "discards the bytes; client, node and baseline share 2 cores"),
         ("write, MEM tier, data port (no short-circuit)", "mem-remote", "fs.write", "tmpfs", "local.write", None, ""),
+        ("read, MEM tier, data port over TLS (baseline: plain data port)", "mem-tls", "fs.read",
+         "mem-remote", "fs.read", None, ""),
+        ("write, MEM tier, data port over TLS (baseline: plain data port)", "mem-tls", "fs.write",
+         "mem-remote", "fs.write", None, ""),
         ("write, disk tier", "disk", "fs.write", "disk", "local.write", None, ""),
         ("read, disk tier, page cache dropped", "disk", "fs.read", "disk", "local.read", None, ""),
     ]
     cats, cur, base = ratio_rows(r, "B1", m, specs)
     r.p("", r.plots.bars("b1", "B1: large files through the client library", "GiB/s", cats,
-                         [("curvine", cur), ("baseline (tmpfs, disk or iperf3)", base)]))
+                         [("curvine", cur), ("baseline (tmpfs, disk, iperf3 or plain data port)", base)]))
     r.notes("data")
     r.p("")
 
@@ -439,6 +445,13 @@ def meta_section(r, rows, meta):
         s = m(f"meta.{op}", 8, "lmdb-sync")
         if c and l:
             r.p(f"| {op} | {num(c)} | {num(l)} | {ratio(c, l)} | {num(s)} | {ratio(c, s)} |")
+    if any(x.get("label") == "tls" for x in rows):
+        r.p("", "The client port over TLS (a node with `tls.enabled`), 8 tasks, same run:", "",
+            "| operation | plain ops/s | TLS ops/s | ratio |", "|---|---|---|---|")
+        for op in ("create", "stat", "ls", "rename", "unlink"):
+            c, t = m(f"meta.{op}", 8), m(f"meta.{op}", 8, "tls")
+            if c and t:
+                r.p(f"| {op} | {num(c)} | {num(t)} | {ratio(t, c)} |")
     c8, s8 = m("meta.create", 8), m("meta.stat", 8)
     if c8:
         r.target("B4", "creates/s, 8 tasks", ">= 15,000 ops/s", f"{c8:,.0f}", c8 >= 15000,

@@ -2,7 +2,8 @@
 # B1, large files: curvine-bench fs.write/fs.read through the client library
 # against real nodes, next to the same tool doing plain file I/O on tmpfs (or
 # on the disk for the disk-tier rows) and iperf3 over loopback (for reads over
-# the data port), all in the same run. Each figure is measured REPS times,
+# the data port), all in the same run; and the data port over TLS next to the
+# plain data port. Each figure is measured REPS times,
 # alternating with its baseline. Writes results/data.jsonl and RESULTS.md.
 #
 #   bench/run-data.sh           # 20 files of 100MB, 3 repetitions (about 4 minutes)
@@ -25,6 +26,10 @@ mem="127.0.0.1:$port"
 disk="127.0.0.1:$((port + 10))"
 start_node mem 127.0.0.1 "$port" "[MEM:8GiB]$shm/tier"
 start_node disk 127.0.0.1 $((port + 10)) "[SSD:16GiB]$work/ssd-tier"
+# A node with TLS on its ports: data-port rows over TLS beside the plain ones.
+tls_certs
+tls="127.0.0.1:$((port + 20))"
+start_node tls 127.0.0.1 $((port + 20)) "[MEM:4GiB]$shm/tls-tier" "${tls_node[@]}"
 
 results data
 # run LABEL ARGS...: one curvine-bench run, its JSON line labelled.
@@ -57,6 +62,13 @@ for t in 2 8; do
       --action fs.write --dir "/w$t" --client-threads "$t"
     "$bin/curvine-cli" --cluster "$mem" fs rm -r "/w$t"
     rm -rf "$shm/local$t"
+
+    echo "== MEM tier over TLS (data port), $t tasks, repetition $r" >&2
+    run mem-tls --cluster "$tls" -c client.short_circuit=false "${tls_client[@]}" \
+      --action fs.write --dir "/w$t" --client-threads "$t"
+    run mem-tls --cluster "$tls" -c client.short_circuit=false "${tls_client[@]}" \
+      --action fs.read --dir "/w$t" --client-threads "$t"
+    "$bin/curvine-cli" --cluster "$tls" "${tls_client[@]}" fs rm -r "/w$t"
 
     echo "== disk tier, $t tasks, repetition $r" >&2
     run disk --cluster "$disk" --action fs.write --dir "/w$t" --client-threads "$t"

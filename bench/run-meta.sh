@@ -5,8 +5,8 @@
 # FUSE mount of it (the same program's plain system calls), next to the same
 # program on a tmpfs directory and (8 tasks) on the same disk with an fsync
 # per change, and (8 tasks) a node committing with LMDB's synced commits
-# instead of its metadata log (meta.wal=false), all measured in the same
-# run. Writes results/meta.jsonl and RESULTS.md.
+# instead of its metadata log (meta.wal=false), and (8 tasks) a node with
+# TLS on its client port, all measured in the same run. Writes results/meta.jsonl and RESULTS.md.
 #
 #   bench/run-meta.sh            # 30,000 entries (client library), 10,000 (mount)
 #   bench/run-meta.sh --quick    # 2,000 entries (mount: 1,000)
@@ -47,6 +47,13 @@ port2=$(free_port)
 start_node node-lmdb-sync 127.0.0.1 "$port2" "[MEM:1GiB]$shm/tier2" -c meta.wal=false
 meta --cluster "127.0.0.1:$port2" --action meta.all --dir /bench-t8 --client-threads 8 \
   --file-num "$files" --label lmdb-sync
+
+echo "== 8 tasks, a node with TLS on its client port" >&2
+tls_certs
+port3=$(free_port)
+start_node node-tls 127.0.0.1 "$port3" "[MEM:1GiB]$shm/tier3" "${tls_node[@]}"
+meta --cluster "127.0.0.1:$port3" "${tls_client[@]}" --action meta.all --dir /bench-t8 \
+  --client-threads 8 --file-num "$files" --label tls
 
 fstype=$(df -T "$work" | awk 'NR==2 {print $2}')
 write_info meta entries="$files" mount_entries="$mount_files" fstype="$fstype"
