@@ -140,6 +140,45 @@ pub fn read_members_file(path: &std::path::Path) -> (Vec<(String, String)>, Opti
     }
 }
 
+/// Writes a node table holding one member and the map it gave, for a node
+/// that just joined: should the node fail before its Membership saves the
+/// table (a port taken, say), a restart without seeds still finds its
+/// cluster. Leaves an existing table alone.
+pub fn remember_join(
+    path: &std::path::Path,
+    node_id: &str,
+    cluster_addr: &str,
+    map: &ClusterMap,
+) -> std::io::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let file = MembersFile {
+        nodes: vec![KnownNode {
+            node_id: node_id.to_string(),
+            cluster_addr: cluster_addr.to_string(),
+        }],
+        map_version: map.version,
+        map: map.shards.clone(),
+    };
+    let tmp = path.with_extension("tmp");
+    let text = toml::to_string(&file).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The cluster address node `node_id` announced on its session with this
+/// node's server, if it has one.
+pub async fn session_addr(server: &ActorRef<NodeServerMessage>, node_id: &str) -> Option<String> {
+    let sessions = ractor::call_t!(server, NodeServerMessage::GetSessions, 1000).ok()?;
+    sessions.values().find_map(|s| {
+        s.peer_name
+            .as_ref()
+            .filter(|n| node_of(&n.name) == node_id)
+            .map(|n| n.connection_string.clone())
+    })
+}
+
 struct Subscription(ActorRef<MembershipMsg>);
 
 impl Subscription {

@@ -490,6 +490,62 @@ fn a_wrong_cookie_or_another_cluster_is_refused_on_both_sides() {
 }
 
 #[test]
+fn a_node_that_failed_after_joining_finds_its_cluster_without_seeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 1, &[]);
+    let founder = &cluster.nodes[0];
+    // The new node joins, then fails to start: its HTTP port is taken.
+    let taken = std::net::TcpListener::bind("127.0.0.7:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let data_dir = dir.path().join("late");
+    let mut args: Vec<String> = FAST_CLUSTER.iter().map(|s| s.to_string()).collect();
+    args.extend(
+        [
+            "--listen",
+            "127.0.0.7:0",
+            "-c",
+            "node.cluster_listen=127.0.0.7:0",
+            "-c",
+            "data.listen=127.0.0.7:0",
+        ]
+        .map(String::from),
+    );
+    let out = std::process::Command::new(curvine_integration::bin("curvine-node"))
+        .args(["start", "--data-dir"])
+        .arg(&data_dir)
+        .args(&args)
+        .args(["-c", &format!("http.listen={taken_addr}")])
+        .args(["--seeds", &founder.cluster_addr])
+        .env_remove("CURVINE_CONF")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("http.listen"),
+        "the node should have joined and then failed on its HTTP port:\n{err}"
+    );
+    drop(taken);
+    // Started again without seeds, it is a member of the founder's cluster.
+    let args: Vec<&str> = FAST_CLUSTER.to_vec();
+    let late = NodeProcess::start_on(&data_dir, "127.0.0.7", &args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while late.members_up() != 2 || founder.members_up() != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the node did not find its cluster again:\n{}",
+            late.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let path = "/after-failed-start";
+    runtime().block_on(async {
+        let bytes = data(100_000, 3);
+        put(&founder.client().await, path, &bytes, 1).await.unwrap();
+        assert_eq!(get(&late.client().await, path).await.unwrap(), bytes);
+    });
+}
+
+#[test]
 fn nodes_in_one_process_form_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {

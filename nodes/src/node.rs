@@ -419,6 +419,18 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
         })?;
         data_dir.adopt(&info)?;
         tracing::info!(cluster = %info.cluster_id, through = %info.node_id, "joined the cluster");
+        if let Some(addr) =
+            curvine_actors::membership::session_addr(&cluster_server, &info.node_id).await
+        {
+            if let Err(e) = curvine_actors::membership::remember_join(
+                &data_dir.members_file(),
+                &info.node_id,
+                &addr,
+                &info.map,
+            ) {
+                tracing::warn!(error = %e, "cannot save the node table");
+            }
+        }
         Some(info)
     } else {
         None
