@@ -147,7 +147,10 @@ pub struct DataConf {
 pub struct ClientConf {
     /// Nodes the client tries, in order (`host:port` of their client ports).
     pub cluster: Vec<String>,
+    /// Longest time to open a connection to a node (TCP, and TLS when on).
     pub connect_timeout: Dur,
+    /// Longest time a request may take; also how long a data-port block
+    /// transfer may stall before it fails.
     pub request_timeout: Dur,
     /// Connections the client library opens to a node (requests are spread over them).
     pub connections: u32,

@@ -534,6 +534,80 @@ fn the_data_port_refuses_bad_peers_and_keeps_serving() {
     assert!(node.log_text().contains("data connection closed"));
 }
 
+/// Sends SIGCONT to a stopped process when dropped.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        // SAFETY: signalling a child process of this test.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_node_that_stops_answering_mid_read_fails_it_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    // Blocks larger than what the sockets between client and node buffer,
+    // so the node stops in the middle of a block's stream.
+    let block = 32 << 20;
+    let bytes = data(2 * block as usize, 5);
+    let rt = runtime();
+    rt.block_on(async {
+        put(
+            &client(&node, false).await,
+            "/stall",
+            &bytes,
+            &spec(block),
+            1 << 20,
+        )
+        .await;
+    });
+    let conf = ClientConf {
+        short_circuit: false,
+        request_timeout: curvine_conf::Dur(Duration::from_secs(2)),
+        ..node.client_conf()
+    };
+    let started = rt.block_on(async {
+        let c = Client::connect(&conf).await.unwrap();
+        let mut r = FileReader::open(&c, "/stall").await.unwrap();
+        let mut first = vec![0u8; 64 << 10];
+        let n = r.read(&mut first).await.unwrap();
+        assert!(n > 0 && first[..n] == bytes[..n]);
+        // The node freezes (it neither answers nor closes its connections).
+        let _frozen = Stopped::stop(node.pid().unwrap());
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        let e = r.read_to_end(&mut rest).await.unwrap_err();
+        assert!(
+            matches!(e, FsError::Io(_) | FsError::TimedOut(_)),
+            "a stalled read failed with {e:?}"
+        );
+        assert!(
+            e.to_string().contains("nothing moved"),
+            "the error does not say the node stalled: {e}"
+        );
+        started
+    });
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(30),
+        "a read of a frozen node waited {waited:?} with a 2s request timeout"
+    );
+    // Thawed, the node serves the file whole.
+    rt.block_on(async {
+        assert!(get(&client(&node, false).await, "/stall").await == bytes);
+    });
+}
+
 #[test]
 fn a_node_killed_during_writes_keeps_acknowledged_files() {
     let dir = tempfile::tempdir().unwrap();

@@ -140,8 +140,10 @@ async fn open(
             std::io::ErrorKind::TimedOut => {
                 FsError::TimedOut(format!("connecting to node {addr}: {e}"))
             }
-            _ if e.to_string().starts_with("TLS handshake") => {
-                FsError::Protocol(format!("node {addr}: {e}"))
+            // TLS refused: a certificate, a protocol mismatch.
+            std::io::ErrorKind::InvalidData => FsError::Protocol(format!("node {addr}: {e}")),
+            std::io::ErrorKind::InvalidInput => {
+                FsError::InvalidArgument(format!("node {addr}: {e}"))
             }
             _ => unavailable(e),
         })?;
@@ -296,7 +298,11 @@ impl Client {
                 conf: conf.clone(),
                 tls: tls.clone(),
             }),
-            data: crate::io::DataPool::new(conf.connect_timeout.0, crate::node::data_tls(&tls)),
+            data: crate::io::DataPool::new(
+                conf.connect_timeout.0,
+                conf.request_timeout.0,
+                crate::node::data_tls(&tls),
+            ),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
             trace: None,

@@ -28,7 +28,7 @@ use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
 
 use crate::server::{read_frame, write_frame};
-use crate::tls::{Tls, Transport};
+use crate::tls::{Accepted, Tls, Transport};
 
 /// What every connection of the data port needs.
 #[derive(Clone)]
@@ -207,18 +207,13 @@ pub async fn serve(listener: TcpListener, ctx: DataContext) {
 /// encrypted; `None` when the client spoke plain to it (answered with a
 /// refusal that says so).
 async fn open(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Option<Transport>> {
-    stream.set_nodelay(true)?;
-    let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
-        return Ok(Some(Transport::Plain(stream)));
+    let (stream, timeout) = match Accepted::from(stream, tls).await? {
+        Accepted::Ready(transport) => return Ok(Some(transport)),
+        Accepted::PlainOnTls { stream, timeout } => (stream, timeout),
     };
-    if crate::tls::opens_tls(&stream, tls.handshake_timeout).await? {
-        return Ok(Some(Transport::Server(Box::new(
-            tls.accept(acceptor, stream).await?,
-        ))));
-    }
     let mut stream = BufReader::new(Transport::Plain(stream));
     let mut hello = [0u8; 6];
-    tokio::time::timeout(tls.handshake_timeout, stream.read_exact(&mut hello))
+    tokio::time::timeout(timeout, stream.read_exact(&mut hello))
         .await
         .map_err(|_| std::io::Error::other("no opening"))??;
     reply(
@@ -575,6 +570,8 @@ async fn read(
         send_file(s, &file, pos, n, &mut buf).await.map_err(fatal)?;
         pos += n as u64;
     }
+    // Over TLS the last records may still sit in the session's buffer.
+    stream.get_mut().flush().await.map_err(fatal)?;
     ctx.store.touch(block);
     // The bytes were the reply; nothing follows them.
     Ok(Ok(None))

@@ -91,6 +91,10 @@ async fn yield_sometimes(since: &mut usize, n: usize) {
 pub struct DataConn {
     stream: BufReader<Transport>,
     addr: String,
+    /// Longest time a request or chunk may take to move: a node that takes
+    /// or sends nothing for this long fails the request (the reader then
+    /// tries another copy) instead of holding it.
+    idle: Duration,
     pub node_id: String,
     pub host_key: String,
 }
@@ -99,8 +103,26 @@ fn lost(addr: &str, e: impl std::fmt::Display) -> FsError {
     FsError::Unavailable(format!("data port {addr}: {e}"))
 }
 
+/// `io` within `idle`, else `TimedOut` naming the data port.
+async fn within<T>(
+    idle: Duration,
+    addr: &str,
+    io: impl std::future::Future<Output = FsResult<T>>,
+) -> FsResult<T> {
+    tokio::time::timeout(idle, io).await.unwrap_or_else(|_| {
+        Err(FsError::TimedOut(format!(
+            "data port {addr}: nothing moved for {idle:?} (client.request_timeout)"
+        )))
+    })
+}
+
 impl DataConn {
-    async fn connect(addr: &str, timeout: Duration, tls: Option<&Tls>) -> FsResult<DataConn> {
+    async fn connect(
+        addr: &str,
+        timeout: Duration,
+        idle: Duration,
+        tls: Option<&Tls>,
+    ) -> FsResult<DataConn> {
         let stream = Transport::dial(addr, timeout, tls)
             .await
             .map_err(|e| match e.kind() {
@@ -112,6 +134,7 @@ impl DataConn {
         let mut conn = DataConn {
             stream: BufReader::with_capacity(256 * 1024, stream),
             addr: addr.to_string(),
+            idle,
             node_id: String::new(),
             host_key: String::new(),
         };
@@ -151,18 +174,24 @@ impl DataConn {
             request,
         };
         let bytes = to_bytes("data request", &frame).map_err(FsError::from)?;
+        let (idle, addr) = (self.idle, self.addr.as_str());
         let s = self.stream.get_mut();
-        write_frame(s, &bytes)
-            .await
-            .map_err(|e| lost(&self.addr, e))?;
-        s.flush().await.map_err(|e| lost(&self.addr, e))
+        within(idle, addr, async {
+            write_frame(s, &bytes).await.map_err(|e| lost(addr, e))?;
+            s.flush().await.map_err(|e| lost(addr, e))
+        })
+        .await
     }
 
     async fn recv(&mut self) -> FsResult<DataReply> {
-        let frame = read_frame(&mut self.stream)
-            .await
-            .map_err(|e| lost(&self.addr, e))?
-            .ok_or_else(|| lost(&self.addr, "closed by the node"))?;
+        let (idle, addr) = (self.idle, self.addr.as_str());
+        let frame = within(idle, addr, async {
+            read_frame(&mut self.stream)
+                .await
+                .map_err(|e| lost(addr, e))?
+                .ok_or_else(|| lost(addr, "closed by the node"))
+        })
+        .await?;
         match from_bytes::<DataReply>("data reply", &frame).map_err(FsError::from)? {
             DataReply::Error(e) => Err(e),
             reply => Ok(reply),
@@ -178,6 +207,16 @@ impl DataConn {
     /// verified before they are returned.
     /// `data` is a buffer to reuse (its old bytes are overwritten).
     async fn read_chunk(
+        &mut self,
+        data: Vec<u8>,
+        first_unit: usize,
+        what: &str,
+    ) -> FsResult<Vec<u8>> {
+        let (idle, addr) = (self.idle, self.addr.clone());
+        within(idle, &addr, self.read_chunk_now(data, first_unit, what)).await
+    }
+
+    async fn read_chunk_now(
         &mut self,
         mut data: Vec<u8>,
         first_unit: usize,
@@ -225,6 +264,8 @@ impl DataConn {
 pub struct DataPool {
     idle: Arc<Mutex<HashMap<String, Vec<DataConn>>>>,
     connect_timeout: Duration,
+    /// How long a data connection may stall (see `DataConn::idle`).
+    stall_timeout: Duration,
     /// TLS settings when the data port is encrypted.
     tls: Option<Arc<Tls>>,
     /// This host's key, compared with a node's to allow short-circuit.
@@ -232,10 +273,15 @@ pub struct DataPool {
 }
 
 impl DataPool {
-    pub fn new(connect_timeout: Duration, tls: Option<Arc<Tls>>) -> DataPool {
+    pub fn new(
+        connect_timeout: Duration,
+        stall_timeout: Duration,
+        tls: Option<Arc<Tls>>,
+    ) -> DataPool {
         DataPool {
             idle: Default::default(),
             connect_timeout,
+            stall_timeout,
             tls,
             host_key: Arc::new(crate::data::host_key()),
         }
@@ -245,7 +291,15 @@ impl DataPool {
         let idle = self.idle.lock().get_mut(addr).and_then(Vec::pop);
         match idle {
             Some(conn) => Ok(conn),
-            None => DataConn::connect(addr, self.connect_timeout, self.tls.as_deref()).await,
+            None => {
+                DataConn::connect(
+                    addr,
+                    self.connect_timeout,
+                    self.stall_timeout,
+                    self.tls.as_deref(),
+                )
+                .await
+            }
         }
     }
 
@@ -1549,21 +1603,26 @@ async fn remote_block(
         }
     }
     let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
+    let (idle, addr) = (conn.idle, conn.addr.clone());
     let sent: FsResult<()> = async {
         while let Some(chunk) = rx.recv().await {
             let crcs = unit_crcs(&chunk);
             chunk_header(chunk.len(), &crcs, &mut header);
             let s = conn.stream.get_mut();
-            s.write_all(&header)
-                .await
-                .map_err(|e| lost(&conn.addr, e))?;
-            s.write_all(&chunk).await.map_err(|e| lost(&conn.addr, e))?;
+            within(idle, &addr, async {
+                s.write_all(&header).await.map_err(|e| lost(&addr, e))?;
+                s.write_all(&chunk).await.map_err(|e| lost(&addr, e))
+            })
+            .await?;
         }
         let s = conn.stream.get_mut();
-        s.write_all(&0u32.to_be_bytes())
-            .await
-            .map_err(|e| lost(&conn.addr, e))?;
-        s.flush().await.map_err(|e| lost(&conn.addr, e))
+        within(idle, &addr, async {
+            s.write_all(&0u32.to_be_bytes())
+                .await
+                .map_err(|e| lost(&addr, e))?;
+            s.flush().await.map_err(|e| lost(&addr, e))
+        })
+        .await
     }
     .await;
     // The node's reply says what went wrong when sending failed.

@@ -812,7 +812,11 @@ async fn start_with(
         clients: curvine_actors::token::ClientKey::new(&identity.cookie),
         tokens,
         data: data_node,
-        pool: crate::io::DataPool::new(config.client.connect_timeout.0, data_tls(&tls)),
+        pool: crate::io::DataPool::new(
+            config.client.connect_timeout.0,
+            config.client.request_timeout.0,
+            data_tls(&tls),
+        ),
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),
         mounts: mounts.clone(),

@@ -16,7 +16,7 @@ use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
 
 use crate::service::Service;
-use crate::tls::{Tls, Transport};
+use crate::tls::{Accepted, Tls, Transport};
 
 /// Writes one length-prefixed frame.
 pub async fn write_frame<W: AsyncWriteExt + Unpin>(
@@ -82,19 +82,12 @@ pub const TLS_REQUIRED: &str = "this node requires TLS on its client port: set t
 /// TLS on; `None` when the client spoke plain to a TLS port (it has been
 /// answered with a refusal that says so).
 async fn open(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Option<Transport>> {
-    stream.set_nodelay(true)?;
-    let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
-        return Ok(Some(Transport::Plain(stream)));
+    let (mut stream, timeout) = match Accepted::from(stream, tls).await? {
+        Accepted::Ready(transport) => return Ok(Some(transport)),
+        Accepted::PlainOnTls { stream, timeout } => (stream, timeout),
     };
-    if crate::tls::opens_tls(&stream, tls.handshake_timeout).await? {
-        return Ok(Some(Transport::Server(Box::new(
-            tls.accept(acceptor, stream).await?,
-        ))));
-    }
-    // A plain client: answer its opening with a refusal it can show.
-    let mut stream = stream;
     let mut hello = [0u8; Hello::LEN];
-    tokio::time::timeout(tls.handshake_timeout, stream.read_exact(&mut hello))
+    tokio::time::timeout(timeout, stream.read_exact(&mut hello))
         .await
         .map_err(|_| std::io::Error::other("no opening"))??;
     stream.write_all(&Hello::current().encode()).await?;

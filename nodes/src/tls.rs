@@ -317,6 +317,39 @@ pub async fn opens_tls(stream: &TcpStream, timeout: Duration) -> io::Result<bool
     }
 }
 
+/// A connection accepted on the client or data port.
+pub enum Accepted {
+    /// Ready for the port's protocol: plain on a plain port, TLS after its
+    /// handshake on a TLS port.
+    Ready(Transport),
+    /// A plain opening on a port that requires TLS: the caller reads it
+    /// (within `timeout`), answers with a refusal in its protocol and
+    /// closes it.
+    PlainOnTls {
+        stream: TcpStream,
+        timeout: Duration,
+    },
+}
+
+impl Accepted {
+    /// Sorts out a new connection of a port whose TLS settings are `tls`.
+    pub async fn from(stream: TcpStream, tls: Option<&Tls>) -> io::Result<Accepted> {
+        stream.set_nodelay(true)?;
+        let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
+            return Ok(Accepted::Ready(Transport::Plain(stream)));
+        };
+        if opens_tls(&stream, tls.handshake_timeout).await? {
+            let stream = tls.accept(acceptor, stream).await?;
+            Ok(Accepted::Ready(Transport::Server(Box::new(stream))))
+        } else {
+            Ok(Accepted::PlainOnTls {
+                stream,
+                timeout: tls.handshake_timeout,
+            })
+        }
+    }
+}
+
 /// A connection of the client or data port: plain TCP or TLS over it.
 pub enum Transport {
     Plain(TcpStream),
