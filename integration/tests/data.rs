@@ -1,7 +1,8 @@
 //! File data on a real node: round trips through the data port and
 //! short-circuit, positional reads, copy-on-write overwrites and appends,
 //! concurrent writers and readers, corruption detection, tier demotion,
-//! ENOSPC, bad peers on the data port, and a node killed while writing.
+//! ENOSPC, bad peers on the data port, a node frozen mid-read, and a node
+//! killed while writing.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
