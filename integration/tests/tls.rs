@@ -314,6 +314,39 @@ fn a_tls_cluster_serves_over_tls_only() {
 }
 
 #[test]
+fn unusable_tls_files_stop_a_node_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    make_certs(&certs, "node", HOSTS);
+    make_certs(&certs, "other", HOSTS);
+    let start = |args: &[String]| {
+        Command::new(bin("curvine-node"))
+            .args(["start", "--data-dir"])
+            .arg(dir.path().join("n"))
+            .args(["--listen", "127.0.0.1:0", "-c", "http.listen=off"])
+            .args(args)
+            .env_remove("CURVINE_CONF")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let mut missing_ca = tls_args(&certs, "node");
+    missing_ca[3] = "tls.ca=/nonexistent/ca.pem".into();
+    let mut wrong_key = tls_args(&certs, "node");
+    wrong_key[7] = format!("tls.key={}", certs.join("other.key").display());
+    for (args, wanted) in [
+        (missing_ca, "tls.ca (/nonexistent/ca.pem): cannot read it"),
+        (wrong_key, "does not fit tls.cert"),
+        (vec!["-c".into(), "tls.enabled=true".into()], "'tls.ca'"),
+    ] {
+        let out = start(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(wanted), "{args:?}: {err} lacks {wanted:?}");
+    }
+}
+
+#[test]
 fn what_crosses_the_client_port_is_unreadable_with_tls() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");

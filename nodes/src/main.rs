@@ -94,6 +94,11 @@ fn main() {
     let code = runtime.block_on(async move {
         let node = match curvine_node::node::start(&config).await {
             Ok(node) => node,
+            // Unusable TLS files are a bad setting, like any bad config value.
+            Err(e @ curvine_node::node::StartError::Tls(_)) => {
+                eprintln!("curvine-node: {e}");
+                return 2;
+            }
             Err(e) => {
                 eprintln!("curvine-node: {e}");
                 return 1;

@@ -32,13 +32,24 @@ use curvine_conf::TlsConf;
 pub const HANDSHAKE_RECORD: u8 = 0x16;
 
 /// What cannot be loaded from the `[tls]` settings, naming the key and file.
-#[derive(Debug, thiserror::Error)]
-#[error("{key} ({path}): {reason}")]
+#[derive(Debug)]
 pub struct TlsError {
     pub key: &'static str,
     pub path: String,
     pub reason: String,
 }
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}: {}", self.key, self.reason)
+        } else {
+            write!(f, "{} ({}): {}", self.key, self.path, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
 
 /// The loaded `[tls]` settings: acceptors for a node's ports and the
 /// connector every dialer uses.
