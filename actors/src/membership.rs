@@ -161,8 +161,13 @@ pub fn remember_join(
         map_version: map.version,
         map: map.shards.clone(),
     };
+    write_members_file(path, &file)
+}
+
+/// Writes the node table by rename, so a crash never leaves half of it.
+fn write_members_file(path: &std::path::Path, file: &MembersFile) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let text = toml::to_string(&file).map_err(std::io::Error::other)?;
+    let text = toml::to_string(file).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
 }
@@ -367,12 +372,7 @@ impl Membership {
             map: map.shards.clone(),
         };
         let path = &state.args.members_file;
-        let tmp = path.with_extension("tmp");
-        let written = toml::to_string(&file)
-            .map_err(std::io::Error::other)
-            .and_then(|text| std::fs::write(&tmp, text))
-            .and_then(|_| std::fs::rename(&tmp, path));
-        match written {
+        match write_members_file(path, &file) {
             Ok(()) => state.saved = Some((nodes, map.version)),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cannot save the node table")

@@ -266,9 +266,11 @@ impl Client {
 
     /// Connects to the first reachable node of `conf.cluster`.
     pub async fn connect(conf: &ClientConf) -> FsResult<Client> {
+        let tls = Tls::from_conf(&conf.tls, false)
+            .map_err(|e| FsError::InvalidArgument(e.to_string()))?;
         let mut last = FsError::InvalidArgument("client.cluster lists no node".into());
         for addr in &conf.cluster {
-            match Self::connect_to(addr, conf).await {
+            match Self::connect_to(addr, conf, tls.clone()).await {
                 Ok(client) => return Ok(client),
                 Err(
                     e @ (FsError::Protocol(_)
@@ -281,9 +283,7 @@ impl Client {
         Err(last)
     }
 
-    async fn connect_to(addr: &str, conf: &ClientConf) -> FsResult<Client> {
-        let tls = Tls::from_conf(&conf.tls, false)
-            .map_err(|e| FsError::InvalidArgument(e.to_string()))?;
+    async fn connect_to(addr: &str, conf: &ClientConf, tls: Option<Arc<Tls>>) -> FsResult<Client> {
         let (session, hello) = Self::open_session(addr, conf, tls.as_deref()).await?;
         let mut addrs = conf.cluster.clone();
         if !addrs.iter().any(|a| a == addr) {
@@ -301,7 +301,7 @@ impl Client {
             data: crate::io::DataPool::new(
                 conf.connect_timeout.0,
                 conf.request_timeout.0,
-                crate::node::data_tls(&tls),
+                crate::tls::for_data_port(&tls),
             ),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,

@@ -174,32 +174,25 @@ async fn sendfile_tcp(
 
 pub async fn serve(listener: TcpListener, ctx: DataContext) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let ctx = ctx.clone();
-                tokio::spawn(async move {
-                    let stream = match open(stream, ctx.tls.as_deref()).await {
-                        Ok(Some(stream)) => stream,
-                        Ok(None) => {
-                            tracing::warn!(%peer, "refused a plain data connection: this node's data port requires TLS");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(%peer, error = %e, "refused a data connection");
-                            return;
-                        }
-                    };
-                    match connection(stream, &ctx).await {
-                        Ok(()) => {}
-                        Err(e) => tracing::warn!(%peer, error = %e, "data connection closed"),
-                    }
-                });
+        let (stream, peer) = crate::server::next_connection(&listener, "data port").await;
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let stream = match open(stream, ctx.tls.as_deref()).await {
+                Ok(Some(stream)) => stream,
+                Ok(None) => {
+                    tracing::warn!(%peer, "refused a plain data connection: this node's data port requires TLS");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "refused a data connection");
+                    return;
+                }
+            };
+            match connection(stream, &ctx).await {
+                Ok(()) => {}
+                Err(e) => tracing::warn!(%peer, error = %e, "data connection closed"),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "data port accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
+        });
     }
 }
 

@@ -213,17 +213,22 @@ impl DataConn {
         what: &str,
     ) -> FsResult<Vec<u8>> {
         let (idle, addr) = (self.idle, self.addr.clone());
-        within(idle, &addr, self.read_chunk_now(data, first_unit, what)).await
+        within(
+            idle,
+            &addr,
+            self.read_chunk_now(&addr, data, first_unit, what),
+        )
+        .await
     }
 
     async fn read_chunk_now(
         &mut self,
+        addr: &str,
         mut data: Vec<u8>,
         first_unit: usize,
         what: &str,
     ) -> FsResult<Vec<u8>> {
-        let addr = self.addr.clone();
-        let n = self.stream.read_u32().await.map_err(|e| lost(&addr, e))?;
+        let n = self.stream.read_u32().await.map_err(|e| lost(addr, e))?;
         if n == curvine_messages::block::ERROR_CHUNK {
             // The node failed part way (a UFS read): its error follows.
             return Err(match self.recv().await {
@@ -242,7 +247,7 @@ impl DataConn {
         }
         let mut crcs = vec![0u32; units(n as u64)];
         for c in crcs.iter_mut() {
-            *c = self.stream.read_u32().await.map_err(|e| lost(&addr, e))?;
+            *c = self.stream.read_u32().await.map_err(|e| lost(addr, e))?;
         }
         // A recycled buffer is only shortened: no zeroing, no new pages.
         if data.len() >= n {
@@ -253,7 +258,7 @@ impl DataConn {
         self.stream
             .read_exact(&mut data)
             .await
-            .map_err(|e| lost(&addr, e))?;
+            .map_err(|e| lost(addr, e))?;
         verified(&data, &crcs, first_unit, what)?;
         Ok(data)
     }

@@ -694,7 +694,7 @@ async fn start_with(
         service: service_slot.clone(),
         metrics: metrics.clone(),
         tracer: tracer.clone(),
-        tls: data_tls(&tls),
+        tls: crate::tls::for_data_port(&tls),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -815,7 +815,7 @@ async fn start_with(
         pool: crate::io::DataPool::new(
             config.client.connect_timeout.0,
             config.client.request_timeout.0,
-            data_tls(&tls),
+            crate::tls::for_data_port(&tls),
         ),
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),
@@ -855,11 +855,6 @@ async fn start_with(
         cluster_server: Some(cluster_server),
         _cluster_accept: cluster_accept,
     })
-}
-
-/// The TLS settings of the data port: those of the node when they cover it.
-pub fn data_tls(tls: &Option<Arc<Tls>>) -> Option<Arc<Tls>> {
-    tls.clone().filter(|t| t.data)
 }
 
 /// Periodically gives blocks of the shards this node serves their replicas

@@ -43,34 +43,44 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<O
     Ok(Some(buf))
 }
 
-pub async fn serve(listener: TcpListener, service: Arc<Service>, tls: Option<Arc<Tls>>) {
+/// The next connection of `listener` (the node's `port`); a failed
+/// accept (out of descriptors, say) is logged and retried after a pause.
+pub async fn next_connection(
+    listener: &TcpListener,
+    port: &str,
+) -> (TcpStream, std::net::SocketAddr) {
     loop {
         match listener.accept().await {
-            Ok((stream, peer)) => {
-                let service = service.clone();
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let result = match open(stream, tls.as_deref()).await {
-                        Ok(Some(transport)) => connection(transport, peer, service).await,
-                        Ok(None) => {
-                            tracing::warn!(%peer, "refused a plain client: this node's client port requires TLS");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(%peer, error = %e, "refused a client connection");
-                            return;
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "client connection closed");
-                    }
-                });
-            }
+            Ok(c) => return c,
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
+                tracing::warn!(port, error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+pub async fn serve(listener: TcpListener, service: Arc<Service>, tls: Option<Arc<Tls>>) {
+    loop {
+        let (stream, peer) = next_connection(&listener, "client port").await;
+        let service = service.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let result = match open(stream, tls.as_deref()).await {
+                Ok(Some(transport)) => connection(transport, peer, service).await,
+                Ok(None) => {
+                    tracing::warn!(%peer, "refused a plain client: this node's client port requires TLS");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "refused a client connection");
+                    return;
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "client connection closed");
+            }
+        });
     }
 }
 

@@ -310,9 +310,29 @@ fn handshake_error(e: io::Error) -> io::Error {
     }
 }
 
+/// How a connection of a TLS port opened.
+pub enum Opening {
+    /// With a TLS handshake, now done.
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// Without one: a plain peer, for the caller to refuse.
+    Plain(TcpStream),
+}
+
+impl Tls {
+    /// Waits for a new connection's first byte (within the handshake
+    /// timeout) and runs the TLS handshake with `acceptor` when it opens one.
+    pub async fn open(&self, acceptor: &TlsAcceptor, stream: TcpStream) -> io::Result<Opening> {
+        if opens_tls(&stream, self.handshake_timeout).await? {
+            Ok(Opening::Tls(Box::new(self.accept(acceptor, stream).await?)))
+        } else {
+            Ok(Opening::Plain(stream))
+        }
+    }
+}
+
 /// Whether a new connection opens with a TLS handshake (waits for its
 /// first byte, at most the handshake timeout).
-pub async fn opens_tls(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
+async fn opens_tls(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
     let mut first = [0u8; 1];
     match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
         Ok(Ok(0)) => Err(io::Error::new(
@@ -349,15 +369,13 @@ impl Accepted {
         let Some((tls, acceptor)) = tls.and_then(|t| Some((t, t.ports_acceptor()?))) else {
             return Ok(Accepted::Ready(Transport::Plain(stream)));
         };
-        if opens_tls(&stream, tls.handshake_timeout).await? {
-            let stream = tls.accept(acceptor, stream).await?;
-            Ok(Accepted::Ready(Transport::Server(Box::new(stream))))
-        } else {
-            Ok(Accepted::PlainOnTls {
+        Ok(match tls.open(acceptor, stream).await? {
+            Opening::Tls(stream) => Accepted::Ready(Transport::Server(stream)),
+            Opening::Plain(stream) => Accepted::PlainOnTls {
                 stream,
                 timeout: tls.handshake_timeout,
-            })
-        }
+            },
+        })
     }
 }
 
@@ -502,6 +520,11 @@ where
     }
 }
 
+/// The settings for the data port: `tls` when they cover it (`tls.data`).
+pub fn for_data_port(tls: &Option<Arc<Tls>>) -> Option<Arc<Tls>> {
+    tls.clone().filter(|t| t.data)
+}
+
 /// The dialer of the cluster port: ractor_cluster's plain connect, or TCP
 /// and a TLS handshake (each within its timeout) handed to the node server
 /// as an external stream.
@@ -557,14 +580,7 @@ pub async fn serve_cluster(
     server: ractor::ActorRef<ractor_cluster::NodeServerMessage>,
 ) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cluster port accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = crate::server::next_connection(&listener, "cluster port").await;
         let (tls, server) = (tls.clone(), server.clone());
         tokio::spawn(async move {
             let Some(acceptor) = tls.cluster_acceptor() else {
@@ -575,29 +591,21 @@ pub async fn serve_cluster(
                 .local_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_default();
-            match opens_tls(&stream, tls.handshake_timeout).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(%peer, "refused a plain connection on the cluster port: this node requires TLS (tls.enabled)");
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "cluster connection closed before its handshake");
-                    return;
-                }
-            }
-            match tls.accept(acceptor, stream).await {
-                Ok(stream) => {
+            match tls.open(acceptor, stream).await {
+                Ok(Opening::Tls(stream)) => {
                     let _ = server.cast(
                         ractor_cluster::NodeServerMessage::ConnectionOpenedExternal {
                             stream: Box::new(ClusterStream {
-                                stream,
+                                stream: *stream,
                                 peer: peer.to_string(),
                                 local,
                             }),
                             is_server: true,
                         },
                     );
+                }
+                Ok(Opening::Plain(_)) => {
+                    tracing::warn!(%peer, "refused a plain connection on the cluster port: this node requires TLS (tls.enabled)");
                 }
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "refused a cluster connection");
