@@ -16,12 +16,12 @@ pub mod membership;
 pub mod mounts;
 pub mod namespace;
 pub mod shard;
-pub mod stats;
 pub mod store;
-pub mod supervisor;
 pub mod token;
 pub mod trace;
 pub mod txn;
 pub mod ufs;
 pub mod wal;
 pub mod writer;
+
+pub use curvine_runtime::{stats, supervisor};

@@ -19,9 +19,9 @@ use rand::RngCore;
 use curvine_messages::block::{crc32c, Crc32c};
 use serde::Serialize;
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_messages::FsError;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -21,9 +21,9 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
+use curvine_client::Client;
 use curvine_conf::Loader;
 use curvine_messages::FsError;
-use curvine_node::Client;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -326,7 +326,7 @@ async fn connect_with(
             .map_err(|e| e.to_string())?;
     }
     let config = loader.build().map_err(|e| e.to_string())?;
-    Client::connect(&curvine_node::client::client_conf(&config))
+    Client::connect(&curvine_client::client::client_conf(&config))
         .await
         .map_err(|e| format!("connect: {e}"))
 }

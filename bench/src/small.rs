@@ -30,9 +30,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use curvine_node::io::FileReader;
-use curvine_node::ufs::{Ufs, UfsOptions, UfsUri};
-use curvine_node::Client;
+use curvine_actors::ufs::{Ufs, UfsOptions, UfsUri};
+use curvine_client::io::FileReader;
+use curvine_client::Client;
 
 pub struct Params {
     pub action: String,

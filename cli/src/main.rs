@@ -6,11 +6,11 @@ mod trace;
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
+use curvine_client::Client;
 use curvine_conf::{Config, Loader};
 use curvine_messages::path::normalize;
 use curvine_messages::rpc::ListEntry;
 use curvine_messages::{Attr, FileKind, FsError, XattrMode};
-use curvine_node::Client;
 
 #[derive(Parser)]
 #[command(
@@ -460,7 +460,7 @@ async fn run_traced(
         }
         other => other,
     };
-    let client = Client::connect(&curvine_node::client::client_conf(&config))
+    let client = Client::connect(&curvine_client::client::client_conf(&config))
         .await
         .map_err(|e| Failure {
             what: format!("connect {}", config.client.cluster.join(",")),
@@ -858,7 +858,7 @@ async fn run_trace(
         let ctx = curvine_messages::trace::TraceCtx::root();
         // The task-local context makes the data port's requests join too.
         let outcome =
-            curvine_node::trace_scope(Some(ctx), Box::pin(run_traced(inner, Some(ctx)))).await;
+            curvine_client::trace_scope(Some(ctx), Box::pin(run_traced(inner, Some(ctx)))).await;
         // Casts sent by the command may still be on their way.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         query.trace = Some(ctx.trace);
@@ -1509,7 +1509,7 @@ async fn run_mount(
         .map(curvine_messages::block::TierKind::parse)
         .transpose()
         .map_err(|e| fail("mount", &path, e))?;
-    let (uid, gid) = curvine_node::client::current_owner();
+    let (uid, gid) = curvine_client::client::current_owner();
     let request = curvine_messages::rpc::Mount {
         info: curvine_messages::mount::MountInfo {
             id: 0,

@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::json;
 
+use curvine_client::Client;
 use curvine_conf::Dur;
 use curvine_messages::rpc::NodeTrace;
 use curvine_messages::trace::{format_id, parse_id, Outcome, TraceEvent, TraceQuery};
 use curvine_messages::{now_ns, FsError};
-use curvine_node::Client;
 
 #[derive(Args)]
 pub struct TraceArgs {

@@ -30,11 +30,11 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_conf::FuseConf;
 use curvine_messages::rpc::{self, ListEntry};
 use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, TimeSet, XattrMode};
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
 
 use crate::inodes::{Inodes, HIDDEN_PREFIX, ROOT};
 use crate::write::{self, Writer};
@@ -42,7 +42,7 @@ use crate::write::{self, Writer};
 /// The errno of an error.
 pub fn errno(e: &FsError) -> Errno {
     crate::traces::answered_error(e);
-    curvine_actors::stats::process().add(
+    curvine_runtime::stats::process().add(
         "curvine_fuse_errors_total",
         "Kernel requests the FUSE mount answered with an error, per error kind.",
         &[("error", e.kind_name())],
@@ -959,7 +959,7 @@ impl CurvineFs {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let metrics = curvine_actors::stats::process();
+        let metrics = curvine_runtime::stats::process();
         metrics.add(
             "curvine_fuse_operations_total",
             "Kernel requests the FUSE mount answered, per operation.",
@@ -1442,7 +1442,7 @@ impl Filesystem for CurvineFs {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let metrics = curvine_actors::stats::process();
+        let metrics = curvine_runtime::stats::process();
         metrics.add(
             "curvine_fuse_operations_total",
             "Kernel requests the FUSE mount answered, per operation.",

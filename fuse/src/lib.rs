@@ -4,6 +4,7 @@
 
 pub mod fs;
 pub mod inodes;
+pub mod metrics;
 pub mod mountpoint;
 pub mod session;
 pub mod traces;
@@ -397,7 +398,7 @@ fn daemonize(mnt: &Path, args: &MountArgs) -> Result<(), String> {
 }
 
 async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
-    let client = curvine_node::Client::connect(&curvine_node::client::client_conf(&config))
+    let client = curvine_client::Client::connect(&curvine_client::client::client_conf(&config))
         .await
         .map_err(|e| format!("cannot reach the cluster: {e}"))?;
     let fs_path = curvine_messages::path::normalize(&config.fuse.fs_path, "/")
@@ -455,12 +456,13 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
     // (another mount on the host) only costs the metrics.
     let _metrics = match fuse_conf.metrics_listen.as_str() {
         "off" => None,
-        listen => match curvine_node::http::serve_metrics(
+        listen => match metrics::serve_metrics(
             listen,
-            "fuse",
             &config.http.token,
-            curvine_actors::stats::Metrics::new(),
-            Arc::new(Vec::new),
+            Arc::new(|| {
+                curvine_runtime::stats::Metrics::new().render(&[])
+                    + &curvine_runtime::stats::process().render_plain()
+            }),
         ) {
             Ok(h) => {
                 eprintln!("curvine-fuse: metrics on http://{}/metrics", h.addr);
@@ -474,7 +476,7 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
             }
         },
     };
-    let policy = curvine_actors::supervisor::RestartPolicy::from(&config.supervisor);
+    let policy = curvine_runtime::supervisor::RestartPolicy::from(&config.supervisor);
     let (sup, handle) = ractor::Actor::spawn(None, FuseSupervisor, (spec, policy))
         .await
         .map_err(|e| e.to_string())?;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use curvine_actors::supervisor::{RestartPolicy, RestartTracker};
+use curvine_runtime::supervisor::{RestartPolicy, RestartTracker};
 
 use crate::fs::{CurvineFs, Fs};
 use crate::mountpoint;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use curvine_client::Client;
 use curvine_messages::trace::{fresh_id, sample, Outcome, TraceCtx, TraceEvent};
 use curvine_messages::{now_ns, FsError};
-use curvine_node::Client;
 
 /// Events kept at most while the node cannot take them.
 const MAX_PENDING: usize = 10_000;
@@ -57,7 +57,7 @@ impl FuseTraces {
         let start = now_ns();
         let error = ANSWERED_ERROR
             .scope(Cell::new(None), async {
-                curvine_node::trace_scope(Some(ctx), f).await;
+                curvine_client::trace_scope(Some(ctx), f).await;
                 ANSWERED_ERROR.with(|c| c.get())
             })
             .await;

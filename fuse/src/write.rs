@@ -26,8 +26,8 @@ use std::sync::Arc;
 use fuser::{ReplyData, ReplyWrite};
 use tokio::sync::{mpsc, oneshot};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr};
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 
 use crate::fs::{errno, io_error, Fs};
 

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use curvine_client::Client;
 use curvine_conf::ClientConf;
-use curvine_node::Client;
 
 /// Directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
@@ -230,7 +230,7 @@ impl NodeProcess {
 
     /// The cluster cookie, from the node's identity file (clients prove it).
     pub fn cookie(&self) -> String {
-        curvine_node::identity::local_cookie(&self.data_dir)
+        curvine_wire::cookie::local_cookie(&self.data_dir)
             .unwrap_or_else(|| panic!("no identity in {}", self.data_dir.display()))
     }
 
@@ -549,7 +549,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// Writes `bytes` as a new file at `path` with 1 MiB blocks and `replicas`
 /// copies, through the client library; panics on failure.
 pub async fn write_file(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
-    use curvine_node::io::{FileWriter, WriteOptions};
+    use curvine_client::io::{FileWriter, WriteOptions};
     let options = WriteOptions {
         spec: curvine_messages::block::FileSpec {
             block_size: 1 << 20,
@@ -571,7 +571,7 @@ pub async fn write_file(c: &Client, path: &str, bytes: &[u8], replicas: u16) {
 
 /// A whole file through the client library.
 pub async fn read_file(c: &Client, path: &str) -> curvine_messages::FsResult<Vec<u8>> {
-    let mut r = curvine_node::io::FileReader::open(c, path).await?;
+    let mut r = curvine_client::io::FileReader::open(c, path).await?;
     let mut out = Vec::new();
     r.read_to_end(&mut out).await?;
     Ok(out)

@@ -160,7 +160,7 @@ impl Model {
 }
 
 /// Runs an operation against the cluster; returns the error kind name.
-pub async fn run(client: &curvine_node::Client, op: &Op) -> Result<(), String> {
+pub async fn run(client: &curvine_client::Client, op: &Op) -> Result<(), String> {
     let result = match op {
         Op::Mkdir(p) => client.mkdir(p, false).await.map(|_| ()),
         Op::Create(p) => client.create(p).await.map(|_| ()),
@@ -173,7 +173,7 @@ pub async fn run(client: &curvine_node::Client, op: &Op) -> Result<(), String> {
 }
 
 /// Everything below `root` in the cluster, as path -> kind.
-pub async fn snapshot(client: &curvine_node::Client, root: &str) -> BTreeMap<String, FileKind> {
+pub async fn snapshot(client: &curvine_client::Client, root: &str) -> BTreeMap<String, FileKind> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_string()];
     while let Some(dir) = stack.pop() {

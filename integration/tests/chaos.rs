@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_integration::{random_bytes, runtime, settle, NodeProcess, ProcessCluster, TestS3};
 use curvine_messages::block::FileSpec;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

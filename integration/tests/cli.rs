@@ -329,7 +329,7 @@ fn clients_must_prove_the_cluster_cookie() {
         curvine_messages::codec::from_bytes("hello", &read_frame(&mut stream)).unwrap();
     assert!(reply.accepted && reply.challenge.len() >= 16);
     let proof =
-        curvine_actors::token::ClientKey::new(&cookie).proof(&reply.challenge, "another-cluster");
+        curvine_wire::cookie::ClientKey::new(&cookie).proof(&reply.challenge, "another-cluster");
     let auth =
         curvine_messages::codec::to_bytes("auth", &curvine_messages::rpc::ClientAuth { proof })
             .unwrap();

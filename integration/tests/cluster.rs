@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_integration::{NodeProcess, ProcessCluster, FAST_CLUSTER};
 use curvine_messages::block::FileSpec;
 use curvine_messages::FsError;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
 
 const BS: u64 = 1 << 20;
 

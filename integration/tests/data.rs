@@ -7,12 +7,12 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_conf::ClientConf;
 use curvine_integration::NodeProcess;
 use curvine_messages::block::{FileSpec, CHECKSUM_UNIT, MAX_CHUNK};
 use curvine_messages::FsError;
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
-use curvine_node::Client;
 use rand::{Rng, SeedableRng};
 
 const BS: u64 = 1 << 20;
@@ -343,7 +343,7 @@ fn a_flipped_byte_is_detected_on_both_paths() {
             assert_eq!(err.errno(), libc::EIO, "{err}");
             assert!(err.to_string().contains("checksum"), "{err}");
             assert!(
-                curvine_node::io::checksum_errors() > 0,
+                curvine_client::io::checksum_errors() > 0,
                 "the mismatch is counted"
             );
             // The intact block still reads.

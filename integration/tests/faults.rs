@@ -10,11 +10,11 @@ use std::io::{Seek, SeekFrom, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileWriter, WriteOptions};
+use curvine_client::Client;
 use curvine_integration::{
     random_bytes, read_file, runtime, write_file, NodeProcess, ProcessCluster, TestS3,
 };
-use curvine_node::io::{FileWriter, WriteOptions};
-use curvine_node::Client;
 
 const BS: u64 = 1 << 20;
 

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use curvine_client::io::FileReader;
 use curvine_integration::{random_bytes, runtime, FuseMount, NodeProcess};
-use curvine_node::io::FileReader;
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     match r {

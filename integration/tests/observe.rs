@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_integration::{
     http_get, http_get_with, random_bytes, runtime, FuseMount, NodeProcess, ProcessCluster, TestS3,
 };
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_integration::{process_usage, random_bytes, runtime, FuseMount, NodeProcess};
-use curvine_node::io::{FileReader, FileWriter, WriteOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -43,7 +43,7 @@ fn mixed_load_keeps_memory_bounded_and_leaks_no_descriptors() {
         for t in 0..12u64 {
             let (conf, stop, ops) = (node.client_conf(), stop.clone(), ops.clone());
             tasks.push(rt.spawn(async move {
-                let c = curvine_node::Client::connect(&conf).await.unwrap();
+                let c = curvine_client::Client::connect(&conf).await.unwrap();
                 let mut rng = StdRng::seed_from_u64(t);
                 let base = format!("/c{t}");
                 let _ = c.mkdir(&base, false).await;

@@ -14,12 +14,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use curvine_client::Client;
 use curvine_conf::ClientConf;
 use curvine_integration::{
     bin, make_certs, random_bytes, read_file, runtime, tls_args, write_file, FuseMount,
     NodeProcess, ProcessCluster, FAST_CLUSTER,
 };
-use curvine_node::Client;
 
 const HOSTS: &[&str] = &[
     "127.0.0.1",
@@ -170,15 +170,15 @@ fn a_tls_cluster_serves_over_tls_only() {
         // Blocks larger than the sockets buffer: a block's last records
         // wait in the TLS session until the node flushes them.
         let big = random_bytes(40 << 20, 8);
-        let options = curvine_node::io::WriteOptions {
+        let options = curvine_client::io::WriteOptions {
             spec: curvine_messages::block::FileSpec {
                 block_size: 32 << 20,
                 replicas: 1,
                 storage: None,
             },
-            ..curvine_node::io::WriteOptions::create()
+            ..curvine_client::io::WriteOptions::create()
         };
-        let mut w = curvine_node::io::FileWriter::open(&c0, "/big.bin", &options)
+        let mut w = curvine_client::io::FileWriter::open(&c0, "/big.bin", &options)
             .await
             .unwrap();
         w.write(&big).await.unwrap();

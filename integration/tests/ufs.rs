@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use curvine_client::io::FileReader;
 use curvine_integration::{random_bytes, runtime, NodeProcess, TestS3};
 use curvine_messages::FsError;
-use curvine_node::io::FileReader;
 
 fn node(dir: &std::path::Path) -> NodeProcess {
     NodeProcess::start(&dir.join("n"), &[])

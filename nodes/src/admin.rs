@@ -472,18 +472,19 @@ impl Service {
             })
             .await?;
         let path = std::path::PathBuf::from(&reservation.path);
-        let copied = crate::io::copy_block(&self.pool, &pull.from, &pull.token, pull.len, &path)
-            .await
-            .and_then(|crcs| {
-                if curvine_messages::block::block_crc(&crcs) == pull.crc {
-                    Ok(crcs)
-                } else {
-                    Err(FsError::Corrupt(format!(
-                        "block {id:#x} copied from node {} does not match its checksum",
-                        pull.from.node_id
-                    )))
-                }
-            });
+        let copied =
+            curvine_wire::data::copy_block(&self.pool, &pull.from, &pull.token, pull.len, &path)
+                .await
+                .and_then(|crcs| {
+                    if curvine_messages::block::block_crc(&crcs) == pull.crc {
+                        Ok(crcs)
+                    } else {
+                        Err(FsError::Corrupt(format!(
+                            "block {id:#x} copied from node {} does not match its checksum",
+                            pull.from.node_id
+                        )))
+                    }
+                });
         let crcs = match copied {
             Ok(c) => c,
             Err(e) => {

@@ -27,8 +27,8 @@ use curvine_messages::block::{
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
 
-use crate::server::{read_frame, write_frame};
-use crate::tls::{Accepted, Tls, Transport};
+use curvine_wire::frame::{read_frame, write_frame};
+use curvine_wire::tls::{Accepted, Tls, Transport};
 
 /// What every connection of the data port needs.
 #[derive(Clone)]
@@ -44,22 +44,6 @@ pub struct DataContext {
     pub tracer: curvine_actors::trace::Tracer,
     /// TLS settings when the data port is encrypted.
     pub tls: Option<Arc<Tls>>,
-}
-
-/// The host's identity for short-circuit decisions: host name and boot id.
-pub fn host_key() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let mut name = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer.
-    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
-        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-        String::from_utf8_lossy(&name[..end]).into_owned()
-    } else {
-        String::new()
-    };
-    format!("{host}/{boot}")
 }
 
 /// An error that ends the connection (the stream is out of step).

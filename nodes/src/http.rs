@@ -15,16 +15,15 @@ use actix_web::http::header;
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpResponse, HttpServer};
 
-use curvine_actors::stats::{Metrics, Sample};
 use curvine_messages::mount::JobState;
 use curvine_messages::rpc::{ListLoads, ListMounts, Report, Request, Response};
 use curvine_messages::trace::{TraceEvent, TraceQuery};
 use curvine_messages::{FsError, FsResult};
+use curvine_runtime::stats::{Sample, METRICS_CONTENT_TYPE};
+
+use curvine_wire::cookie::same_secret;
 
 use crate::service::Service;
-
-/// The content type of the Prometheus text format.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A running HTTP server.
 pub struct HttpHandle {
@@ -74,11 +73,6 @@ fn presented_token(req: &ServiceRequest) -> Option<(String, bool)> {
         .ok()?
         .get("token")
         .map(|t| (t.clone(), true))
-}
-
-/// Equality that takes as long wherever the first difference is.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Refuses (401) a request that does not present `token`, when there is one.
@@ -172,32 +166,6 @@ where
         .recv()
         .map_err(|_| std::io::Error::other("the http thread ended at start"))??;
     Ok(HttpHandle { addr, server })
-}
-
-/// Serves only `/metrics` of `metrics` (the FUSE process).
-pub fn serve_metrics(
-    listen: &str,
-    name: &str,
-    token: &str,
-    metrics: Metrics,
-    extra: Arc<dyn Fn() -> Vec<Sample> + Send + Sync>,
-) -> std::io::Result<HttpHandle> {
-    let listener = TcpListener::bind(listen)?;
-    serve(listener, name, token, move |cfg| {
-        let (metrics, extra) = (metrics.clone(), extra.clone());
-        cfg.route(
-            "/metrics",
-            web::get().to(move || {
-                let text =
-                    metrics.render(&extra()) + &curvine_actors::stats::process().render_plain();
-                async move {
-                    HttpResponse::Ok()
-                        .content_type(METRICS_CONTENT_TYPE)
-                        .body(text)
-                }
-            }),
-        );
-    })
 }
 
 #[derive(Clone)]
@@ -439,7 +407,7 @@ impl Service {
             .blocks
             .checksum_errors
             .load(std::sync::atomic::Ordering::Relaxed)
-            + crate::io::checksum_errors();
+            + curvine_wire::data::checksum_errors();
         samples.push(Sample {
             kind: "counter",
             ..Sample::gauge(

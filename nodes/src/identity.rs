@@ -10,10 +10,10 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use curvine_conf::Config;
+use curvine_wire::cookie::IDENTITY_FILE;
 
 /// Version of the identity file's layout.
 const IDENTITY_VERSION: u32 = 1;
-const IDENTITY_FILE: &str = "identity.toml";
 /// Present once the node was decommissioned: it does not start again.
 const LEFT_FILE: &str = "LEFT";
 
@@ -258,12 +258,4 @@ fn write_identity(path: &Path, identity: &Identity) -> Result<(), IdentityError>
     std::fs::rename(&tmp, &file).map_err(io)?;
     File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
     Ok(())
-}
-
-/// The cluster cookie in the identity file of data directory `path`, when
-/// there is one this user can read.
-pub fn local_cookie(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(path.join(IDENTITY_FILE)).ok()?;
-    let identity: Identity = toml::from_str(&text).ok()?;
-    (!identity.cookie.is_empty()).then_some(identity.cookie)
 }

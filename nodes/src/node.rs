@@ -32,7 +32,7 @@ use crate::data::{DataContext, DataServer, DataServerArgs};
 use crate::gateway::{Gateway, GatewayArgs};
 use crate::identity::DataDir;
 use crate::service::{NodeInfo, Service};
-use crate::tls::Tls;
+use curvine_wire::tls::Tls;
 
 /// Root of the node's supervision tree. Restarts a failed child with backoff;
 /// when a child fails too often it fails itself, which stops the node.
@@ -394,17 +394,15 @@ pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
                 // Queued after the listener's own port report.
                 let _ = server
                     .cast(ractor_cluster::NodeServerMessage::PortChanged { port: cluster_port });
-                Some(AbortOnDrop(tokio::spawn(crate::tls::serve_cluster(
-                    listener,
-                    tls.clone(),
-                    server.clone(),
-                ))))
+                Some(AbortOnDrop(tokio::spawn(
+                    crate::cluster_tls::serve_cluster(listener, tls.clone(), server.clone()),
+                )))
             }
             _ => None,
         };
         break (server, cluster_addr, accept);
     };
-    let dial = crate::tls::cluster_dialer(tls.clone(), config.client.connect_timeout.0);
+    let dial = crate::cluster_tls::cluster_dialer(tls.clone(), config.client.connect_timeout.0);
     let joined = if data_dir.joining {
         let info = crate::join::join(
             &cluster_server,
@@ -631,7 +629,7 @@ async fn start_with(
         .and_then(|l| l.local_addr().ok())
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let host_key = crate::data::host_key();
+    let host_key = curvine_wire::host::host_key();
     let started_ns = now_ns();
 
     let me = MemberInfo {
@@ -694,7 +692,7 @@ async fn start_with(
         service: service_slot.clone(),
         metrics: metrics.clone(),
         tracer: tracer.clone(),
-        tls: crate::tls::for_data_port(&tls),
+        tls: curvine_wire::tls::for_data_port(&tls),
     };
     let data_args = Arc::new(move || DataServerArgs {
         listener: data_listener.clone(),
@@ -809,13 +807,13 @@ async fn start_with(
         },
         blocks: block_store,
         manager: block_ref,
-        clients: curvine_actors::token::ClientKey::new(&identity.cookie),
+        clients: curvine_wire::cookie::ClientKey::new(&identity.cookie),
         tokens,
         data: data_node,
-        pool: crate::io::DataPool::new(
+        pool: curvine_wire::data::DataPool::new(
             config.client.connect_timeout.0,
             config.client.request_timeout.0,
-            crate::tls::for_data_port(&tls),
+            curvine_wire::tls::for_data_port(&tls),
         ),
         membership: membership_slot,
         moves: tokio::sync::Mutex::new(()),

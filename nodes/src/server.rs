@@ -8,40 +8,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use curvine_actors::trace;
-use curvine_messages::codec::{check_frame_len, from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
+use curvine_messages::codec::{from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
 use curvine_messages::rpc::{
     AuthReply, ClientAuth, HelloReply, Request, RequestFrame, ResponseFrame,
 };
 use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
 
+use curvine_wire::frame::{read_frame, write_frame};
+
 use crate::service::Service;
-use crate::tls::{Accepted, Tls, Transport};
-
-/// Writes one length-prefixed frame.
-pub async fn write_frame<W: AsyncWriteExt + Unpin>(
-    w: &mut W,
-    payload: &[u8],
-) -> std::io::Result<()> {
-    w.write_all(&(payload.len() as u32).to_be_bytes()).await?;
-    w.write_all(payload).await
-}
-
-/// Reads one length-prefixed frame; `None` at a clean end of stream.
-pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    check_frame_len(len)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).await?;
-    Ok(Some(buf))
-}
+use curvine_wire::tls::{Accepted, Tls, Transport};
 
 /// The next connection of `listener` (the node's `port`); a failed
 /// accept (out of descriptors, say) is logged and retried after a pause.
@@ -136,7 +113,7 @@ async fn connection(
         )),
         Ok(_) => None,
     };
-    let challenge = curvine_actors::token::ClientKey::challenge();
+    let challenge = curvine_wire::cookie::ClientKey::challenge();
     let reply = HelloReply {
         accepted: refusal.is_none(),
         server_version: PROTOCOL_VERSION,

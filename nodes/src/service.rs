@@ -41,11 +41,11 @@ pub struct Service {
     pub manager: BlockManagerRef,
     pub tokens: TokenKey,
     /// Checks that clients know the cluster cookie.
-    pub clients: curvine_actors::token::ClientKey,
+    pub clients: curvine_wire::cookie::ClientKey,
     /// This node's data port, as clients reach it.
     pub data: DataNode,
     /// Connections to other nodes' data ports (replication).
-    pub pool: crate::io::DataPool,
+    pub pool: curvine_wire::data::DataPool,
     pub membership: Arc<parking_lot::RwLock<Option<ractor::ActorRef<MembershipMsg>>>>,
     /// Shard moves driven by this node run one at a time.
     pub moves: tokio::sync::Mutex<()>,

@@ -441,7 +441,8 @@ impl Service {
                         })?;
                     let token = self.tokens.issue(info.id, Access::Read);
                     let have = info.len.min(want);
-                    let mut chunks = crate::io::BlockChunks::start(&self.pool, node, &token, have);
+                    let mut chunks =
+                        curvine_wire::data::BlockChunks::start(&self.pool, node, &token, have);
                     while let Some(chunk) = chunks.next().await {
                         let chunk = chunk?;
                         sent += chunk.len() as u64;

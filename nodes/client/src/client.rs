@@ -23,8 +23,8 @@ use curvine_messages::rpc::*;
 use curvine_messages::trace::{TraceCtx, TraceQuery};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
 
-use crate::server::{read_frame, write_frame};
-use crate::tls::{Tls, Transport};
+use curvine_wire::frame::{read_frame, write_frame};
+use curvine_wire::tls::{Tls, Transport};
 
 /// The client settings of `config`, with the cluster cookie found: the
 /// `client.cookie`, else `cluster.cookie`, else the cookie in the identity
@@ -37,7 +37,7 @@ pub fn client_conf(config: &curvine_conf::Config) -> ClientConf {
         conf.cookie = config.cluster.cookie.clone();
     }
     if conf.cookie.is_empty() {
-        if let Some(cookie) = crate::identity::local_cookie(&config.data_dir()) {
+        if let Some(cookie) = curvine_wire::cookie::local_cookie(&config.data_dir()) {
             conf.cookie = cookie;
         }
     }
@@ -92,7 +92,7 @@ pub struct Client {
     rpc: Arc<Rpc>,
     timeout: Duration,
     pub cluster_id: String,
-    pub(crate) data: crate::io::DataPool,
+    pub(crate) data: curvine_wire::data::DataPool,
     pub(crate) io: crate::io::IoConf,
     /// The trace every request of this client joins (a traced command).
     trace: Option<TraceCtx>,
@@ -129,7 +129,7 @@ async fn next_frame<R: AsyncRead + Unpin>(
 async fn open(
     addr: &str,
     timeout: Duration,
-    key: &curvine_actors::token::ClientKey,
+    key: &curvine_wire::cookie::ClientKey,
     tls: Option<&Tls>,
 ) -> FsResult<(Conn, HelloReply)> {
     let unavailable =
@@ -298,10 +298,10 @@ impl Client {
                 conf: conf.clone(),
                 tls: tls.clone(),
             }),
-            data: crate::io::DataPool::new(
+            data: curvine_wire::data::DataPool::new(
                 conf.connect_timeout.0,
                 conf.request_timeout.0,
-                crate::tls::for_data_port(&tls),
+                curvine_wire::tls::for_data_port(&tls),
             ),
             io: crate::io::IoConf::from(conf),
             timeout: conf.request_timeout.0,
@@ -321,7 +321,7 @@ impl Client {
     ) -> FsResult<(Session, HelloReply)> {
         let mut conns = Vec::new();
         let mut hello = None;
-        let key = curvine_actors::token::ClientKey::new(&conf.cookie);
+        let key = curvine_wire::cookie::ClientKey::new(&conf.cookie);
         for _ in 0..conf.connections.max(1) {
             let (conn, reply) = open(addr, conf.connect_timeout.0, &key, tls).await?;
             conns.push(conn);
@@ -447,7 +447,7 @@ impl Client {
         let frame = RequestFrame {
             id,
             request: request.clone(),
-            trace: self.trace.or_else(curvine_actors::trace::current),
+            trace: self.trace.or_else(curvine_runtime::trace::current),
         };
         let bytes = match to_bytes("request", &frame) {
             Ok(b) => b,

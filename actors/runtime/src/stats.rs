@@ -18,6 +18,9 @@ use ractor::{ActorCell, ActorId, ActorStatus};
 use curvine_messages::stats::ActorInfo;
 use curvine_messages::{now_ns, ShardId};
 
+/// The content type of the Prometheus text format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// Upper bounds (seconds) of the latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 16] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

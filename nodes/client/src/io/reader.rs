@@ -1,0 +1,383 @@
+//! [`FileReader`]: reads a file as it was when opened, from block files on
+//! this host (short-circuit) or streamed from the data ports of their nodes,
+//! reading ahead of a sequential reader.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use curvine_messages::block::{DataNode, ReadBlock};
+use curvine_messages::rpc::{OpenRead, ReadOpen};
+use curvine_messages::{Attr, FsError, FsResult};
+use curvine_wire::data::{start_stream, BlockSource, BlockStream};
+
+use super::local::{fetch_remote, open_local_block, LocalBlock};
+use super::yield_sometimes;
+use crate::client::Client;
+
+/// Block files a reader keeps open for short-circuit reads.
+const LOCAL_BLOCKS_OPEN: usize = 64;
+
+/// Reads a file as it was when opened.
+pub struct FileReader {
+    client: Client,
+    pub attr: Attr,
+    blocks: BTreeMap<u32, ReadBlock>,
+    nodes: HashMap<String, DataNode>,
+    bs: u64,
+    pos: u64,
+    local: HashMap<u32, Arc<LocalBlock>>,
+    /// Local blocks that could not be opened directly (read remotely instead).
+    no_local: std::collections::HashSet<u32>,
+    stream: Option<BlockStream>,
+    ahead: VecDeque<BlockStream>,
+    /// Bytes read since the last yield (see [`yield_sometimes`]).
+    since_yield: usize,
+    /// (block, node) reads that failed; other replicas are used instead.
+    failed: std::collections::HashSet<(u32, String)>,
+    /// A UFS file: blocks that are not cached are read through this node.
+    ufs: Option<(curvine_messages::rpc::UfsRead, Arc<str>)>,
+}
+
+impl FileReader {
+    pub async fn open(client: &Client, path: &str) -> FsResult<FileReader> {
+        let open: ReadOpen = client.call(OpenRead { path: path.into() }).await?;
+        Ok(Self::from_open(client, open, path))
+    }
+
+    fn from_open(client: &Client, open: ReadOpen, path: &str) -> FileReader {
+        FileReader {
+            ufs: open.ufs.map(|u| (u, Arc::from(path))),
+            client: client.clone(),
+            bs: open.attr.block_size.max(1),
+            attr: open.attr,
+            blocks: open.blocks.into_iter().map(|b| (b.info.index, b)).collect(),
+            nodes: open
+                .nodes
+                .into_iter()
+                .map(|n| (n.node_id.clone(), n))
+                .collect(),
+            pos: 0,
+            local: HashMap::new(),
+            no_local: Default::default(),
+            stream: None,
+            ahead: VecDeque::new(),
+            since_yield: 0,
+            failed: Default::default(),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.attr.size
+    }
+
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    pub fn seek(&mut self, pos: u64) {
+        self.pos = pos;
+    }
+
+    /// Where to read block `index`: a live node holding it, one on this
+    /// host first, skipping nodes that failed this reader.
+    fn source(&self, index: u32) -> FsResult<Option<BlockSource>> {
+        let Some(block) = self.blocks.get(&index) else {
+            return Ok(self.fill_source(index));
+        };
+        let candidates = || {
+            block
+                .info
+                .locs
+                .iter()
+                .filter(|id| !self.failed.contains(&(index, (*id).clone())))
+                .filter_map(|id| self.nodes.get(id))
+        };
+        let node = candidates()
+            .find(|n| self.client.data.is_local(n))
+            .or_else(|| candidates().next());
+        if node.is_none() {
+            // Every copy is on a node that is down or failed: a UFS file
+            // reads the block from its object instead.
+            if let Some(src) = self.fill_source(index) {
+                return Ok(Some(src));
+            }
+        }
+        let node = node.ok_or_else(|| {
+            let failed: Vec<&String> = block
+                .info
+                .locs
+                .iter()
+                .filter(|id| self.failed.contains(&(index, (*id).clone())))
+                .collect();
+            if failed.is_empty() {
+                FsError::NodeDown(format!(
+                    "block {:#x} (index {index}) is only on node(s) {}, which are down",
+                    block.info.id,
+                    block.info.locs.join(", ")
+                ))
+            } else {
+                FsError::Io(format!(
+                    "block {:#x} (index {index}): every node holding it failed ({})",
+                    block.info.id,
+                    block.info.locs.join(", ")
+                ))
+            }
+        })?;
+        Ok(Some(BlockSource {
+            node: node.clone(),
+            token: block.token.clone(),
+            len: block.info.len,
+            fill: None,
+        }))
+    }
+
+    /// A block of a UFS file that is not cached: read through a node.
+    fn fill_source(&self, index: u32) -> Option<BlockSource> {
+        let (ufs, path) = self.ufs.as_ref()?;
+        let start = index as u64 * self.bs;
+        if start >= self.attr.size {
+            return None;
+        }
+        Some(BlockSource {
+            node: ufs.node.clone(),
+            token: ufs.token.clone(),
+            len: self.bs.min(self.attr.size - start),
+            fill: Some((path.clone(), index)),
+        })
+    }
+
+    async fn open_local(&mut self, index: u32, src: &BlockSource) -> Option<Arc<LocalBlock>> {
+        if src.fill.is_some() {
+            return None;
+        }
+        if self.no_local.contains(&index) {
+            return None;
+        }
+        match open_local_block(&self.client, src).await {
+            Some(block) => {
+                // Random readers jump between blocks: keep a good number of
+                // them open (each reopen is a request to the node).
+                if self.local.len() >= LOCAL_BLOCKS_OPEN {
+                    if let Some(&drop) = self.local.keys().find(|i| **i != index) {
+                        self.local.remove(&drop);
+                    }
+                }
+                let block = Arc::new(block);
+                self.local.insert(index, block.clone());
+                Some(block)
+            }
+            None => {
+                self.no_local.insert(index);
+                None
+            }
+        }
+    }
+
+    /// Reads at `offset` without waiting, when every byte asked for is in
+    /// a block file of this host the reader has open (short-circuit):
+    /// `None` when the read needs the node or the network. Verified like
+    /// every read.
+    pub fn read_local_now(&mut self, offset: u64, buf: &mut [u8]) -> Option<FsResult<usize>> {
+        if offset >= self.attr.size || buf.is_empty() {
+            return Some(Ok(0));
+        }
+        let index = (offset / self.bs) as u32;
+        let off = offset % self.bs;
+        let block = self.blocks.get(&index)?;
+        let n = (buf.len() as u64)
+            .min(self.attr.size - offset)
+            .min(self.bs - off)
+            .min(block.info.len.saturating_sub(off)) as usize;
+        if n == 0 {
+            return None;
+        }
+        let local = self.local.get(&index)?;
+        Some(local.read_at(off, &mut buf[..n]).map(|_| n))
+    }
+
+    /// Reads at the current position; returns 0 at the end of the file.
+    pub async fn read(&mut self, buf: &mut [u8]) -> FsResult<usize> {
+        let n = self.read_inner(self.pos, buf, true).await?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    /// Reads at `offset` without moving the position.
+    pub async fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        self.read_inner(offset, buf, false).await
+    }
+
+    /// Fills `buf` from `offset` as far as the file goes.
+    pub async fn read_full_at(&mut self, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self
+                .read_inner(offset + done as u64, &mut buf[done..], false)
+                .await?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Reads from one replica; when that node fails, from the next.
+    async fn read_inner(&mut self, pos: u64, buf: &mut [u8], sequential: bool) -> FsResult<usize> {
+        loop {
+            match self.read_once(pos, buf, sequential).await {
+                Err(e) if !matches!(e, FsError::InvalidArgument(_) | FsError::NodeDown(_)) => {
+                    let index = (pos / self.bs) as u32;
+                    let Ok(Some(src)) = self.source(index) else {
+                        return Err(e);
+                    };
+                    if src.fill.is_some() {
+                        // Read from the UFS through a node: nothing else to try.
+                        return Err(e);
+                    }
+                    self.failed.insert((index, src.node.node_id.clone()));
+                    if !matches!(self.source(index), Ok(Some(_))) {
+                        return Err(match e {
+                            FsError::Unavailable(d) | FsError::TimedOut(d) => FsError::Io(format!(
+                                "reading block {index} from node {}: {d}",
+                                src.node.node_id
+                            )),
+                            other => other,
+                        });
+                    }
+                    tracing::warn!(node = %src.node.node_id, error = %e, "reading a block failed; trying another replica");
+                    self.stream = None;
+                    self.ahead.clear();
+                    self.local.remove(&index);
+                    self.no_local.remove(&index);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_once(&mut self, pos: u64, buf: &mut [u8], sequential: bool) -> FsResult<usize> {
+        if pos >= self.attr.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let index = (pos / self.bs) as u32;
+        let off = pos % self.bs;
+        let mut n = (buf.len() as u64)
+            .min(self.attr.size - pos)
+            .min(self.bs - off) as usize;
+        let len = match self.blocks.get(&index) {
+            Some(block) if off < block.info.len => block.info.len,
+            None if self.ufs.is_some() => self.bs.min(self.attr.size - index as u64 * self.bs),
+            // A hole, or past the block's bytes up to the size: zeros.
+            _ => {
+                buf[..n].fill(0);
+                return Ok(n);
+            }
+        };
+        n = n.min((len - off) as usize);
+        let local = match self.local.get(&index).cloned() {
+            Some(local) => local,
+            None => {
+                let src = self
+                    .source(index)?
+                    .ok_or_else(|| FsError::Io(format!("block {index} of the file is unknown")))?;
+                match self.open_local(index, &src).await {
+                    Some(local) => local,
+                    None if sequential => {
+                        return self.read_stream(index, &src, off, &mut buf[..n]).await
+                    }
+                    None => {
+                        fetch_remote(&self.client, &src, off, &mut buf[..n]).await?;
+                        return Ok(n);
+                    }
+                }
+            }
+        };
+        local.read_at(off, &mut buf[..n])?;
+        yield_sometimes(&mut self.since_yield, n).await;
+        Ok(n)
+    }
+
+    async fn read_stream(
+        &mut self,
+        index: u32,
+        src: &BlockSource,
+        off: u64,
+        buf: &mut [u8],
+    ) -> FsResult<usize> {
+        if self.stream.as_ref().is_none_or(|s| s.index != index) {
+            // Take a read-ahead stream of this block if there is one.
+            while let Some(s) = self.ahead.pop_front() {
+                if s.index == index {
+                    self.stream = Some(s);
+                    break;
+                }
+            }
+            if self.stream.as_ref().is_none_or(|s| s.index != index) {
+                self.stream = Some(start_stream(&self.client.data, src, index, off, u64::MAX));
+            }
+            // Blocks after this one start streaming now.
+            for ahead in 1..=self.client.io.read_ahead {
+                let next = index + ahead;
+                if self.ahead.iter().any(|s| s.index == next) {
+                    continue;
+                }
+                if let Ok(Some(nsrc)) = self.source(next) {
+                    if nsrc.fill.is_some()
+                        || !(self.client.io.short_circuit && self.client.data.is_local(&nsrc.node))
+                    {
+                        self.ahead.push_back(start_stream(
+                            &self.client.data,
+                            &nsrc,
+                            next,
+                            0,
+                            u64::MAX,
+                        ));
+                    }
+                }
+            }
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(FsError::Io("no block stream".into()));
+        };
+        loop {
+            if let Some((start, data)) = &stream.chunk {
+                let end = *start + data.len() as u64;
+                if off >= *start && off < end {
+                    let from = (off - start) as usize;
+                    let n = (data.len() - from).min(buf.len());
+                    buf[..n].copy_from_slice(&data[from..from + n]);
+                    return Ok(n);
+                }
+                if off < *start {
+                    // A backwards seek inside the block: start over.
+                    *stream = start_stream(&self.client.data, src, index, off, u64::MAX);
+                    continue;
+                }
+            }
+            match stream.rx.recv().await {
+                Some(item) => stream.take(item?),
+                None => {
+                    return Err(FsError::Io(format!(
+                        "block {:#x}: stream ended before offset {off}",
+                        src.token.block
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Reads the rest of the file into `out`.
+    pub async fn read_to_end(&mut self, out: &mut Vec<u8>) -> FsResult<usize> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0;
+        loop {
+            let n = self.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            out.extend_from_slice(&buf[..n]);
+            total += n;
+        }
+    }
+}

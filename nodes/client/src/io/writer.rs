@@ -1,0 +1,592 @@
+//! [`FileWriter`]: writes a file copy-on-write, block by block, into block
+//! files on this host (short-circuit) or through a node's data port; the
+//! file switches to its new blocks when the writer closes it.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use curvine_messages::block::{
+    BlockInfo, Crc32c, DataReply, DataRequest, FileSpec, TierKind, CHECKSUM_UNIT, MAX_CHUNK,
+};
+use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
+use curvine_messages::{Attr, FsError, FsResult};
+use curvine_wire::data::{io_err, remote_block, BlockSource, DataConn};
+
+use super::local::read_once;
+use super::{client_name, yield_sometimes, FileReader};
+use crate::client::Client;
+
+/// How a file is opened for writing.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    pub create: bool,
+    pub exclusive: bool,
+    pub truncate: bool,
+    /// Start at the end of the file.
+    pub append: bool,
+    /// Replace the whole content at close: the file keeps its old content
+    /// (for readers, and if the writer aborts or dies) until the close, then
+    /// has exactly what was written. Unlike `truncate`, nothing is lost
+    /// before the new content is complete.
+    pub replace: bool,
+    pub mode: u32,
+    pub spec: FileSpec,
+    /// Owner (uid, gid) of a file the open creates; default: this process's.
+    pub owner: Option<(u32, u32)>,
+}
+
+impl WriteOptions {
+    /// Create or replace (`>` in a shell).
+    pub fn create() -> WriteOptions {
+        WriteOptions {
+            create: true,
+            truncate: true,
+            mode: 0o644,
+            ..Default::default()
+        }
+    }
+}
+
+enum SinkKind {
+    Local {
+        file: File,
+        conn: DataConn,
+        crcs: Vec<u32>,
+        unit_crc: Box<Crc32c>,
+        unit_fill: usize,
+    },
+    Remote {
+        tx: mpsc::Sender<Vec<u8>>,
+        task: JoinHandle<FsResult<(u64, u32)>>,
+        buf: Vec<u8>,
+    },
+}
+
+/// The new block being written.
+struct Sink {
+    grant: BlockGrant,
+    /// Bytes written into the block so far.
+    len: u64,
+    kind: SinkKind,
+}
+
+/// Writes a file; the new content becomes visible when [`FileWriter::close`] returns.
+pub struct FileWriter {
+    client: Client,
+    pub attr: Attr,
+    handle: u64,
+    bs: u64,
+    storage: Option<TierKind>,
+    pos: u64,
+    size: u64,
+    sink: Option<Sink>,
+    next: Option<(u32, JoinHandle<FsResult<BlockGrant>>)>,
+    finishing: Vec<(BlockGrant, JoinHandle<FsResult<BlockInfo>>)>,
+    /// Blocks written by this writer, by index (the newest wins).
+    written: BTreeMap<u32, (BlockInfo, BlockGrant)>,
+    /// The file as it was when opened, for the bytes around overwritten ranges.
+    old: Option<FileReader>,
+    failed: bool,
+    /// Bytes written since the last yield (see [`yield_sometimes`]).
+    since_yield: usize,
+    /// The path the file was opened at.
+    path: String,
+}
+
+impl FileWriter {
+    pub async fn open(client: &Client, path: &str, options: &WriteOptions) -> FsResult<FileWriter> {
+        let (uid, gid) = options.owner.unwrap_or_else(crate::client::current_owner);
+        let open = client
+            .call(OpenFile {
+                path: path.into(),
+                create: options.create,
+                exclusive: options.exclusive,
+                truncate: options.truncate,
+                mode: options.mode,
+                uid,
+                gid,
+                spec: options.spec.clone(),
+                client: client_name(),
+                append: options.append,
+            })
+            .await?;
+        let old = if open.attr.size > 0 && !open.blocks.is_empty() && !options.replace {
+            // The lease is held: this is the content until we close.
+            Some(FileReader::open(client, path).await?)
+        } else {
+            None
+        };
+        let size = if options.replace { 0 } else { open.attr.size };
+        // The block allocated with the open is the first one the writer needs.
+        let next = open.first.map(|grant| {
+            let index = grant.index;
+            (index, tokio::spawn(async move { Ok(grant) }))
+        });
+        Ok(FileWriter {
+            client: client.clone(),
+            bs: open.attr.block_size.max(CHECKSUM_UNIT as u64),
+            storage: open.attr.storage.or(options.spec.storage),
+            handle: open.handle,
+            pos: if options.append { size } else { 0 },
+            size,
+            attr: open.attr,
+            sink: None,
+            next,
+            finishing: Vec::new(),
+            written: BTreeMap::new(),
+            old,
+            failed: false,
+            since_yield: 0,
+            path: path.to_string(),
+        })
+    }
+
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Size of the file as this writer sees it.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Block size of the file's data.
+    pub fn block_size(&self) -> u64 {
+        self.bs
+    }
+
+    /// Moves the write position (a later write there replaces those bytes).
+    pub async fn seek(&mut self, pos: u64) -> FsResult<()> {
+        if self.sink.is_some() && pos != self.pos {
+            self.finish_sink().await?;
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    fn grant(&self, index: u32) -> JoinHandle<FsResult<BlockGrant>> {
+        let client = self.client.clone();
+        let (ino, handle) = (self.attr.ino, self.handle);
+        tokio::spawn(async move { client.call(AddBlock { ino, handle, index }).await })
+    }
+
+    /// The bytes `[pos, pos + len)` of the file as this writer sees it
+    /// (blocks it wrote, else the old content; zeros for holes).
+    async fn old_bytes(&mut self, pos: u64, len: u64) -> FsResult<Vec<u8>> {
+        let mut out = vec![0u8; len as usize];
+        if len == 0 {
+            return Ok(out);
+        }
+        let index = (pos / self.bs) as u32;
+        self.settle(index).await?;
+        if let Some((info, grant)) = self.written.get(&index) {
+            let off = pos % self.bs;
+            let have = info.len.saturating_sub(off).min(len);
+            if have > 0 {
+                let src = BlockSource {
+                    node: grant.node.clone(),
+                    token: grant.token.clone(),
+                    len: info.len,
+                    fill: None,
+                };
+                read_once(&self.client, &src, off, &mut out[..have as usize]).await?;
+            }
+            return Ok(out);
+        }
+        if let Some(old) = self.old.as_mut() {
+            let n = old.read_full_at(pos, &mut out).await?;
+            out[n..].fill(0);
+        }
+        Ok(out)
+    }
+
+    async fn open_sink(&mut self) -> FsResult<()> {
+        let index = (self.pos / self.bs) as u32;
+        let task = match self.next.take() {
+            Some((i, task)) if i == index => task,
+            _ => self.grant(index),
+        };
+        let grant = task
+            .await
+            .map_err(|e| FsError::Io(format!("block allocation task: {e}")))??;
+        let local = self.client.io.short_circuit && self.client.data.is_local(&grant.node);
+        let mut kind = None;
+        if local {
+            let mut conn = self.client.data.get(&grant.node.data_addr).await?;
+            let reply = conn
+                .call(&DataRequest::CreateLocal {
+                    token: grant.token.clone(),
+                    tier: self.storage,
+                    size_hint: self.bs,
+                })
+                .await?;
+            if let DataReply::Local { path, .. } = reply {
+                match OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                {
+                    Ok(file) => {
+                        kind = Some(SinkKind::Local {
+                            file,
+                            conn,
+                            crcs: Vec::new(),
+                            unit_crc: Box::default(),
+                            unit_fill: 0,
+                        })
+                    }
+                    Err(e) => {
+                        tracing::debug!(path, error = %e, "cannot write the block file directly; using the data port");
+                        let _ = conn
+                            .call(&DataRequest::Abort {
+                                token: grant.token.clone(),
+                            })
+                            .await;
+                    }
+                }
+            }
+        }
+        let kind = match kind {
+            Some(k) => k,
+            None => {
+                let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
+                let pool = self.client.data.clone();
+                let g = grant.clone();
+                let (tier, hint) = (self.storage, self.bs);
+                let task = tokio::spawn(curvine_runtime::trace::scope(
+                    curvine_runtime::trace::current(),
+                    async move { remote_block(pool, g, tier, hint, rx).await },
+                ));
+                SinkKind::Remote {
+                    tx,
+                    task,
+                    buf: Vec::with_capacity(MAX_CHUNK),
+                }
+            }
+        };
+        self.sink = Some(Sink {
+            grant,
+            len: 0,
+            kind,
+        });
+        // Copy-on-write: the block starts with the bytes before the write position.
+        let off = self.pos % self.bs;
+        if off > 0 {
+            let start = self.pos - off;
+            let head = self.old_bytes(start, off).await?;
+            self.pos = start;
+            self.write_in_block(&head).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes bytes that fit in the current block.
+    async fn write_in_block(&mut self, data: &[u8]) -> FsResult<()> {
+        let Some(sink) = self.sink.as_mut() else {
+            return Err(FsError::Io("no block open".into()));
+        };
+        match &mut sink.kind {
+            SinkKind::Local { .. } => write_local(sink, data)?,
+            SinkKind::Remote { tx, buf, task } => {
+                let mut rest = data;
+                while !rest.is_empty() {
+                    let n = (MAX_CHUNK - buf.len()).min(rest.len());
+                    buf.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    if buf.len() == MAX_CHUNK {
+                        let full = std::mem::replace(buf, Vec::with_capacity(MAX_CHUNK));
+                        if tx.send(full).await.is_err() {
+                            // The block task ended: report its error.
+                            return Err(match task.await {
+                                Ok(Err(e)) => e,
+                                _ => FsError::Io(format!(
+                                    "block {:#x}: the data connection ended",
+                                    sink.grant.id
+                                )),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        self.wrote(data.len());
+        Ok(())
+    }
+
+    /// Moves the position past bytes written into the current block and
+    /// asks for the next block once this one is half full.
+    fn wrote(&mut self, n: usize) {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.len += n as u64;
+        }
+        let Some(sink) = self.sink.as_ref() else {
+            return;
+        };
+        self.pos += n as u64;
+        self.size = self.size.max(self.pos);
+        let half = self.bs / 2;
+        if sink.len >= half && self.next.is_none() {
+            let next = (self.pos / self.bs) as u32 + 1;
+            let task = self.grant(next);
+            self.next = Some((next, task));
+        }
+    }
+
+    /// Writes at the current position without waiting, when the bytes fit
+    /// inside the block being written straight into its file on this host
+    /// (short-circuit): `None` when the write needs more (a new block, the
+    /// data port), which [`FileWriter::write`] does. Must run inside the
+    /// tokio runtime (it may ask for the next block in the background).
+    pub fn write_now(&mut self, data: &[u8]) -> Option<FsResult<()>> {
+        if self.failed || data.is_empty() {
+            return None;
+        }
+        let sink = self.sink.as_mut()?;
+        if !matches!(sink.kind, SinkKind::Local { .. })
+            || self.pos % self.bs + data.len() as u64 >= self.bs
+        {
+            return None;
+        }
+        if let Err(e) = write_local(sink, data) {
+            self.failed = true;
+            return Some(Err(e));
+        }
+        self.wrote(data.len());
+        Some(Ok(()))
+    }
+
+    /// Finishes the current block: copies the old bytes after the written
+    /// range (copy-on-write), then commits it in the background.
+    async fn finish_sink(&mut self) -> FsResult<()> {
+        let Some(sink) = self.sink.as_ref() else {
+            return Ok(());
+        };
+        let index = sink.grant.index;
+        let block_start = index as u64 * self.bs;
+        let block_end = (block_start + self.bs).min(self.size);
+        if self.pos < block_end {
+            let tail = self.old_bytes(self.pos, block_end - self.pos).await?;
+            let keep = self.pos;
+            self.write_in_block(&tail).await?;
+            self.pos = keep;
+        }
+        let Some(sink) = self.sink.take() else {
+            return Ok(());
+        };
+        let grant = sink.grant.clone();
+        let len = sink.len;
+        let pool = self.client.data.clone();
+        let task: JoinHandle<FsResult<BlockInfo>> = match sink.kind {
+            SinkKind::Local {
+                file,
+                mut conn,
+                mut crcs,
+                unit_crc,
+                unit_fill,
+            } => {
+                if unit_fill > 0 {
+                    crcs.push(unit_crc.value());
+                }
+                drop(file);
+                let g = grant.clone();
+                let trace = curvine_runtime::trace::current();
+                tokio::spawn(curvine_runtime::trace::scope(trace, async move {
+                    let reply = conn
+                        .call(&DataRequest::CommitLocal {
+                            token: g.token.clone(),
+                            len,
+                            crcs,
+                        })
+                        .await?;
+                    pool.put(conn);
+                    match reply {
+                        DataReply::Committed { len, crc } => Ok(block_info(&g, len, crc)),
+                        other => Err(FsError::Protocol(format!(
+                            "unexpected reply {} to a block commit",
+                            other.kind_name()
+                        ))),
+                    }
+                }))
+            }
+            SinkKind::Remote { tx, task, buf } => {
+                let g = grant.clone();
+                tokio::spawn(async move {
+                    if !buf.is_empty() {
+                        let _ = tx.send(buf).await;
+                    }
+                    drop(tx);
+                    let (len, crc) = task
+                        .await
+                        .map_err(|e| FsError::Io(format!("block task: {e}")))??;
+                    Ok(block_info(&g, len, crc))
+                })
+            }
+        };
+        self.finishing.push((grant, task));
+        Ok(())
+    }
+
+    /// Waits for the commit of a block of `index` this writer finished.
+    async fn settle(&mut self, index: u32) -> FsResult<()> {
+        let mut i = 0;
+        while i < self.finishing.len() {
+            if self.finishing[i].0.index == index {
+                let (grant, task) = self.finishing.remove(i);
+                let info = task
+                    .await
+                    .map_err(|e| FsError::Io(format!("block commit task: {e}")))??;
+                self.written.insert(index, (info, grant));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Collects block commits that are done, without waiting.
+    async fn collect_done(&mut self) -> FsResult<()> {
+        let done: Vec<u32> = self
+            .finishing
+            .iter()
+            .filter(|(_, t)| t.is_finished())
+            .map(|(g, _)| g.index)
+            .collect();
+        for index in done {
+            self.settle(index).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn write(&mut self, mut data: &[u8]) -> FsResult<()> {
+        if self.failed {
+            return Err(FsError::Io(
+                "an earlier write of this file failed; reopen it".into(),
+            ));
+        }
+        let result: FsResult<()> = async {
+            while !data.is_empty() {
+                if self.sink.is_none() {
+                    self.collect_done().await?;
+                    self.open_sink().await?;
+                }
+                let room = self.bs - self.pos % self.bs;
+                let n = (data.len() as u64).min(room) as usize;
+                self.write_in_block(&data[..n]).await?;
+                yield_sometimes(&mut self.since_yield, n).await;
+                data = &data[n..];
+                if self.pos.is_multiple_of(self.bs) {
+                    self.finish_sink().await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// Gives up: the file keeps the content it had when opened (after the
+    /// truncation, if one was asked for), the blocks written are freed and
+    /// the write lease is released.
+    pub async fn abort(mut self) -> FsResult<Attr> {
+        self.sink = None;
+        self.next = None;
+        for (_, task) in std::mem::take(&mut self.finishing) {
+            task.abort();
+        }
+        let size = self.attr.size;
+        self.client
+            .call(CompleteFile {
+                path: self.path.clone(),
+                abort: true,
+                ino: self.attr.ino,
+                handle: self.handle,
+                size,
+                blocks: Vec::new(),
+            })
+            .await
+    }
+
+    /// Commits every block and makes the new content visible. Returns the
+    /// file's attributes after the close.
+    pub async fn close(mut self) -> FsResult<Attr> {
+        if self.failed {
+            return Err(FsError::Io(
+                "an earlier write of this file failed; its previous content is unchanged".into(),
+            ));
+        }
+        self.finish_sink().await?;
+        if let Some((_, task)) = self.next.take() {
+            // An allocated block that was not needed is freed by the close.
+            let _ = task.await;
+        }
+        let mut blocks: BTreeMap<u32, BlockInfo> = self
+            .written
+            .iter()
+            .map(|(i, (info, _))| (*i, info.clone()))
+            .collect();
+        for (grant, task) in std::mem::take(&mut self.finishing) {
+            let info = task
+                .await
+                .map_err(|e| FsError::Io(format!("block commit task: {e}")))??;
+            blocks.insert(grant.index, info);
+        }
+        self.client
+            .call(CompleteFile {
+                path: self.path.clone(),
+                abort: false,
+                ino: self.attr.ino,
+                handle: self.handle,
+                size: self.size,
+                blocks: blocks.into_values().collect(),
+            })
+            .await
+    }
+}
+
+/// Appends bytes to a block file written directly, with its unit crcs.
+fn write_local(sink: &mut Sink, data: &[u8]) -> FsResult<()> {
+    let SinkKind::Local {
+        file,
+        crcs,
+        unit_crc,
+        unit_fill,
+        ..
+    } = &mut sink.kind
+    else {
+        return Err(FsError::Io("the block is not written locally".into()));
+    };
+    file.write_all(data)
+        .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = (CHECKSUM_UNIT - *unit_fill).min(rest.len());
+        unit_crc.update(&rest[..n]);
+        *unit_fill += n;
+        rest = &rest[n..];
+        if *unit_fill == CHECKSUM_UNIT {
+            crcs.push(unit_crc.value());
+            **unit_crc = Crc32c::default();
+            *unit_fill = 0;
+        }
+    }
+    Ok(())
+}
+
+fn block_info(grant: &BlockGrant, len: u64, crc: u32) -> BlockInfo {
+    BlockInfo {
+        id: grant.id,
+        index: grant.index,
+        len,
+        stored: len,
+        crc,
+        locs: vec![grant.node.node_id.clone()],
+    }
+}
