@@ -95,8 +95,10 @@ start_node() {
     -c "node.cluster_listen=$host:$((p + 1))" -c "data.listen=$host:$((p + 2))" \
     -c "data.tiers=$tiers" -c log.level=warn "$@" 2>"$work/$name.log" &
   pids+=($!)
+  local pid=$!
+  # The node writes ready.json (its ports, id and pid) once it serves.
   for _ in $(seq 150); do
-    grep -q "serving clients" "$work/$name.log" 2>/dev/null && return 0
+    grep -q "\"pid\": $pid," "$work/$name/ready.json" 2>/dev/null && return 0
     sleep 0.1
   done
   cat "$work/$name.log" >&2

@@ -209,6 +209,25 @@ impl ClusterView {
         }
     }
 
+    /// A member that is up, by id or unique id prefix.
+    pub fn find_member(&self, node: &str) -> FsResult<MemberInfo> {
+        let matches: Vec<_> = self
+            .members()
+            .into_iter()
+            .filter(|m| m.info.node_id.starts_with(node))
+            .collect();
+        match matches.as_slice() {
+            [one] if one.state == MemberState::Up => Ok(one.info.clone()),
+            [one] => Err(FsError::NodeDown(describe(one))),
+            [] => Err(FsError::InvalidArgument(format!(
+                "no node {node:?} in the cluster (see `curvine-cli report`)"
+            ))),
+            _ => Err(FsError::InvalidArgument(format!(
+                "{node:?} names more than one node; give more of the id"
+            ))),
+        }
+    }
+
     pub fn members(&self) -> Vec<MemberView> {
         let mut all: Vec<MemberView> = self.members.read().values().cloned().collect();
         all.sort_by(|a, b| a.info.node_id.cmp(&b.info.node_id));

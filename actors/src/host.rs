@@ -1,68 +1,62 @@
-//! `ShardHost`: supervises the node's `NamespaceShard`s and keeps the
-//! directory other components use to reach them.
+//! The shard host: the supervisor of the node's `NamespaceShard`s, and the
+//! directory other components reach them through.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use parking_lot::RwLock;
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::trace::Traced;
 use curvine_messages::{FsError, FsResult, ShardId};
+use curvine_runtime::stats::Metrics;
+use curvine_runtime::supervisor::{ActorChild, RestartPolicy, Slot, SupervisorArgs};
 
 use crate::shard::{NamespaceShard, ShardArgs};
-use crate::supervisor::{RestartPolicy, RestartTracker};
 
 /// A shard actor: its mailbox holds messages with their trace context.
-pub type ShardRef = ActorRef<Traced<ShardMsg>>;
+pub type ShardRef = ractor::ActorRef<Traced<ShardMsg>>;
 
-/// Where each shard's actor is right now. A restarting shard is absent and
-/// callers see `Unavailable` (and retry).
-#[derive(Clone, Default)]
+/// Where each shard's actor is right now: one slot per shard, filled by
+/// the shard host's supervisor. A restarting shard is absent and callers
+/// see `Unavailable` (and retry).
+#[derive(Clone)]
 pub struct ShardDirectory {
-    refs: Arc<RwLock<Vec<Option<ShardRef>>>>,
-    restarts: Arc<RwLock<HashMap<ShardId, u64>>>,
+    slots: Arc<Vec<Slot<Traced<ShardMsg>>>>,
 }
 
 impl ShardDirectory {
     pub fn new(shard_count: u32) -> Self {
         ShardDirectory {
-            refs: Arc::new(RwLock::new(vec![None; shard_count as usize])),
-            restarts: Default::default(),
+            slots: Arc::new(
+                (0..shard_count)
+                    .map(|_| Slot::new("namespace shard"))
+                    .collect(),
+            ),
         }
     }
 
     pub fn shard_count(&self) -> u32 {
-        self.refs.read().len() as u32
+        self.slots.len() as u32
     }
 
     pub fn get(&self, shard: ShardId) -> FsResult<ShardRef> {
-        match self.refs.read().get(shard as usize) {
-            Some(Some(actor)) => Ok(actor.clone()),
-            Some(None) => Err(FsError::Unavailable(format!("shard {shard} is restarting"))),
+        match self.slots.get(shard as usize) {
+            Some(slot) => slot
+                .current()
+                .ok_or_else(|| FsError::Unavailable(format!("shard {shard} is restarting"))),
             None => Err(FsError::InvalidArgument(format!(
                 "shard {shard} does not exist"
             ))),
         }
     }
 
-    fn set(&self, shard: ShardId, actor: Option<ShardRef>) {
-        if let Some(slot) = self.refs.write().get_mut(shard as usize) {
-            *slot = actor;
-        }
-    }
-
-    /// Restarts of a shard since the node started.
-    pub fn restarts(&self, shard: ShardId) -> u64 {
-        self.restarts.read().get(&shard).copied().unwrap_or(0)
+    fn slot(&self, shard: ShardId) -> Option<Slot<Traced<ShardMsg>>> {
+        self.slots.get(shard as usize).cloned()
     }
 }
 
 /// Called with a shard's id each time it has (re)started, to re-drive its intents.
 pub type OnShardStarted = Arc<dyn Fn(ShardId) + Send + Sync>;
 
+/// The node's shards under one supervisor (role `shard-host`).
 pub struct ShardHost;
 
 pub struct HostArgs {
@@ -70,171 +64,30 @@ pub struct HostArgs {
     pub directory: ShardDirectory,
     pub policy: RestartPolicy,
     pub on_started: OnShardStarted,
-    pub metrics: crate::stats::Metrics,
-}
-
-pub enum HostMsg {
-    /// Start shard `id` again (after its backoff).
-    Restart(ShardId),
-}
-
-impl ractor::Message for HostMsg {}
-
-pub struct HostState {
-    args: HostArgs,
-    by_actor: HashMap<ActorId, ShardId>,
-    trackers: HashMap<ShardId, RestartTracker>,
+    pub metrics: Metrics,
 }
 
 impl ShardHost {
-    async fn start_shard(
-        myself: &ActorRef<HostMsg>,
-        state: &mut HostState,
-        id: ShardId,
-    ) -> Result<(), ActorProcessingErr> {
-        let args = state
-            .args
-            .shards
-            .iter()
-            .find(|a| a.store.shard == id)
-            .cloned()
-            .ok_or_else(|| format!("no arguments for shard {id}"))?;
-        let (actor, _) = Actor::spawn_linked(
-            Some(format!(
-                "{}/shard-{id}",
-                myself.get_name().unwrap_or_default()
-            )),
-            NamespaceShard,
-            args,
-            myself.get_cell(),
-        )
-        .await
-        .map_err(|e| format!("shard {id} failed to start: {e}"))?;
-        state.by_actor.insert(actor.get_id(), id);
-        state.args.directory.set(id, Some(actor));
-        (state.args.on_started)(id);
-        Ok(())
-    }
-}
-
-impl Actor for ShardHost {
-    type Msg = HostMsg;
-    type State = HostState;
-    type Arguments = HostArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<HostMsg>,
-        args: HostArgs,
-    ) -> Result<HostState, ActorProcessingErr> {
-        let stats = args.metrics.actor("shard-host", false);
-        args.metrics.started(myself.get_id(), &stats);
-        let mut state = HostState {
-            args,
-            by_actor: HashMap::new(),
-            trackers: HashMap::new(),
-        };
-        let ids: Vec<ShardId> = state.args.shards.iter().map(|a| a.store.shard).collect();
-        for id in ids {
-            Self::start_shard(&myself, &mut state, id).await?;
+    /// The arguments of the shard host's [`Supervisor`](curvine_runtime::supervisor::Supervisor):
+    /// a child per shard (role `shard-N`, its senders counted) whose
+    /// directory slot follows it, re-driving its intents after each start.
+    pub fn supervisor(args: HostArgs) -> SupervisorArgs {
+        let mut sup = SupervisorArgs::new("shard-host", args.policy.clone(), args.metrics.clone());
+        for shard in args.shards {
+            let id = shard.store.shard;
+            let Some(slot) = args.directory.slot(id) else {
+                tracing::error!(shard = id, "no directory slot for shard");
+                continue;
+            };
+            let on_started = args.on_started.clone();
+            let child = ActorChild::new(format!("shard-{id}"), move || {
+                (NamespaceShard, shard.clone())
+            })
+            .with_slot(slot)
+            .counting_sends()
+            .on_start(move |_| on_started(id));
+            sup = sup.child(child.boxed());
         }
-        Ok(state)
-    }
-
-    async fn post_stop(
-        &self,
-        myself: ActorRef<HostMsg>,
-        state: &mut HostState,
-    ) -> Result<(), ActorProcessingErr> {
-        for id in 0..state.args.directory.shard_count() {
-            state.args.directory.set(id as ShardId, None);
-        }
-        myself
-            .stop_children_and_wait(None, Some(Duration::from_secs(30)))
-            .await;
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<HostMsg>,
-        message: HostMsg,
-        state: &mut HostState,
-    ) -> Result<(), ActorProcessingErr> {
-        let stats = state.args.metrics.actor("shard-host", false);
-        let _handling = stats.handling("restart");
-        match message {
-            HostMsg::Restart(id) => {
-                if let Err(e) = Self::start_shard(&myself, state, id).await {
-                    // A shard that cannot even start counts as another failure.
-                    tracing::error!(shard = id, error = %e, "shard restart failed");
-                    self.on_child_failure(&myself, state, id, &e.to_string())?;
-                } else {
-                    tracing::info!(shard = id, "shard restarted");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<HostMsg>,
-        event: SupervisionEvent,
-        state: &mut HostState,
-    ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorFailed(cell, error) => {
-                if let Some(id) = state.by_actor.remove(&cell.get_id()) {
-                    state.args.directory.set(id, None);
-                    tracing::error!(shard = id, error = %error, "shard failed");
-                    self.on_child_failure(&myself, state, id, &error.to_string())?;
-                }
-            }
-            // A shard never stops on its own: outside the host's own shutdown
-            // (when events are no longer handled) a stop is a failure too.
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(id) = state.by_actor.remove(&cell.get_id()) {
-                    state.args.directory.set(id, None);
-                    let reason = reason.unwrap_or_else(|| "stopped".into());
-                    tracing::error!(shard = id, reason, "shard stopped unexpectedly");
-                    self.on_child_failure(&myself, state, id, &reason)?;
-                }
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-}
-
-impl ShardHost {
-    fn on_child_failure(
-        &self,
-        myself: &ActorRef<HostMsg>,
-        state: &mut HostState,
-        id: ShardId,
-        error: &str,
-    ) -> Result<(), ActorProcessingErr> {
-        let stats = state.args.metrics.shard(id);
-        stats.failed();
-        let tracker = state.trackers.entry(id).or_default();
-        match tracker.on_failure(&state.args.policy, Instant::now()) {
-            Some(delay) => {
-                stats.restarted();
-                *state.args.directory.restarts.write().entry(id).or_default() += 1;
-                tracing::warn!(
-                    shard = id,
-                    delay_ms = delay.as_millis() as u64,
-                    "restarting shard"
-                );
-                myself.send_after(delay, move || HostMsg::Restart(id));
-                Ok(())
-            }
-            None => Err(format!(
-                "shard {id} failed {} times within {:?}; last error: {error}",
-                state.args.policy.max_restarts, state.args.policy.window
-            )
-            .into()),
-        }
+        sup
     }
 }

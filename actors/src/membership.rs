@@ -23,6 +23,7 @@ use curvine_messages::cluster::{ClusterMap, Heartbeat, MemberState, PeerMsg};
 use curvine_messages::now_ns;
 
 use crate::cluster::{gateway_of, ClusterView};
+use crate::supervisor::Slot;
 
 /// Opens a cluster connection to a node's cluster port (`host:port`):
 /// plain, or TLS when the node is configured for it. The session is
@@ -96,6 +97,14 @@ pub enum MembershipMsg {
 }
 
 impl ractor::Message for MembershipMsg {}
+
+/// Tells the other nodes at once (a heartbeat) that something they cache
+/// changed: the cluster map or the mount table.
+pub fn announce(membership: &Slot<MembershipMsg>) {
+    if let Some(m) = membership.current() {
+        let _ = m.cast(MembershipMsg::Tick);
+    }
+}
 
 /// The node table as kept in the data directory.
 #[derive(Debug, Default, Serialize, Deserialize)]

@@ -19,6 +19,7 @@ use curvine_messages::trace::{
 use curvine_messages::{now_ns, FsError, FsResult};
 
 use crate::stats::{ActorStats, Metrics};
+use crate::supervisor::Slot;
 
 pub use curvine_runtime::trace::{current, scope};
 
@@ -135,6 +136,28 @@ impl Tracer {
     /// The share of requests traced when no trace is forced.
     pub fn sample_rate(&self) -> f64 {
         self.inner.sample_rate
+    }
+
+    /// A new trace for background work, at the node's sample rate.
+    pub fn sampled_root(&self) -> Option<TraceCtx> {
+        curvine_messages::trace::sample(self.sample_rate()).then(TraceCtx::root)
+    }
+
+    /// Runs `work` as a span `kind` of `actor` in `trace` (when there is
+    /// one): what it asks of shards, nodes and the UFS joins the span.
+    pub async fn in_span<T>(
+        &self,
+        trace: Option<TraceCtx>,
+        actor: &'static str,
+        kind: &'static str,
+        work: impl std::future::Future<Output = FsResult<T>>,
+    ) -> FsResult<T> {
+        let Some(span) = self.start(trace, 0, actor, "", kind) else {
+            return work.await;
+        };
+        let result = scope(Some(span.ctx()), work).await;
+        span.end(outcome_of(&result));
+        result
     }
 
     /// Events dropped from the ring to make room since the node started.
@@ -276,25 +299,27 @@ impl Span {
     }
 }
 
-/// Where the node's trace recorder is (absent while it restarts).
-#[derive(Clone, Default)]
-pub struct RecorderRef(Arc<parking_lot::RwLock<Option<ActorRef<TraceMsg>>>>);
+/// Where the node's trace recorder is (absent while it restarts): its slot
+/// in the supervision tree.
+#[derive(Clone)]
+pub struct RecorderRef(Slot<TraceMsg>);
+
+impl Default for RecorderRef {
+    fn default() -> Self {
+        RecorderRef(Slot::new("trace recorder"))
+    }
+}
 
 impl RecorderRef {
-    pub fn set(&self, actor: Option<ActorRef<TraceMsg>>) {
-        *self.0.write() = actor;
-    }
-
-    pub fn get(&self) -> Option<ActorRef<TraceMsg>> {
-        self.0.read().clone()
+    /// The slot its supervisor keeps pointed at the recorder.
+    pub fn slot(&self) -> Slot<TraceMsg> {
+        self.0.clone()
     }
 
     /// Asks the recorder for the events matching `query`.
     pub async fn query(&self, query: TraceQuery) -> FsResult<TraceBatch> {
         query.validate()?;
-        let actor = self
-            .get()
-            .ok_or_else(|| FsError::Unavailable("the trace recorder is restarting".into()))?;
+        let actor = self.0.get()?;
         match actor
             .call(
                 |reply| TraceMsg::Query { query, reply },

@@ -10,7 +10,7 @@ use curvine_actors::namespace::Namespace;
 use curvine_actors::shard::ShardArgs;
 use curvine_actors::stats::Metrics;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
-use curvine_actors::supervisor::RestartPolicy;
+use curvine_actors::supervisor::{RestartPolicy, Supervisor};
 use ractor::{Actor, ActorStatus};
 
 fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
@@ -72,7 +72,9 @@ async fn a_killed_shard_is_restarted_and_serves_again() {
         on_started: Arc::new(|_| {}),
         metrics: metrics.clone(),
     };
-    let (host, _) = Actor::spawn(None, ShardHost, args).await.unwrap();
+    let (host, _) = Actor::spawn(None, Supervisor, ShardHost::supervisor(args))
+        .await
+        .unwrap();
     namespace.mkdir("/d", false, 0o755, 0, 0).await.unwrap();
     namespace.touch("/d/f", 0o644, true, 0, 0).await.unwrap();
 
@@ -84,7 +86,7 @@ async fn a_killed_shard_is_restarted_and_serves_again() {
             .is_ok_and(|now| now.get_id() != before.get_id())
     })
     .await;
-    assert_eq!(directory.restarts(0), 1);
+    assert_eq!(metrics.shard(0).restarts(), 1);
     // `actors` shows the failure and the restart, and the counters carry
     // over to the new actor.
     let tree = metrics.tree(&host.get_cell());
@@ -114,7 +116,9 @@ async fn a_shard_that_keeps_dying_escalates() {
         on_started: Arc::new(|_| {}),
         metrics: Metrics::new(),
     };
-    let (host, handle) = Actor::spawn(None, ShardHost, args).await.unwrap();
+    let (host, handle) = Actor::spawn(None, Supervisor, ShardHost::supervisor(args))
+        .await
+        .unwrap();
     for round in 0..3 {
         let Ok(shard) = directory.get(1) else { break };
         shard.kill();

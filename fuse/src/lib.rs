@@ -20,7 +20,7 @@ use clap::{Args, Subcommand};
 use curvine_conf::{Config, Loader};
 use curvine_messages::FileKind;
 
-use crate::session::{FuseSupervisor, MountSpec};
+use crate::session::MountSpec;
 
 #[derive(Subcommand, Debug, Clone)]
 pub enum FuseCommand {
@@ -477,9 +477,13 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
         },
     };
     let policy = curvine_runtime::supervisor::RestartPolicy::from(&config.supervisor);
-    let (sup, handle) = ractor::Actor::spawn(None, FuseSupervisor, (spec, policy))
-        .await
-        .map_err(|e| e.to_string())?;
+    let (sup, handle) = ractor::Actor::spawn(
+        None,
+        curvine_runtime::supervisor::Supervisor,
+        session::supervisor(spec, policy),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     println!(
         "mounted {fs_path} of {} on {} (pid {})",
         client.node_addr(),

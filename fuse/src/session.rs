@@ -1,4 +1,4 @@
-//! The mount's actors: `FuseSupervisor` owns a `FuseSession`, which owns
+//! The mount's actors: a [`supervisor`] owns a `FuseSession`, which owns
 //! the fuser session (the kernel connection and its threads).
 //!
 //! - The session mounts in `pre_start` and unmounts in `post_stop`.
@@ -11,11 +11,11 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use curvine_runtime::supervisor::{RestartPolicy, RestartTracker};
+use curvine_runtime::stats::Metrics;
+use curvine_runtime::supervisor::{ActorChild, RestartPolicy, SupervisorArgs};
 
 use crate::fs::{CurvineFs, Fs};
 use crate::mountpoint;
@@ -128,145 +128,36 @@ impl Actor for FuseSession {
     }
 }
 
-pub struct FuseSupervisor;
-
-pub enum SupervisorMsg {
-    Remount,
-}
-
-impl ractor::Message for SupervisorMsg {}
-
-pub struct SupervisorState {
-    spec: MountSpec,
-    policy: RestartPolicy,
-    tracker: RestartTracker,
-    session: Option<ActorRef<SessionMsg>>,
-}
-
-impl FuseSupervisor {
-    async fn start_session(
-        myself: &ActorRef<SupervisorMsg>,
-        state: &mut SupervisorState,
-    ) -> Result<(), ActorProcessingErr> {
-        let (session, _) =
-            Actor::spawn_linked(None, FuseSession, state.spec.clone(), myself.get_cell())
-                .await
-                .map_err(|e| format!("{e}"))?;
-        state.session = Some(session);
-        Ok(())
-    }
-}
-
-impl Actor for FuseSupervisor {
-    type Msg = SupervisorMsg;
-    type State = SupervisorState;
-    type Arguments = (MountSpec, RestartPolicy);
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<SupervisorMsg>,
-        (spec, policy): (MountSpec, RestartPolicy),
-    ) -> Result<SupervisorState, ActorProcessingErr> {
-        let mut state = SupervisorState {
-            spec,
-            policy,
-            tracker: RestartTracker::default(),
-            session: None,
-        };
-        Self::start_session(&myself, &mut state).await?;
-        Ok(state)
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<SupervisorMsg>,
-        message: SupervisorMsg,
-        state: &mut SupervisorState,
-    ) -> Result<(), ActorProcessingErr> {
-        match message {
-            SupervisorMsg::Remount => {
-                if let Err(e) = Self::start_session(&myself, state).await {
-                    tracing::error!(error = %e, "remount failed");
-                    self.on_failure(&myself, state, &e.to_string())?;
-                } else {
-                    tracing::warn!(mountpoint = %state.spec.mountpoint.display(), "mounted again after a failure");
-                }
+/// The mount's supervisor (role `fuse`): it runs the `FuseSession`
+/// (role `fuse-session`) and mounts again with backoff when the session
+/// fails, after clearing the dead mount point so nothing hangs on it; an
+/// unmount (the session stopping) ends it; when the session fails too
+/// often it gives up, and [`fatal`] says why.
+pub fn supervisor(spec: MountSpec, policy: RestartPolicy) -> SupervisorArgs {
+    let mnt = spec.mountpoint.clone();
+    let session = ActorChild::new("fuse-session", move || (FuseSession, spec.clone()))
+        .ending_supervisor()
+        .on_stop(move |failure| {
+            let Some(error) = failure else {
+                tracing::info!("the FUSE session ended");
+                return;
+            };
+            match mountpoint::clear(&mnt) {
+                Ok(done) => tracing::error!(
+                    error,
+                    cleanup = done,
+                    "the FUSE session failed; nothing waits on the mount point"
+                ),
+                Err(e) => tracing::error!(
+                    error,
+                    cleanup_error = e,
+                    "the FUSE session failed and its mount could not be detached"
+                ),
             }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<SupervisorMsg>,
-        event: SupervisionEvent,
-        state: &mut SupervisorState,
-    ) -> Result<(), ActorProcessingErr> {
-        let ours = |id: ractor::ActorId| state.session.as_ref().is_some_and(|s| s.get_id() == id);
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) if ours(cell.get_id()) => {
-                state.session = None;
-                tracing::info!(
-                    reason = reason.unwrap_or_default(),
-                    "the FUSE session ended"
-                );
-                myself.stop(Some("unmounted".into()));
-            }
-            SupervisionEvent::ActorFailed(cell, error) if ours(cell.get_id()) => {
-                state.session = None;
-                let mnt = &state.spec.mountpoint;
-                match mountpoint::clear(mnt) {
-                    Ok(done) => tracing::error!(
-                        error = %error,
-                        cleanup = done,
-                        "the FUSE session failed; nothing waits on the mount point"
-                    ),
-                    Err(e) => tracing::error!(
-                        error = %error,
-                        cleanup_error = e,
-                        "the FUSE session failed and its mount could not be detached"
-                    ),
-                }
-                self.on_failure(&myself, state, &error.to_string())?;
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        myself: ActorRef<SupervisorMsg>,
-        _state: &mut SupervisorState,
-    ) -> Result<(), ActorProcessingErr> {
-        myself
-            .stop_children_and_wait(None, Some(std::time::Duration::from_secs(30)))
-            .await;
-        Ok(())
-    }
-}
-
-impl FuseSupervisor {
-    fn on_failure(
-        &self,
-        myself: &ActorRef<SupervisorMsg>,
-        state: &mut SupervisorState,
-        error: &str,
-    ) -> Result<(), ActorProcessingErr> {
-        match state.tracker.on_failure(&state.policy, Instant::now()) {
-            Some(delay) => {
-                tracing::warn!(delay_ms = delay.as_millis() as u64, "mounting again");
-                myself.send_after(delay, || SupervisorMsg::Remount);
-                Ok(())
-            }
-            None => {
-                let e = format!(
-                    "the FUSE session failed {} times within {:?}; last error: {error}",
-                    state.policy.max_restarts, state.policy.window
-                );
-                let _ = FATAL.set(e.clone());
-                Err(e.into())
-            }
-        }
-    }
+        });
+    SupervisorArgs::new("fuse", policy, Metrics::new())
+        .child(session.boxed())
+        .on_give_up(|reason| {
+            let _ = FATAL.set(format!("the FUSE session failed: {reason}"));
+        })
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use curvine_client::Client;
 use curvine_conf::ClientConf;
+use curvine_node::node::ready::Ready;
 
 /// Directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
@@ -30,6 +31,59 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Polls `check` until it gives `Some` and returns that; panics naming
+/// `what` after `within` (`what` is displayed only then: see [`WithLog`]).
+pub fn wait_for<T>(
+    what: impl std::fmt::Display,
+    within: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A description of what is awaited, followed by a process's log when shown.
+pub struct WithLog<'a>(pub String, pub &'a Path);
+
+impl std::fmt::Display for WithLog<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let log = std::fs::read_to_string(self.1).unwrap_or_default();
+        write!(f, "{}; its log ({}):\n{log}", self.0, self.1.display())
+    }
+}
+
+/// [`wait_for`] in an async test: `check` is polled without blocking the runtime.
+pub async fn wait_for_async<T, F, Fut>(
+    what: impl std::fmt::Display,
+    within: Duration,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// SIGKILL a child process and reap it.
@@ -130,6 +184,8 @@ impl NodeProcess {
             let _ = std::fs::rename(&self.log, kept);
         }
         let log_file = std::fs::File::create(&self.log).expect("node log");
+        // A ready file left by a killed run names another process.
+        Ready::remove(&self.data_dir);
         // Blocks stay inside the test's directory unless the test names tiers.
         let tiers = format!(
             "data.tiers=[MEM:512MiB]{}",
@@ -162,54 +218,31 @@ impl NodeProcess {
         self.child = Some(child);
     }
 
-    /// Waits until the launched process serves clients (its ports are read
-    /// from its log).
+    /// Waits until the launched process serves clients: its ports and id
+    /// come from the ready file it writes in its data directory.
     fn wait_started(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut text = String::new();
-            if let Ok(mut f) = std::fs::File::open(&self.log) {
-                let _ = f.read_to_string(&mut text);
-            }
-            if let Some(line) = text.lines().find(|l| l.contains("serving clients on ")) {
-                // "node ID serving clients on ADDR (cluster port ADDR, data port ADDR)"
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let after = |w: &str| {
-                    words
-                        .iter()
-                        .position(|x| *x == w)
-                        .and_then(|i| words.get(i + 1))
-                        .map(|s| s.trim_end_matches([',', ')']).to_string())
-                        .unwrap_or_default()
-                };
-                self.addr = after("on");
-                self.node_id = after("node");
-                self.http_addr = text
-                    .lines()
-                    .find_map(|l| l.split("dashboard http://").nth(1))
-                    .and_then(|rest| rest.split('/').next())
-                    .unwrap_or_default()
-                    .to_string();
-                self.cluster_addr = words
-                    .windows(3)
-                    .find(|w| w[0] == "(cluster" && w[1] == "port")
-                    .map(|w| w[2].trim_end_matches(',').to_string())
-                    .unwrap_or_default();
-                return;
-            }
+        let pid = self.child.as_ref().map(Child::id);
+        let log = self.log.clone();
+        let what = format!("curvine-node {} to start", self.data_dir.display());
+        let ready = wait_for(WithLog(what, &log), Duration::from_secs(30), || {
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("curvine-node exited with {status} during start:\n{text}");
+                panic!(
+                    "curvine-node exited with {status} during start:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
             }
-            assert!(
-                Instant::now() < deadline,
-                "curvine-node did not start in 30s:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            Ready::read(&self.data_dir)
+                .ok()
+                .filter(|r| Some(r.pid) == pid)
+        });
+        self.addr = ready.client_addr;
+        self.node_id = ready.node_id;
+        self.http_addr = ready.http_addr;
+        self.cluster_addr = ready.cluster_addr;
     }
 
     /// Restarts the node (after a kill or a stop) on new ports.
@@ -369,21 +402,12 @@ impl ProcessCluster {
 
     /// Waits until every live node sees `n` nodes up.
     pub fn wait_up(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in self.nodes.iter().filter(|n| n.is_running()) {
-            loop {
-                let up = node.members_up();
-                if up == n {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "node {} sees {up} of {n} nodes up:\n{}",
-                    node.node_id,
-                    node.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            wait_for(
+                &format!("node {} to see {n} nodes up", node.node_id),
+                Duration::from_secs(30),
+                || (node.members_up() == n).then_some(()),
+            );
         }
     }
 }
@@ -391,16 +415,12 @@ impl ProcessCluster {
 impl ProcessCluster {
     /// Waits until every live node reports node `id` as down.
     pub fn wait_down(&self, id: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in self.nodes.iter().filter(|n| n.is_running()) {
-            while node.member_state(id).as_deref() != Some("down") {
-                assert!(
-                    Instant::now() < deadline,
-                    "node {} does not see {id} down",
-                    node.node_id
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            wait_for(
+                &format!("node {} to see {id} down", node.node_id),
+                Duration::from_secs(30),
+                || (node.member_state(id).as_deref() == Some("down")).then_some(()),
+            );
         }
     }
 }
@@ -459,16 +479,20 @@ pub fn process_usage(pid: u32) -> (u64, usize) {
     (peak, fds)
 }
 
-/// Waits until the node reports no pending cross-shard operations.
+/// Waits until the node reports no pending cross-shard operations (or 30s
+/// pass: callers check the report).
 pub async fn settle(client: &Client) -> curvine_messages::rpc::FsckReport {
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let report = client.fsck().await.expect("fsck");
-        if (report.pending_intents == 0 && report.locks == 0) || Instant::now() > deadline {
-            return report;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_async(
+        "cross-shard operations to settle",
+        Duration::from_secs(60),
+        || async {
+            let report = client.fsck().await.expect("fsck");
+            ((report.pending_intents == 0 && report.locks == 0) || Instant::now() > deadline)
+                .then_some(report)
+        },
+    )
+    .await
 }
 
 /// N real nodes in this process (one tokio runtime), each with its own
@@ -502,12 +526,13 @@ impl InProcessCluster {
                 .unwrap_or_else(|e| panic!("in-process node {i}: {e}"));
             nodes.push(node);
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
-            while node.service.view.live().len() < n {
-                assert!(Instant::now() < deadline, "in-process nodes did not meet");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_for_async(
+                "in-process nodes to meet",
+                Duration::from_secs(30),
+                || async { (node.view.live().len() >= n).then_some(()) },
+            )
+            .await;
         }
         InProcessCluster { nodes }
     }
@@ -759,26 +784,19 @@ impl FuseMount {
     }
 
     fn wait_mounted(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if curvine_fuse::mountpoint::is_mounted(&self.dir)
-                && !curvine_fuse::mountpoint::is_dead(&self.dir)
-            {
-                return;
-            }
+        let log = self.log.clone();
+        let what = format!("{} to be mounted", self.dir.display());
+        wait_for(WithLog(what, &log), Duration::from_secs(30), || {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
                 panic!(
                     "curvine-fuse exited ({status}) before mounting: {}",
-                    self.log_text()
+                    std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!(
-            "{} not mounted within 30s: {}",
-            self.dir.display(),
-            self.log_text()
-        );
+            (curvine_fuse::mountpoint::is_mounted(&self.dir)
+                && !curvine_fuse::mountpoint::is_dead(&self.dir))
+            .then_some(())
+        });
     }
 
     /// The mount's process id, while it runs.

@@ -3,12 +3,15 @@
 //! `curvine_messages::cluster`). It never waits: shard requests are handed
 //! to the shard actor with their reply port, slow work runs in tasks.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::future::Future;
+use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use curvine_actors::blocks::BlockManagerRef;
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::membership::MembershipMsg;
+use curvine_actors::supervisor::Slot;
 use curvine_actors::trace::RecorderRef;
 use curvine_actors::trace::Span;
 use curvine_messages::block::BlockMsg;
@@ -18,28 +21,36 @@ use curvine_messages::trace::Outcome;
 use curvine_messages::trace::Traced;
 use curvine_messages::{FsError, FsResult};
 
-use crate::service::Service;
+use crate::service::loads::Loads;
+use crate::service::replicas::Replicas;
+use crate::service::reports::Reports;
+use crate::service::scrub::Scrub;
 
 pub struct Gateway;
 
 #[derive(Clone)]
 pub struct GatewayArgs {
     pub view: Arc<ClusterView>,
-    /// Filled once the node's service exists (it is built after the actors).
-    pub service: Arc<OnceLock<Weak<Service>>>,
-    pub membership: Arc<parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>>,
+    pub membership: Slot<MembershipMsg>,
     pub join: JoinInfo,
     pub data_dir: std::path::PathBuf,
     pub recorder: RecorderRef,
+    pub manager: BlockManagerRef,
+    pub reports: Arc<Reports>,
+    pub replicas: Arc<Replicas>,
+    pub loads: Arc<Loads>,
+    pub scrub: Arc<Scrub>,
 }
 
-impl GatewayArgs {
-    fn service(&self) -> Result<Arc<Service>, FsError> {
-        self.service
-            .get()
-            .and_then(Weak::upgrade)
-            .ok_or_else(|| FsError::Unavailable("the node is starting".into()))
-    }
+/// Answers `reply` with what `work` gives, in a task of its own: the
+/// gateway never waits.
+fn answer_later<T: Send + 'static>(
+    reply: RpcReplyPort<FsResult<T>>,
+    work: impl Future<Output = FsResult<T>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let _ = reply.send(work.await);
+    });
 }
 
 impl Actor for Gateway {
@@ -68,14 +79,10 @@ impl Actor for Gateway {
         let _handling = stats.handling(message.kind_name());
         match message {
             PeerMsg::Actors(reply) => {
-                let tree = match myself.try_get_supervisor() {
-                    Some(root) => Ok(state.view.metrics.tree(&root)),
-                    None => Err(FsError::Unavailable("the node is stopping".into())),
-                };
-                let _ = reply.send(tree);
+                let _ = reply.send(state.reports.actor_tree());
             }
             PeerMsg::Heartbeat(hb) => {
-                if let Some(m) = state.membership.read().as_ref() {
+                if let Some(m) = state.membership.current() {
                     let _ = m.cast(MembershipMsg::Heard(hb));
                 }
             }
@@ -142,49 +149,29 @@ impl Actor for Gateway {
             }
             PeerMsg::Trace { query, reply } => {
                 let recorder = state.recorder.clone();
-                tokio::spawn(async move {
-                    let _ = reply.send(recorder.query(query).await);
-                });
+                answer_later(reply, async move { recorder.query(query).await });
             }
             PeerMsg::Report(reply) => {
-                let service = state.service();
-                tokio::spawn(async move {
-                    let result = match service {
-                        Ok(s) => s.node_report().await,
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(result);
-                });
+                let reports = state.reports.clone();
+                answer_later(reply, async move { reports.node_report().await });
             }
             PeerMsg::RemoveBlocks { ids, reply } => {
-                let service = state.service();
-                tokio::spawn(async move {
-                    let result = match service {
-                        Ok(s) => s
-                            .manager
-                            .call(move |r| BlockMsg::Remove {
-                                ids: ids.clone(),
-                                reply: Some(r),
-                            })
-                            .await
-                            .map(drop),
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(result);
+                let manager = state.manager.clone();
+                answer_later(reply, async move {
+                    manager
+                        .call(move |r| BlockMsg::Remove {
+                            ids: ids.clone(),
+                            reply: Some(r),
+                        })
+                        .await
+                        .map(drop)
                 });
             }
             PeerMsg::Pull { pull, reply } => {
-                let service = state.service();
-                tokio::spawn(async move {
-                    let result = match service {
-                        Ok(s) => s.pull_block(pull).await,
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(result);
-                });
+                let replicas = state.replicas.clone();
+                answer_later(reply, async move { replicas.pull_block(pull).await });
             }
             PeerMsg::Load { part, trace, reply } => {
-                let service = state.service();
                 // In a traced job the part is a span of this gateway's, and
                 // what it asks of shards and the UFS joins it.
                 let span = trace.and_then(|(ctx, sent_ns)| {
@@ -197,11 +184,9 @@ impl Actor for Gateway {
                     )
                 });
                 let ctx = span.as_ref().map(|s| s.ctx());
+                let loads = state.loads.clone();
                 tokio::spawn(curvine_actors::trace::scope(ctx, async move {
-                    let result = match service {
-                        Ok(s) => s.load_part(&part).await,
-                        Err(e) => Err(e),
-                    };
+                    let result = loads.load_part(&part).await;
                     if let Some(span) = span {
                         span.end(curvine_actors::trace::outcome_of(&result));
                     }
@@ -209,14 +194,8 @@ impl Actor for Gateway {
                 }));
             }
             PeerMsg::Scrub { repair, reply } => {
-                let service = state.service();
-                tokio::spawn(async move {
-                    let result = match service {
-                        Ok(s) => s.scrub_local(repair).await,
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(result);
-                });
+                let scrub = state.scrub.clone();
+                answer_later(reply, async move { scrub.scrub_local(repair).await });
             }
             PeerMsg::Drain {
                 draining,
@@ -245,7 +224,7 @@ impl Actor for Gateway {
 pub fn leave_or_drain(
     view: &ClusterView,
     data_dir: &std::path::Path,
-    membership: &parking_lot::RwLock<Option<ActorRef<MembershipMsg>>>,
+    membership: &Slot<MembershipMsg>,
     draining: bool,
     leave: bool,
 ) -> FsResult<()> {
@@ -257,7 +236,7 @@ pub fn leave_or_drain(
                 data_dir.display()
             ))
         })?;
-        if let Some(m) = membership.read().as_ref() {
+        if let Some(m) = membership.current() {
             let _ = m.cast(MembershipMsg::Leave);
         }
         tracing::warn!("this node was decommissioned and has left the cluster; it can be stopped");

@@ -1,17 +1,13 @@
-//! A curvine node: the assembly of its actors, the client, data and
-//! cluster ports, the HTTP port, and the service behind the client port.
+//! A curvine node: the assembly of its actors (`node`), its ports (client,
+//! data, cluster, HTTP), the gateway other nodes reach it through, and the
+//! service behind the client port, one module per subsystem (`service`).
 
-pub mod admin;
-pub mod cluster_tls;
-pub mod data;
+pub mod client_port;
+pub mod cluster_port;
+pub mod data_port;
 pub mod gateway;
-pub mod http;
 pub mod identity;
 pub mod join;
-pub mod load;
 pub mod node;
-pub mod persist;
-pub mod scrub;
-pub mod server;
+pub mod ports;
 pub mod service;
-pub mod ufs;

@@ -138,7 +138,7 @@ fn main() {
                 http.addr, http.addr
             );
         }
-        for tier in node.service.blocks.stats() {
+        for tier in node.blocks.stats() {
             eprintln!(
                 "curvine-node: tier {} at {} with {} capacity",
                 tier.kind,

@@ -20,26 +20,11 @@ use curvine_wire::frame::{read_frame, write_frame};
 use crate::service::Service;
 use curvine_wire::tls::{Accepted, Tls, Transport};
 
-/// The next connection of `listener` (the node's `port`); a failed
-/// accept (out of descriptors, say) is logged and retried after a pause.
-pub async fn next_connection(
-    listener: &TcpListener,
-    port: &str,
-) -> (TcpStream, std::net::SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok(c) => return c,
-            Err(e) => {
-                tracing::warn!(port, error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
+/// Accepts the client port's connections while it runs (a supervised
+/// task of the node: see `ports::accept_loop`).
 pub async fn serve(listener: TcpListener, service: Arc<Service>, tls: Option<Arc<Tls>>) {
     loop {
-        let (stream, peer) = next_connection(&listener, "client port").await;
+        let (stream, peer) = crate::ports::next_connection(&listener, "client port").await;
         let service = service.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -138,7 +123,7 @@ async fn connection(
         Some(Err(e)) => Some(format!("not an answer to the challenge: {e}")),
         Some(Ok(auth))
             if service
-                .clients
+                .clients()
                 .verify(&challenge, service.cluster_id(), &auth.proof) =>
         {
             None
@@ -194,7 +179,7 @@ async fn connection(
         tokio::spawn(async move {
             // A request starts a trace when the client asks for one or when
             // it is sampled; trace queries themselves are never traced.
-            let tracer = &service.view.tracer;
+            let tracer = service.tracer();
             let trace = match &frame.request {
                 Request::TraceEvents(_) | Request::RecordTrace(_) => None,
                 _ => frame

@@ -1,80 +1,52 @@
-//! fs_mode persistence: the `UfsLoader` actor of each node, and the work it
-//! drives. The node serving shard 0 replays the UFS journal in order
-//! (uploads of closed files, deletes, renames); every node's loader also
-//! sweeps fs_mode mounts now and then for files still waiting (a journal
-//! record lost with a crash, a failed upload due for another try).
+//! fs_mode persistence: the node serving shard 0 replays the UFS journal in
+//! order (uploads of closed files, deletes, renames), and sweeps fs_mode
+//! mounts now and then for files still waiting (a journal record lost with a
+//! crash, a failed upload due for another try). The `UfsLoader` actor
+//! (`loader`) drives both on a timer.
 
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use curvine_messages::mount::{JournalEntry, MountInfo, Persist, UfsOp, UfsState, WriteType};
+use curvine_actors::cluster::ClusterView;
+use curvine_actors::mounts::Mounts;
+use curvine_actors::namespace::Namespace;
+use curvine_messages::mount::{MountInfo, Persist, UfsOp, UfsState, WriteType};
 use curvine_messages::shard::ShardMsg;
-use curvine_messages::trace::{sample, TraceCtx};
+use curvine_messages::trace::TraceCtx;
 use curvine_messages::{now_ns, shard_of, FileKind, FsError, FsResult, Ino};
 
-use crate::service::Service;
+use super::fills::{synced_state, Fills};
+use super::journal::Journal;
 
-/// Journal entries applied per pass.
-const JOURNAL_BATCH: u32 = 512;
 /// A file waiting this long with no journal record is picked up by the sweep.
 const SWEEP_GRACE: Duration = Duration::from_secs(10);
 
-impl Service {
-    /// Records changes to replay on an fs_mode mount's UFS.
-    pub async fn journal(&self, mount: u32, ops: Vec<UfsOp>) {
-        let appended = self
-            .namespace
-            .call_shard(0, move |reply| ShardMsg::JournalAppend {
-                mount,
-                ops: ops.clone(),
-                reply,
-            })
-            .await;
-        if let Err(e) = appended {
-            // Written files are still found by the sweep; a lost delete or
-            // rename leaves the old object in the UFS.
-            tracing::warn!(mount, error = %e, "recording a change to replay on the UFS failed");
+pub struct Persistence {
+    namespace: Arc<Namespace>,
+    view: Arc<ClusterView>,
+    mounts: Arc<Mounts>,
+    fills: Arc<Fills>,
+    journal: Arc<Journal>,
+}
+
+impl Persistence {
+    pub fn new(
+        namespace: Arc<Namespace>,
+        view: Arc<ClusterView>,
+        mounts: Arc<Mounts>,
+        fills: Arc<Fills>,
+        journal: Arc<Journal>,
+    ) -> Persistence {
+        Persistence {
+            namespace,
+            view,
+            mounts,
+            fills,
+            journal,
         }
-    }
-
-    /// Whether this node serves shard 0 (the journal and load jobs live there).
-    pub(crate) fn serves_journal(&self) -> bool {
-        self.view.map().owner(0) == Some(self.node_id())
-    }
-
-    async fn read_journal(&self) -> FsResult<Vec<JournalEntry>> {
-        self.namespace
-            .call_shard(0, |reply| ShardMsg::JournalRead {
-                limit: JOURNAL_BATCH,
-                reply,
-            })
-            .await
-    }
-
-    /// Runs `work` as a span `kind` of the node's UfsLoader in `trace`
-    /// (when there is one): what it asks of shards, nodes and the UFS joins
-    /// the span.
-    pub(crate) async fn in_span<T>(
-        &self,
-        trace: Option<TraceCtx>,
-        kind: &'static str,
-        work: impl std::future::Future<Output = FsResult<T>>,
-    ) -> FsResult<T> {
-        let Some(span) = self.view.tracer.start(trace, 0, "ufs-loader", "", kind) else {
-            return work.await;
-        };
-        let result = curvine_actors::trace::scope(Some(span.ctx()), work).await;
-        span.end(curvine_actors::trace::outcome_of(&result));
-        result
-    }
-
-    /// A new trace for background work, at the node's sample rate.
-    fn sampled_trace(&self) -> Option<TraceCtx> {
-        sample(self.view.tracer.sample_rate()).then(TraceCtx::root)
     }
 
     /// Persists a file in a task of `uploads` once one of `slots` is free,
@@ -91,7 +63,14 @@ impl Service {
         let this = self.clone();
         uploads.spawn(async move {
             let _ = this
-                .in_span(trace, "persist", this.persist_file(&path, ino, retry))
+                .view
+                .tracer
+                .in_span(
+                    trace,
+                    "ufs-loader",
+                    "persist",
+                    this.persist_file(&path, ino, retry),
+                )
                 .await;
             drop(permit);
         });
@@ -103,10 +82,10 @@ impl Service {
         loaders: usize,
         retry: (Duration, Duration),
     ) -> FsResult<usize> {
-        if !self.serves_journal() {
+        if !self.journal.served_here() {
             return Ok(0);
         }
-        let entries = self.read_journal().await?;
+        let entries = self.journal.read().await?;
         if entries.is_empty() {
             return Ok(0);
         }
@@ -123,16 +102,18 @@ impl Service {
             match entry.op {
                 // The replay joins the trace of the change, if it had one.
                 UfsOp::Put { path, ino } => {
-                    let trace = entry.trace.or_else(|| self.sampled_trace());
+                    let trace = entry.trace.or_else(|| self.view.tracer.sampled_root());
                     self.spawn_persist(&mut uploads, &slots, (path, ino), retry, trace)
                         .await;
                 }
                 op => {
                     // Deletes and renames wait for the uploads before them.
                     while uploads.join_next().await.is_some() {}
-                    let trace = entry.trace.or_else(|| self.sampled_trace());
+                    let trace = entry.trace.or_else(|| self.view.tracer.sampled_root());
                     let replayed = self
-                        .in_span(trace, "replay", self.replay(&mount, &op))
+                        .view
+                        .tracer
+                        .in_span(trace, "ufs-loader", "replay", self.replay(&mount, &op))
                         .await;
                     if let Err(e) = replayed {
                         tracing::warn!(mount = %mount.path, error = %e, "replaying a change on the UFS failed; retrying");
@@ -146,12 +127,7 @@ impl Service {
         }
         while uploads.join_next().await.is_some() {}
         if applied > 0 {
-            self.namespace
-                .call_shard(0, move |reply| ShardMsg::JournalTrim {
-                    upto: applied,
-                    reply,
-                })
-                .await?;
+            self.journal.trim(applied).await?;
         }
         match stopped {
             Some(e) => Err(e),
@@ -244,7 +220,8 @@ impl Service {
             return Ok(());
         };
         let Some((m, rel)) = self
-            .mount_of(path)
+            .mounts
+            .find(path)
             .filter(|(m, _)| m.id == state.mount && m.write_type == WriteType::FsMode)
         else {
             return Ok(());
@@ -252,13 +229,13 @@ impl Service {
         let outcome = async {
             let ufs = self.mounts.client(&m)?;
             let (_, blocks) = self.namespace.file_blocks_ino(ino).await?;
-            self.upload(&ufs, &rel, &attr, &blocks).await
+            self.fills.upload(&ufs, &rel, &attr, &blocks).await
         }
         .await;
         let next = match &outcome {
             Ok(obj) => {
                 tracing::debug!(path, bytes = obj.len, "persisted");
-                Self::synced_state(&m, obj)
+                synced_state(&m, obj)
             }
             Err(e) => {
                 let attempts = match &state.persist {
@@ -337,7 +314,7 @@ impl Service {
         if m.write_type != WriteType::FsMode {
             return Ok(());
         }
-        let journal = self.read_journal().await?;
+        let journal = self.journal.read().await?;
         let queued = journal.iter().filter(|e| e.mount == m.id).count();
         let waiting_files = self
             .files_under(&m.path, |a| {
@@ -365,7 +342,7 @@ impl Service {
         loaders: usize,
         retry: (Duration, Duration),
     ) -> FsResult<usize> {
-        if !self.serves_journal() {
+        if !self.journal.served_here() {
             return Ok(0);
         }
         let table = self.mounts.table();
@@ -392,7 +369,7 @@ impl Service {
                 .await?;
             for (path, attr) in due {
                 found += 1;
-                let trace = self.sampled_trace();
+                let trace = self.view.tracer.sampled_root();
                 self.spawn_persist(&mut uploads, &slots, (path, attr.ino), retry, trace)
                     .await;
             }
@@ -432,161 +409,6 @@ impl Service {
                 {
                     Ok(n) => tracing::debug!(path, blocks = n, "cached data expired (mount ttl)"),
                     Err(e) => tracing::debug!(path, error = %e, "expiring cached data"),
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-// ---- the UfsLoader actor ------------------------------------------------------
-
-/// Drives fs_mode persistence on a timer: journal passes every tick, a
-/// sweep every `sweep` (each pass in a task of its own, one at a time).
-pub struct UfsLoader;
-
-#[derive(Clone)]
-pub struct UfsLoaderArgs {
-    pub service: Arc<OnceLock<Weak<Service>>>,
-    pub tick: Duration,
-    pub sweep: Duration,
-    pub loaders: usize,
-    pub retry_delay: Duration,
-    pub retry_max: Duration,
-    pub metrics: curvine_actors::stats::Metrics,
-}
-
-pub enum UfsLoaderMsg {
-    Tick,
-    /// A pass finished (`Err`: back off before the next).
-    Done(Result<(), String>),
-    /// Load jobs to drive (found by a tick on the node serving shard 0).
-    Jobs(Vec<String>),
-    /// A load job's driver stopped.
-    JobEnded(String),
-}
-
-impl ractor::Message for UfsLoaderMsg {}
-
-pub struct UfsLoaderState {
-    args: UfsLoaderArgs,
-    stats: Arc<curvine_actors::stats::ActorStats>,
-    running: bool,
-    last_sweep: Instant,
-    not_before: Instant,
-    failures: u32,
-    /// Load jobs driven by this node right now.
-    driving: std::collections::HashSet<String>,
-    looking: bool,
-}
-
-impl Actor for UfsLoader {
-    type Msg = UfsLoaderMsg;
-    type State = UfsLoaderState;
-    type Arguments = UfsLoaderArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<UfsLoaderMsg>,
-        args: UfsLoaderArgs,
-    ) -> Result<UfsLoaderState, ActorProcessingErr> {
-        let stats = args.metrics.actor("ufs-loader", false);
-        args.metrics.started(myself.get_id(), &stats);
-        myself.send_interval(args.tick, || UfsLoaderMsg::Tick);
-        Ok(UfsLoaderState {
-            args,
-            stats,
-            running: false,
-            // The first sweep comes soon after start (recovery after a crash).
-            last_sweep: Instant::now() - Duration::from_secs(24 * 3600),
-            not_before: Instant::now(),
-            failures: 0,
-            driving: Default::default(),
-            looking: false,
-        })
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<UfsLoaderMsg>,
-        message: UfsLoaderMsg,
-        state: &mut UfsLoaderState,
-    ) -> Result<(), ActorProcessingErr> {
-        let stats = state.stats.clone();
-        let _handling = stats.handling(match &message {
-            UfsLoaderMsg::Tick => "tick",
-            UfsLoaderMsg::Done(_) => "done",
-            UfsLoaderMsg::Jobs(_) => "jobs",
-            UfsLoaderMsg::JobEnded(_) => "job_ended",
-        });
-        match message {
-            UfsLoaderMsg::Tick => {
-                let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {
-                    return Ok(());
-                };
-                if !state.looking {
-                    state.looking = true;
-                    let (s, me) = (service.clone(), myself.clone());
-                    tokio::spawn(async move {
-                        let jobs = s.jobs_to_drive().await.unwrap_or_default();
-                        let _ = me.cast(UfsLoaderMsg::Jobs(jobs));
-                    });
-                }
-                if state.running || Instant::now() < state.not_before {
-                    return Ok(());
-                }
-                let sweep = state.last_sweep.elapsed() >= state.args.sweep;
-                if sweep {
-                    state.last_sweep = Instant::now();
-                }
-                state.running = true;
-                let (loaders, retry) = (
-                    state.args.loaders,
-                    (state.args.retry_delay, state.args.retry_max),
-                );
-                tokio::spawn(async move {
-                    let mut result = service.persist_pass(loaders, retry).await.map(|_| ());
-                    if sweep && result.is_ok() {
-                        result = service.persist_sweep(loaders, retry).await.map(|_| ());
-                    }
-                    let _ = myself.cast(UfsLoaderMsg::Done(result.map_err(|e| e.to_string())));
-                });
-            }
-            UfsLoaderMsg::Jobs(jobs) => {
-                state.looking = false;
-                let Some(service) = state.args.service.get().and_then(Weak::upgrade) else {
-                    return Ok(());
-                };
-                for id in jobs {
-                    if !state.driving.insert(id.clone()) {
-                        continue;
-                    }
-                    let (s, me, loaders) = (service.clone(), myself.clone(), state.args.loaders);
-                    tokio::spawn(async move {
-                        if let Err(e) = s.drive_load(&id, loaders).await {
-                            tracing::warn!(job = %id, error = %e, "load job stopped; it resumes");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                        let _ = me.cast(UfsLoaderMsg::JobEnded(id));
-                    });
-                }
-            }
-            UfsLoaderMsg::JobEnded(id) => {
-                state.driving.remove(&id);
-            }
-            UfsLoaderMsg::Done(result) => {
-                state.running = false;
-                match result {
-                    Ok(()) => state.failures = 0,
-                    Err(_) => {
-                        state.failures += 1;
-                        let delay = state
-                            .args
-                            .retry_delay
-                            .saturating_mul(1 << state.failures.min(16))
-                            .min(state.args.retry_max);
-                        state.not_before = Instant::now() + delay;
-                    }
                 }
             }
         }

@@ -19,7 +19,13 @@ use curvine_messages::mount::{
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::{now_ns, shard_of, FileKind, FsError, FsResult};
 
-use crate::service::Service;
+use curvine_actors::cluster::ClusterView;
+use curvine_actors::mounts::Mounts;
+use curvine_actors::namespace::Namespace;
+
+use super::fills::Fills;
+use super::journal::Journal;
+use super::placement::Placement;
 
 /// Files listed per page (and task records written per batch).
 const LIST_PAGE: usize = 1000;
@@ -42,7 +48,34 @@ fn task_key(id: &str, n: u64) -> Vec<u8> {
     k
 }
 
-impl Service {
+pub struct Loads {
+    namespace: Arc<Namespace>,
+    view: Arc<ClusterView>,
+    mounts: Arc<Mounts>,
+    fills: Arc<Fills>,
+    journal: Arc<Journal>,
+    placement: Arc<Placement>,
+}
+
+impl Loads {
+    pub fn new(
+        namespace: Arc<Namespace>,
+        view: Arc<ClusterView>,
+        mounts: Arc<Mounts>,
+        fills: Arc<Fills>,
+        journal: Arc<Journal>,
+        placement: Arc<Placement>,
+    ) -> Loads {
+        Loads {
+            namespace,
+            view,
+            mounts,
+            fills,
+            journal,
+            placement,
+        }
+    }
+
     async fn records_put(&self, entries: Vec<(Vec<u8>, Vec<u8>)>) -> FsResult<()> {
         self.namespace
             .call_shard(0, move |reply| ShardMsg::RecordPut {
@@ -113,7 +146,8 @@ impl Service {
             });
         }
         let path = curvine_messages::path::normalize(arg, "/")?;
-        self.mount_of(&path)
+        self.mounts
+            .find(&path)
             .map(|(m, _)| (m, path.clone()))
             .ok_or_else(|| FsError::InvalidArgument(format!("{path} is not under a mount")))
     }
@@ -162,7 +196,7 @@ impl Service {
 
     /// Jobs this node should drive: unfinished ones, when it serves shard 0.
     pub async fn jobs_to_drive(&self) -> FsResult<Vec<String>> {
-        if !self.serves_journal() {
+        if !self.journal.served_here() {
             return Ok(Vec::new());
         }
         let mut drive = Vec::new();
@@ -207,7 +241,9 @@ impl Service {
         let trace = job.trace;
         if job.state == JobState::Listing {
             let listed = self
-                .in_span(trace, "list", self.list_job(&mut job, &mount))
+                .view
+                .tracer
+                .in_span(trace, "ufs-loader", "list", self.list_job(&mut job, &mount))
                 .await;
             if let Err(e) = listed {
                 if self.load_job(id).await?.state == JobState::Cancelled {
@@ -337,7 +373,7 @@ impl Service {
     async fn run_job(self: &Arc<Self>, job: &mut LoadJob, loaders: usize) -> FsResult<()> {
         let mut after: Option<Vec<u8>> = None;
         let mut running: JoinSet<(LoadTask, FsResult<(u64, bool)>)> = JoinSet::new();
-        let width = (loaders.max(1) * self.live_nodes().len().max(1)).max(2);
+        let width = (loaders.max(1) * self.placement.live_nodes().len().max(1)).max(2);
         let mut changed: Vec<LoadTask> = Vec::new();
         let mut last_save = Instant::now();
         let mut next_node = 0usize;
@@ -358,21 +394,8 @@ impl Service {
                     if task.done {
                         continue;
                     }
-                    let this = self.clone();
-                    let no_overwrite = job.no_overwrite;
-                    let trace = job.trace;
                     next_node += 1;
-                    let start = next_node;
-                    running.spawn(async move {
-                        let r = this
-                            .in_span(
-                                trace,
-                                "load-file",
-                                this.load_file(&task, no_overwrite, start),
-                            )
-                            .await;
-                        (task, r)
-                    });
+                    self.spawn_load_file(&mut running, job, task, next_node, Duration::ZERO);
                 }
             }
             let Some(joined) = running.join_next().await else {
@@ -394,24 +417,9 @@ impl Service {
                     task.attempts += 1;
                     if task.attempts < ATTEMPTS && !matches!(e, FsError::NotFound(_)) {
                         tracing::debug!(path = %task.path, error = %e, "loading a file failed; trying again");
-                        let this = self.clone();
-                        let no_overwrite = job.no_overwrite;
-                        let trace = job.trace;
                         next_node += 1;
-                        let start = next_node;
-                        let retry = task.clone();
-                        running.spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(200 * retry.attempts as u64))
-                                .await;
-                            let r = this
-                                .in_span(
-                                    trace,
-                                    "load-file",
-                                    this.load_file(&retry, no_overwrite, start),
-                                )
-                                .await;
-                            (retry, r)
-                        });
+                        let delay = Duration::from_millis(200 * task.attempts as u64);
+                        self.spawn_load_file(&mut running, job, task, next_node, delay);
                         continue;
                     }
                     task.done = true;
@@ -445,6 +453,37 @@ impl Service {
             "load job finished"
         );
         Ok(())
+    }
+
+    /// Caches `task`'s file in a task of `running` after `delay`, as a
+    /// `load-file` span of the job's trace; its blocks start at the
+    /// `start`th live node.
+    fn spawn_load_file(
+        self: &Arc<Self>,
+        running: &mut JoinSet<(LoadTask, FsResult<(u64, bool)>)>,
+        job: &LoadJob,
+        task: LoadTask,
+        start: usize,
+        delay: Duration,
+    ) {
+        let this = self.clone();
+        let (no_overwrite, trace) = (job.no_overwrite, job.trace);
+        running.spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let r = this
+                .view
+                .tracer
+                .in_span(
+                    trace,
+                    "ufs-loader",
+                    "load-file",
+                    this.load_file(&task, no_overwrite, start),
+                )
+                .await;
+            (task, r)
+        });
     }
 
     /// Saves progress; returns the state stored (a cancel wins).
@@ -484,7 +523,8 @@ impl Service {
             )));
         }
         let (mount, rel) = self
-            .mount_of(&task.path)
+            .mounts
+            .find(&task.path)
             .ok_or_else(|| FsError::Stale(format!("{}: its mount is gone", task.path)))?;
         // Content not in the UFS yet (fs_mode, being written) is cached anyway.
         if !attr
@@ -525,7 +565,7 @@ impl Service {
             .map(|m| m.node_id.clone())
             .collect();
         let nodes = if nodes.is_empty() {
-            vec![self.node_id().to_string()]
+            vec![self.view.node_id.as_str().to_string()]
         } else {
             nodes
         };
@@ -573,7 +613,7 @@ impl Service {
 
     /// Runs a part on `node` (through its gateway, or here).
     async fn load_on(self: &Arc<Self>, node: &str, part: LoadPart) -> FsResult<u64> {
-        if node == self.node_id() {
+        if node == self.view.node_id.as_str() {
             return self.load_part(&part).await;
         }
         let gw = self.view.gateway(node)?;
@@ -605,6 +645,7 @@ impl Service {
                 continue;
             }
             let mut fill = self
+                .fills
                 .start_fill(part.ino, &part.path, index, 0, u64::MAX, true)
                 .await?;
             while let Some(chunk) = fill.chunks.recv().await {

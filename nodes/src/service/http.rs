@@ -15,15 +15,17 @@ use actix_web::http::header;
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpResponse, HttpServer};
 
-use curvine_messages::mount::JobState;
 use curvine_messages::rpc::{ListLoads, ListMounts, Report, Request, Response};
 use curvine_messages::trace::{TraceEvent, TraceQuery};
 use curvine_messages::{FsError, FsResult};
-use curvine_runtime::stats::{Sample, METRICS_CONTENT_TYPE};
+use curvine_runtime::stats::METRICS_CONTENT_TYPE;
 
 use curvine_wire::cookie::same_secret;
 
-use crate::service::Service;
+use curvine_actors::cluster::ClusterView;
+
+use super::reports::Reports;
+use super::Service;
 
 /// A running HTTP server.
 pub struct HttpHandle {
@@ -171,25 +173,31 @@ where
 #[derive(Clone)]
 struct NodeWeb {
     service: Arc<Service>,
+    reports: Arc<Reports>,
+    view: Arc<ClusterView>,
     rt: tokio::runtime::Handle,
 }
 
 impl NodeWeb {
-    /// Runs `f` on the node's runtime.
-    async fn run<T, F>(&self, f: impl FnOnce(Arc<Service>) -> F + Send + 'static) -> FsResult<T>
+    /// Runs `f` on the node's runtime, with what it needs of `on`.
+    async fn run<V, T, F>(
+        &self,
+        on: &Arc<V>,
+        f: impl FnOnce(Arc<V>) -> F + Send + 'static,
+    ) -> FsResult<T>
     where
+        V: Send + Sync + 'static,
         F: std::future::Future<Output = FsResult<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let service = self.service.clone();
-        match self.rt.spawn(f(service)).await {
+        match self.rt.spawn(f(on.clone())).await {
             Ok(r) => r,
             Err(e) => Err(FsError::Io(format!("request task failed: {e}"))),
         }
     }
 
     async fn request(&self, request: Request) -> FsResult<Response> {
-        self.run(move |s| async move {
+        self.run(&self.service, move |s| async move {
             tokio::time::timeout(Duration::from_secs(15), s.handle(request))
                 .await
                 .unwrap_or_else(|_| Err(FsError::TimedOut("no answer in 15s".into())))
@@ -219,10 +227,14 @@ fn json<T: serde::Serialize>(result: FsResult<T>) -> HttpResponse {
 pub fn serve_node(
     listener: TcpListener,
     service: Arc<Service>,
+    reports: Arc<Reports>,
+    view: Arc<ClusterView>,
     token: &str,
 ) -> std::io::Result<HttpHandle> {
     let web = NodeWeb {
         service: service.clone(),
+        reports,
+        view,
         rt: tokio::runtime::Handle::current(),
     };
     serve(
@@ -251,7 +263,10 @@ async fn dashboard() -> HttpResponse {
 }
 
 async fn metrics(web: web::Data<NodeWeb>) -> HttpResponse {
-    match web.run(|s| async move { Ok(s.metrics_text().await) }).await {
+    match web
+        .run(&web.reports, |r| async move { Ok(r.metrics_text().await) })
+        .await
+    {
         Ok(text) => HttpResponse::Ok()
             .content_type(METRICS_CONTENT_TYPE)
             .body(text),
@@ -265,7 +280,7 @@ async fn overview(web: web::Data<NodeWeb>) -> HttpResponse {
         Ok(_) => return json::<()>(Err(FsError::Protocol("unexpected reply".into()))),
         Err(e) => return json::<()>(Err(e)),
     };
-    let members = web.service.view.members();
+    let members = web.view.members();
     let http: std::collections::BTreeMap<String, String> = members
         .into_iter()
         .map(|m| (m.info.node_id, m.info.http_addr))
@@ -306,7 +321,10 @@ async fn jobs(web: web::Data<NodeWeb>) -> HttpResponse {
 }
 
 async fn actors(web: web::Data<NodeWeb>) -> HttpResponse {
-    json(web.run(|s| async move { s.actors(None).await }).await)
+    json(
+        web.run(&web.reports, |r| async move { r.actors(None).await })
+            .await,
+    )
 }
 
 #[derive(serde::Deserialize)]
@@ -334,8 +352,8 @@ async fn traces(web: web::Data<NodeWeb>, params: web::Query<TraceParams>) -> Htt
     }
     let limit = query.limit as usize;
     let result = web
-        .run(move |s| async move {
-            s.trace_events(curvine_messages::rpc::TraceEvents {
+        .run(&web.reports, move |r| async move {
+            r.trace_events(curvine_messages::rpc::TraceEvents {
                 query,
                 cursors: Vec::new(),
             })
@@ -369,140 +387,4 @@ async fn traces(web: web::Data<NodeWeb>, params: web::Query<TraceParams>) -> Htt
                 .collect::<Vec<_>>()
         });
     json(result)
-}
-
-impl Service {
-    /// This node's metrics in the Prometheus text format.
-    pub async fn metrics_text(&self) -> String {
-        let mut samples = Vec::new();
-        for t in self.blocks.stats() {
-            let tier = t.kind.to_string().to_lowercase();
-            let gauges: [(&'static str, &'static str, u64); 4] = [
-                (
-                    "curvine_tier_capacity_bytes",
-                    "Capacity of a storage tier.",
-                    t.capacity,
-                ),
-                (
-                    "curvine_tier_used_bytes",
-                    "Bytes of committed blocks in a storage tier.",
-                    t.used,
-                ),
-                (
-                    "curvine_tier_reserved_bytes",
-                    "Bytes reserved for blocks being written in a storage tier.",
-                    t.reserved,
-                ),
-                (
-                    "curvine_tier_blocks",
-                    "Blocks kept in a storage tier.",
-                    t.blocks,
-                ),
-            ];
-            for (name, help, v) in gauges {
-                samples.push(Sample::gauge(name, help, v as f64).label("tier", tier.clone()));
-            }
-        }
-        let checksum_errors = self
-            .blocks
-            .checksum_errors
-            .load(std::sync::atomic::Ordering::Relaxed)
-            + curvine_wire::data::checksum_errors();
-        samples.push(Sample {
-            kind: "counter",
-            ..Sample::gauge(
-                "curvine_checksum_errors_total",
-                "Checksum mismatches found in block bytes by this process.",
-                checksum_errors as f64,
-            )
-        });
-        let mut states = std::collections::BTreeMap::<String, u64>::new();
-        for m in self.view.members() {
-            *states
-                .entry(format!("{:?}", m.state).to_lowercase())
-                .or_default() += 1;
-        }
-        for (state, n) in states {
-            samples.push(
-                Sample::gauge(
-                    "curvine_cluster_nodes",
-                    "Nodes of the cluster this node knows, per state.",
-                    n as f64,
-                )
-                .label("state", state),
-            );
-        }
-        let served = (0..self.view.shard_count)
-            .filter(|s| self.view.serves(*s as u16))
-            .count();
-        samples.push(Sample::gauge(
-            "curvine_shards_served",
-            "Namespace shards this node serves.",
-            served as f64,
-        ));
-        samples.push(Sample {
-            kind: "counter",
-            ..Sample::gauge(
-                "curvine_trace_events_dropped_total",
-                "Trace events dropped from this node's ring to make room.",
-                self.view.tracer.dropped() as f64,
-            )
-        });
-        // Load jobs: only from the node that serves shard 0 (where they are
-        // kept), so a sum over nodes counts each job once.
-        if self.view.serves(0) {
-            if let Ok(Ok(jobs)) =
-                tokio::time::timeout(Duration::from_secs(5), self.load_jobs()).await
-            {
-                let mut by_state = std::collections::BTreeMap::<String, u64>::new();
-                for j in &jobs {
-                    let state = format!("{:?}", j.state).to_lowercase();
-                    *by_state.entry(state).or_default() += 1;
-                    if !matches!(j.state, JobState::Listing | JobState::Running) {
-                        continue;
-                    }
-                    let progress: [(&'static str, &'static str, u64, &'static str); 4] = [
-                        (
-                            "curvine_load_job_files",
-                            "Files of a running load job, by progress.",
-                            j.files_total,
-                            "total",
-                        ),
-                        (
-                            "curvine_load_job_files",
-                            "Files of a running load job, by progress.",
-                            j.files_done,
-                            "done",
-                        ),
-                        (
-                            "curvine_load_job_bytes",
-                            "Bytes of a running load job, by progress.",
-                            j.bytes_total,
-                            "total",
-                        ),
-                        (
-                            "curvine_load_job_bytes",
-                            "Bytes of a running load job, by progress.",
-                            j.bytes_done,
-                            "done",
-                        ),
-                    ];
-                    for (name, help, v, what) in progress {
-                        samples.push(
-                            Sample::gauge(name, help, v as f64)
-                                .label("job", j.id.clone())
-                                .label("progress", what),
-                        );
-                    }
-                }
-                for (state, n) in by_state {
-                    samples.push(
-                        Sample::gauge("curvine_load_jobs", "Load jobs, per state.", n as f64)
-                            .label("state", state),
-                    );
-                }
-            }
-        }
-        self.view.metrics.render(&samples) + &curvine_actors::stats::process().render_plain()
-    }
 }

@@ -14,7 +14,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -30,6 +29,8 @@ use curvine_messages::{FsError, FsResult};
 use curvine_wire::frame::{read_frame, write_frame};
 use curvine_wire::tls::{Accepted, Tls, Transport};
 
+use crate::service::fills::Fills;
+
 /// What every connection of the data port needs.
 #[derive(Clone)]
 pub struct DataContext {
@@ -38,8 +39,8 @@ pub struct DataContext {
     pub tokens: TokenKey,
     pub node_id: String,
     pub host_key: String,
-    /// The node's service (fills of UFS blocks need the namespace and mounts).
-    pub service: Arc<std::sync::OnceLock<std::sync::Weak<crate::service::Service>>>,
+    /// Fills of UFS blocks.
+    pub fills: Arc<Fills>,
     pub metrics: curvine_actors::stats::Metrics,
     pub tracer: curvine_actors::trace::Tracer,
     /// TLS settings when the data port is encrypted.
@@ -158,7 +159,7 @@ async fn sendfile_tcp(
 
 pub async fn serve(listener: TcpListener, ctx: DataContext) {
     loop {
-        let (stream, peer) = crate::server::next_connection(&listener, "data port").await;
+        let (stream, peer) = crate::ports::next_connection(&listener, "data port").await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let stream = match open(stream, ctx.tls.as_deref()).await {
@@ -394,10 +395,7 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             if let Err(e) = ctx.tokens.check(&token, Access::Fill) {
                 return Ok(Err(e));
             }
-            let Some(service) = ctx.service.get().and_then(|w| w.upgrade()) else {
-                return Ok(Err(FsError::Unavailable("the node is starting".into())));
-            };
-            fill(stream, &service, token.block, &path, index, offset, len).await
+            fill(stream, &ctx.fills, token.block, &path, index, offset, len).await
         }
         DataRequest::Abort { token } => Ok(async {
             ctx.tokens.check(&token, Access::Write)?;
@@ -409,20 +407,17 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
     }
 }
 
-/// Streams a block of a UFS file from its object (see `Service::start_fill`).
+/// Streams a block of a UFS file from its object (see `Fills::start_fill`).
 async fn fill(
     stream: &mut Stream,
-    service: &Arc<crate::service::Service>,
+    fills: &Arc<Fills>,
     ino: u64,
     path: &str,
     index: u32,
     offset: u64,
     len: u64,
 ) -> Handled {
-    let mut fill = match service
-        .start_fill(ino, path, index, offset, len, false)
-        .await
-    {
+    let mut fill = match fills.start_fill(ino, path, index, offset, len, false).await {
         Ok(f) => f,
         Err(e) => return Ok(Err(e)),
     };
@@ -678,52 +673,4 @@ async fn write(
         })
         .await
         .map(|crc| DataReply::Committed { len, crc }))
-}
-
-// ---- the DataServer actor -----------------------------------------------------
-
-/// Owns the data port: accepts connections while it runs.
-pub struct DataServer;
-
-pub struct DataServerArgs {
-    pub listener: Arc<std::net::TcpListener>,
-    pub ctx: DataContext,
-}
-
-pub struct DataServerState {
-    task: tokio::task::JoinHandle<()>,
-}
-
-pub enum DataServerMsg {}
-
-impl ractor::Message for DataServerMsg {}
-
-impl Actor for DataServer {
-    type Msg = DataServerMsg;
-    type State = DataServerState;
-    type Arguments = DataServerArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<DataServerMsg>,
-        args: DataServerArgs,
-    ) -> Result<DataServerState, ActorProcessingErr> {
-        // It handles no messages: connections are tasks of their own.
-        let stats = args.ctx.metrics.actor("data-server", false);
-        args.ctx.metrics.started(myself.get_id(), &stats);
-        let std_listener = args.listener.try_clone()?;
-        std_listener.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(std_listener)?;
-        let task = tokio::spawn(serve(listener, args.ctx));
-        Ok(DataServerState { task })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<DataServerMsg>,
-        state: &mut DataServerState,
-    ) -> Result<(), ActorProcessingErr> {
-        state.task.abort();
-        Ok(())
-    }
 }

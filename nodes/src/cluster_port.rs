@@ -90,7 +90,7 @@ pub async fn serve_cluster(
     server: ractor::ActorRef<ractor_cluster::NodeServerMessage>,
 ) {
     loop {
-        let (stream, peer) = crate::server::next_connection(&listener, "cluster port").await;
+        let (stream, peer) = crate::ports::next_connection(&listener, "cluster port").await;
         let (tls, server) = (tls.clone(), server.clone());
         tokio::spawn(async move {
             let Some(acceptor) = tls.cluster_acceptor() else {

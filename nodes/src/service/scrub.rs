@@ -7,15 +7,15 @@
 //! copy of data is reported and kept.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::time::Instant;
 
-use curvine_actors::blocks::BlockStore;
+use curvine_actors::blocks::{BlockManagerRef, BlockStore};
+use curvine_actors::namespace::Namespace;
 use curvine_messages::block::{crc32c, BlockId, BlockMsg, BlockRecord, CopyDrop, CHECKSUM_UNIT};
 use curvine_messages::rpc::{NodeScrub, ScrubProblem};
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::{shard_of, FsError, FsResult};
-
-use crate::service::Service;
 
 /// What reading a block found.
 enum Verdict {
@@ -105,7 +105,29 @@ fn said(drop: &CopyDrop) -> String {
     }
 }
 
-impl Service {
+/// The scrub of this node's blocks.
+pub struct Scrub {
+    namespace: Arc<Namespace>,
+    blocks: Arc<BlockStore>,
+    manager: BlockManagerRef,
+    node_id: String,
+}
+
+impl Scrub {
+    pub fn new(
+        namespace: Arc<Namespace>,
+        blocks: Arc<BlockStore>,
+        manager: BlockManagerRef,
+        node_id: String,
+    ) -> Scrub {
+        Scrub {
+            namespace,
+            blocks,
+            manager,
+            node_id,
+        }
+    }
+
     /// Verifies every block of this node; with `repair`, drops bad copies
     /// whose data is whole elsewhere.
     pub async fn scrub_local(&self, repair: bool) -> FsResult<NodeScrub> {
@@ -132,7 +154,7 @@ impl Service {
             }
         }
         Ok(NodeScrub {
-            node: self.node_id().to_string(),
+            node: self.node_id.clone(),
             blocks,
             bytes,
             seconds: started.elapsed().as_secs_f64(),
@@ -144,7 +166,7 @@ impl Service {
     /// Asks the block's shard what the copy is worth and, with `repair`,
     /// drops it where the data is whole elsewhere.
     async fn settle_problem(&self, p: &mut ScrubProblem, repair: bool) {
-        let (id, node) = (p.block, self.node_id().to_string());
+        let (id, node) = (p.block, self.node_id.clone());
         let outcome = self
             .namespace
             .call_shard(shard_of(id), move |reply| ShardMsg::DropCopy {
