@@ -16,7 +16,7 @@
 //!   (ENOTSUP, EINVAL), never with wrong data.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -1001,6 +1001,198 @@ macro_rules! try_reply {
     };
 }
 
+/// A reply that can answer an error (each of fuser's replies can; they
+/// share no trait for it).
+trait ErrorReply: Send + 'static {
+    fn error(self, err: Errno);
+}
+
+impl ErrorReply for ReplyEntry {
+    fn error(self, err: Errno) {
+        ReplyEntry::error(self, err)
+    }
+}
+
+impl ErrorReply for ReplyCreate {
+    fn error(self, err: Errno) {
+        ReplyCreate::error(self, err)
+    }
+}
+
+/// A request to make an entry (mknod, mkdir, symlink, create), its
+/// arguments copied from the kernel's.
+struct NewRequest {
+    parent: u64,
+    name: OsString,
+    caller: Caller,
+    /// The mode asked for (with the file type bits) and the umask to apply.
+    mode: u32,
+    umask: u32,
+}
+
+impl NewRequest {
+    fn of(req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32) -> NewRequest {
+        NewRequest {
+            parent: parent.0,
+            name: name.to_os_string(),
+            caller: Caller::of(req),
+            mode,
+            umask,
+        }
+    }
+}
+
+/// What a request makes; a symlink's target as the kernel sent it
+/// (`OsString`), then checked (`String`).
+enum NewKind<T> {
+    File,
+    Dir,
+    Symlink(T),
+}
+
+/// An entry about to be made: its checked name, what it is, and its path,
+/// owner and mode (`Fs::new_entry`).
+struct NewEntry {
+    parent: u64,
+    name: String,
+    kind: NewKind<String>,
+    path: String,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+}
+
+impl CurvineFs {
+    /// Answers a request that makes an entry, from a task: checks its name
+    /// (and a symlink's target), picks its path, owner and mode
+    /// (`Fs::new_entry`), then `make` makes it and answers.
+    fn spawn_new<R, F, Fut>(
+        &self,
+        op: &'static str,
+        new: NewRequest,
+        kind: NewKind<OsString>,
+        reply: R,
+        make: F,
+    ) where
+        R: ErrorReply,
+        F: FnOnce(Arc<Fs>, NewEntry, R) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let fs = self.0.clone();
+        self.spawn(op, async move {
+            let name = try_reply!(reply, name_str(&new.name)).to_string();
+            let kind = match kind {
+                NewKind::File => NewKind::File,
+                NewKind::Dir => NewKind::Dir,
+                NewKind::Symlink(target) => {
+                    NewKind::Symlink(try_reply!(reply, name_str(&target)).to_string())
+                }
+            };
+            let dir = matches!(kind, NewKind::Dir);
+            let mode = new.mode & !new.umask;
+            let (path, uid, gid, mode) = try_reply!(
+                reply,
+                fs.new_entry(new.parent, &name, new.caller, mode, dir).await
+            );
+            let entry = NewEntry {
+                parent: new.parent,
+                name,
+                kind,
+                path,
+                uid,
+                gid,
+                mode,
+            };
+            make(fs, entry, reply).await;
+        });
+    }
+
+    /// Answers mknod, mkdir and symlink: the entry made, or why not.
+    fn make_entry(
+        &self,
+        op: &'static str,
+        new: NewRequest,
+        kind: NewKind<OsString>,
+        reply: ReplyEntry,
+    ) {
+        self.spawn_new(op, new, kind, reply, |fs, new, reply| async move {
+            let made = match new.kind {
+                NewKind::File => {
+                    let touch = rpc::Touch {
+                        path: new.path,
+                        mode: new.mode,
+                        exclusive: true,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(touch).await
+                }
+                NewKind::Dir => {
+                    let mkdir = rpc::Mkdir {
+                        path: new.path,
+                        parents: false,
+                        mode: new.mode,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(mkdir).await
+                }
+                NewKind::Symlink(target) => {
+                    let symlink = rpc::Symlink {
+                        target,
+                        link: new.path,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(symlink).await
+                }
+            };
+            let attr = try_reply!(reply, made);
+            fs.inodes.expire(new.parent);
+            fs.reply_entry(reply, new.parent, &new.name, attr);
+        });
+    }
+}
+
+/// Answers a create: opens the new file for writing (its `FileWriter`) and
+/// a handle on it.
+async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate) {
+    let options = WriteOptions {
+        create: true,
+        exclusive: flags & libc::O_EXCL != 0,
+        truncate: flags & libc::O_TRUNC != 0,
+        mode: new.mode,
+        owner: Some((new.uid, new.gid)),
+        spec: curvine_messages::block::FileSpec {
+            block_size: fs.conf.block_size.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let w = try_reply!(
+        reply,
+        FileWriter::open(&fs.client, &new.path, &options).await
+    );
+    let attr = w.attr.clone();
+    fs.inodes.expire(new.parent);
+    let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
+    fs.inodes.drop_cached(ino);
+    let writer = fs.join_writer(ino, (new.uid, new.gid), Some(w));
+    let fh = fs.add_file_handle(ino, Some(writer), None);
+    let mut open_flags = FopenFlags::empty();
+    if fs.conf.direct_io {
+        open_flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    let fattr = fs.file_attr(ino, &fs.with_writes(ino, attr));
+    reply.created(
+        &fs.entry_ttl,
+        &fattr,
+        Generation(0),
+        FileHandle(fh),
+        open_flags,
+    );
+}
+
 impl Filesystem for CurvineFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let conf = &self.0.conf;
@@ -1151,31 +1343,8 @@ impl Filesystem for CurvineFs {
             reply.error(Errno::from_i32(libc::ENOTSUP));
             return;
         }
-        let fs = self.0.clone();
-        let caller = Caller::of(req);
-        let name = name.to_os_string();
-        self.spawn("mknod", async move {
-            let name = try_reply!(reply, name_str(&name));
-            let (path, uid, gid, mode) = try_reply!(
-                reply,
-                fs.new_entry(parent.0, name, caller, mode & !umask, false)
-                    .await
-            );
-            let attr = try_reply!(
-                reply,
-                fs.client
-                    .call(rpc::Touch {
-                        path,
-                        mode,
-                        exclusive: true,
-                        uid,
-                        gid,
-                    })
-                    .await
-            );
-            fs.inodes.expire(parent.0);
-            fs.reply_entry(reply, parent.0, name, attr);
-        });
+        let new = NewRequest::of(req, parent, name, mode, umask);
+        self.make_entry("mknod", new, NewKind::File, reply);
     }
 
     fn mkdir(
@@ -1187,31 +1356,8 @@ impl Filesystem for CurvineFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let fs = self.0.clone();
-        let caller = Caller::of(req);
-        let name = name.to_os_string();
-        self.spawn("mkdir", async move {
-            let name = try_reply!(reply, name_str(&name));
-            let (path, uid, gid, mode) = try_reply!(
-                reply,
-                fs.new_entry(parent.0, name, caller, mode & !umask, true)
-                    .await
-            );
-            let attr = try_reply!(
-                reply,
-                fs.client
-                    .call(rpc::Mkdir {
-                        path,
-                        parents: false,
-                        mode,
-                        uid,
-                        gid,
-                    })
-                    .await
-            );
-            fs.inodes.expire(parent.0);
-            fs.reply_entry(reply, parent.0, name, attr);
-        });
+        let new = NewRequest::of(req, parent, name, mode, umask);
+        self.make_entry("mkdir", new, NewKind::Dir, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1258,30 +1404,9 @@ impl Filesystem for CurvineFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let fs = self.0.clone();
-        let caller = Caller::of(req);
-        let name = link_name.to_os_string();
+        let new = NewRequest::of(req, parent, link_name, 0o777, 0);
         let target = target.as_os_str().to_os_string();
-        self.spawn("symlink", async move {
-            let name = try_reply!(reply, name_str(&name));
-            let target = try_reply!(reply, name_str(&target)).to_string();
-            let link = try_reply!(reply, fs.inodes.child_path(parent.0, name));
-            let (uid, gid, _) =
-                try_reply!(reply, fs.new_owner(parent.0, caller, 0o777, false).await);
-            let attr = try_reply!(
-                reply,
-                fs.client
-                    .call(rpc::Symlink {
-                        target,
-                        link,
-                        uid,
-                        gid,
-                    })
-                    .await
-            );
-            fs.inodes.expire(parent.0);
-            fs.reply_entry(reply, parent.0, name, attr);
-        });
+        self.make_entry("symlink", new, NewKind::Symlink(target), reply);
     }
 
     fn rename(
@@ -1844,48 +1969,14 @@ impl Filesystem for CurvineFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let fs = self.0.clone();
-        let caller = Caller::of(req);
-        let name = name.to_os_string();
-        self.spawn("create", async move {
-            let name = try_reply!(reply, name_str(&name));
-            let (path, uid, gid, mode) = try_reply!(
-                reply,
-                fs.new_entry(parent.0, name, caller, mode & !umask, false)
-                    .await
-            );
-            let options = WriteOptions {
-                create: true,
-                exclusive: flags & libc::O_EXCL != 0,
-                truncate: flags & libc::O_TRUNC != 0,
-                mode,
-                owner: Some((uid, gid)),
-                spec: curvine_messages::block::FileSpec {
-                    block_size: fs.conf.block_size.0,
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let w = try_reply!(reply, FileWriter::open(&fs.client, &path, &options).await);
-            let attr = w.attr.clone();
-            fs.inodes.expire(parent.0);
-            let ino = fs.inodes.remember(parent.0, name, attr.clone());
-            fs.inodes.drop_cached(ino);
-            let writer = fs.join_writer(ino, (uid, gid), Some(w));
-            let fh = fs.add_file_handle(ino, Some(writer), None);
-            let mut open_flags = FopenFlags::empty();
-            if fs.conf.direct_io {
-                open_flags |= FopenFlags::FOPEN_DIRECT_IO;
-            }
-            let fattr = fs.file_attr(ino, &fs.with_writes(ino, attr));
-            reply.created(
-                &fs.entry_ttl,
-                &fattr,
-                Generation(0),
-                FileHandle(fh),
-                open_flags,
-            );
-        });
+        let new = NewRequest::of(req, parent, name, mode, umask);
+        self.spawn_new(
+            "create",
+            new,
+            NewKind::File,
+            reply,
+            move |fs, new, reply| open_created(fs, new, flags, reply),
+        );
     }
 
     fn fallocate(
