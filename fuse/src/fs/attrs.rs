@@ -18,7 +18,7 @@ use super::replies::{empty_attr, errno, name_str};
 use super::state::Fs;
 use super::CurvineFs;
 
-fn time_set(t: TimeOrNow) -> TimeSet {
+pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
         TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
@@ -197,26 +197,6 @@ pub(super) fn getattr(cfs: &CurvineFs, ino: INodeNo, reply: ReplyAttr) {
         let attr = try_reply!(reply, fs.getattr(ino.0).await);
         reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
     });
-}
-
-/// What a setattr asks to change (`u32::MAX`: an owner or group left as it
-/// is).
-pub(super) fn changes(
-    mode: Option<u32>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-    size: Option<u64>,
-    atime: Option<TimeOrNow>,
-    mtime: Option<TimeOrNow>,
-) -> SetAttr {
-    SetAttr {
-        mode: mode.map(|m| m & 0o7777),
-        uid: uid.filter(|u| *u != u32::MAX),
-        gid: gid.filter(|g| *g != u32::MAX),
-        size,
-        atime: atime.map(time_set),
-        mtime: mtime.map(time_set),
-    }
 }
 
 pub(super) fn setattr(

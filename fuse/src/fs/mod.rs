@@ -36,6 +36,8 @@ use fuser::{
     WriteFlags,
 };
 
+use curvine_messages::SetAttr;
+
 macro_rules! try_reply {
     ($reply:expr, $e:expr) => {
         match $e {
@@ -144,7 +146,16 @@ impl Filesystem for CurvineFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = attrs::changes(mode, uid, gid, size, atime, mtime);
+        // What the kernel asks to change (`u32::MAX`: an owner or group
+        // left as it is).
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid: uid.filter(|u| *u != u32::MAX),
+            gid: gid.filter(|g| *g != u32::MAX),
+            size,
+            atime: atime.map(attrs::time_set),
+            mtime: mtime.map(attrs::time_set),
+        };
         attrs::setattr(self, req, ino, set, reply)
     }
 
