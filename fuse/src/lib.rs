@@ -128,50 +128,25 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
     if let Some(c) = conf.cluster {
         flag("client.cluster", c, "--cluster")?;
     }
+    // Each of these flags sets the `fuse.*` key of its name
+    // (`--max-write`: fuse.max_write).
     let values = [
-        ("fuse.fs_path", args.fs_path.clone(), "--fs-path"),
-        (
-            "fuse.threads",
-            args.threads.map(|t| t.to_string()),
-            "--threads",
-        ),
-        ("fuse.max_write", args.max_write.clone(), "--max-write"),
-        (
-            "fuse.max_readahead",
-            args.max_readahead.clone(),
-            "--max-readahead",
-        ),
-        (
-            "fuse.entry_timeout",
-            args.entry_timeout.clone(),
-            "--entry-timeout",
-        ),
-        (
-            "fuse.attr_timeout",
-            args.attr_timeout.clone(),
-            "--attr-timeout",
-        ),
-        (
-            "fuse.negative_timeout",
-            args.negative_timeout.clone(),
-            "--negative-timeout",
-        ),
-        (
-            "fuse.meta_cache_ttl",
-            args.meta_cache_ttl.clone(),
-            "--meta-cache-ttl",
-        ),
-        ("fuse.stage_dir", args.stage_dir.clone(), "--stage-dir"),
-        ("fuse.block_size", args.block_size.clone(), "--block-size"),
-        (
-            "fuse.metrics_listen",
-            args.metrics_listen.clone(),
-            "--metrics-listen",
-        ),
+        ("fs_path", args.fs_path.clone()),
+        ("threads", args.threads.map(|t| t.to_string())),
+        ("max_write", args.max_write.clone()),
+        ("max_readahead", args.max_readahead.clone()),
+        ("entry_timeout", args.entry_timeout.clone()),
+        ("attr_timeout", args.attr_timeout.clone()),
+        ("negative_timeout", args.negative_timeout.clone()),
+        ("meta_cache_ttl", args.meta_cache_ttl.clone()),
+        ("stage_dir", args.stage_dir.clone()),
+        ("block_size", args.block_size.clone()),
+        ("metrics_listen", args.metrics_listen.clone()),
     ];
-    for (key, value, name) in values {
+    for (name, value) in values {
         if let Some(v) = value {
-            flag(key, &v, name)?;
+            let key = format!("fuse.{name}");
+            flag(&key, &v, &format!("--{}", name.replace('_', "-")))?;
         }
     }
     let switches = [
@@ -515,4 +490,64 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
         let _ = mountpoint::unmount(&mnt, true);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: MountArgs,
+    }
+
+    fn load_flags(flags: &[&str]) -> Result<Config, String> {
+        let cmd = Cmd::try_parse_from(["mount", "/mnt"].iter().chain(flags))
+            .map_err(|e| e.to_string())?;
+        let conf = ConfArgs {
+            conf: None,
+            cluster: None,
+            overrides: &[],
+        };
+        load(&conf, &cmd.args)
+    }
+
+    #[test]
+    fn each_value_flag_sets_the_fuse_key_of_its_name() {
+        let config = load_flags(&[
+            "--fs-path=/data",
+            "--threads=3",
+            "--max-write=2MiB",
+            "--max-readahead=8MiB",
+            "--entry-timeout=7s",
+            "--attr-timeout=8s",
+            "--negative-timeout=9s",
+            "--meta-cache-ttl=11s",
+            "--stage-dir=/stage",
+            "--block-size=64MiB",
+            "--metrics-listen=off",
+        ])
+        .unwrap();
+        let f = &config.fuse;
+        assert_eq!(f.fs_path, "/data");
+        assert_eq!(f.threads, 3);
+        assert_eq!(f.max_write.0, 2 << 20);
+        assert_eq!(f.max_readahead.0, 8 << 20);
+        assert_eq!(f.entry_timeout.0, Duration::from_secs(7));
+        assert_eq!(f.attr_timeout.0, Duration::from_secs(8));
+        assert_eq!(f.negative_timeout.0, Duration::from_secs(9));
+        assert_eq!(f.meta_cache_ttl.0, Duration::from_secs(11));
+        assert_eq!(f.stage_dir, "/stage");
+        assert_eq!(f.block_size.0, 64 << 20);
+        assert_eq!(f.metrics_listen, "off");
+    }
+
+    #[test]
+    fn a_bad_value_names_its_flag() {
+        let e = load_flags(&["--entry-timeout=soon"]).unwrap_err();
+        assert!(e.contains("flag --entry-timeout"), "{e}");
+        assert!(e.contains("fuse.entry_timeout"), "{e}");
+    }
 }

@@ -1,0 +1,246 @@
+//! Names and attributes: lookup, getattr, setattr (with the writes a file
+//! has not committed yet), readlink, statfs.
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use fuser::{
+    Generation, INodeNo, ReplyAttr, ReplyData, ReplyEntry, ReplyStatfs, Request, TimeOrNow,
+};
+
+use curvine_messages::rpc;
+use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, TimeSet};
+
+use crate::write;
+
+use super::perms::Caller;
+use super::replies::{empty_attr, errno, name_str};
+use super::state::Fs;
+use super::CurvineFs;
+
+pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => TimeSet::Ns(d.as_nanos().min(i64::MAX as u128) as i64),
+            Err(e) => TimeSet::Ns(-(e.duration().as_nanos().min(i64::MAX as u128) as i64)),
+        },
+    }
+}
+
+impl Fs {
+    /// Attributes of a known inode: cached within the TTL, else fetched.
+    pub(super) async fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        if let Some(attr) = self.inodes.fresh_attr(ino) {
+            return Ok(self.with_writes(ino, attr));
+        }
+        let path = self.inodes.path(ino)?;
+        let attr = self.client.call(rpc::Stat { path: path.clone() }).await?;
+        if self.inodes.fuse_ino(attr.ino) != ino {
+            if self.inodes.is_hidden(ino) || self.open_count(ino) > 0 {
+                // Renamed or removed by another client while open here.
+                if let Some(a) = self.inodes.attr(ino) {
+                    return Ok(self.with_writes(ino, a));
+                }
+            }
+            return Err(FsError::Stale(format!("{path} now names another file")));
+        }
+        self.inodes.set_attr(ino, attr.clone());
+        Ok(self.with_writes(ino, attr))
+    }
+
+    /// Looks a name up: the name cache, else the cluster.
+    async fn lookup(&self, parent: u64, name: &str) -> FsResult<(u64, Attr)> {
+        if let Some((ino, attr)) = self.inodes.fresh_name(parent, name) {
+            return Ok((ino, self.with_writes(ino, attr)));
+        }
+        let path = self.inodes.child_path(parent, name)?;
+        let attr = self.client.call(rpc::Stat { path }).await?;
+        let ino = self.inodes.fuse_ino(attr.ino);
+        Ok((ino, self.with_writes(ino, attr)))
+    }
+
+    async fn setattr(&self, ino: u64, caller: Caller, mut set: SetAttr) -> FsResult<Attr> {
+        let attr = self.getattr(ino).await?;
+        self.check_setattr(caller, &attr, &mut set)?;
+        if let Some(w) = self.writer(ino).filter(|w| w.dirty()) {
+            let times_only = SetAttr {
+                atime: None,
+                mtime: None,
+                ..set.clone()
+            } == SetAttr::default();
+            if times_only && set != SetAttr::default() && self.conf.writeback_cache {
+                // The kernel's writeback cache sends the file's mtime while
+                // its writes are still arriving: the times go with the
+                // writes' commit, after them.
+                match w.set_times(set.clone()).await {
+                    Err(e) if write::ended(&e) => {}
+                    done => return done,
+                }
+            } else {
+                // Writes first: their commit would otherwise overwrite
+                // times set now (cp -a sets them before it closes the file).
+                match w.commit().await {
+                    Err(e) if write::ended(&e) => {}
+                    done => done?,
+                }
+            }
+        }
+        if let Some(size) = set.size.take() {
+            if attr.kind == FileKind::Dir {
+                return Err(FsError::IsADirectory("cannot truncate a directory".into()));
+            }
+            let by_writer = match self.writer(ino) {
+                Some(w) => match w.truncate(size).await {
+                    Err(e) if write::ended(&e) => false,
+                    done => done.map(|_| true)?,
+                },
+                None => false,
+            };
+            match by_writer {
+                true => {}
+                false => {
+                    let path = self.inodes.path(ino)?;
+                    let done = self
+                        .client
+                        .call(rpc::SetAttrs {
+                            path,
+                            set: SetAttr {
+                                size: Some(size),
+                                ..Default::default()
+                            },
+                            follow: false,
+                        })
+                        .await?;
+                    self.committed(ino, Some(done));
+                }
+            }
+            self.inodes.drop_cached(ino);
+        }
+        if set == SetAttr::default() {
+            let attr = self.getattr_fresh(ino).await?;
+            return Ok(attr);
+        }
+        let path = self.inodes.path(ino)?;
+        let attr = self
+            .client
+            .call(rpc::SetAttrs {
+                path,
+                set,
+                follow: false,
+            })
+            .await?;
+        self.inodes.set_attr(ino, attr.clone());
+        Ok(self.with_writes(ino, attr))
+    }
+
+    async fn getattr_fresh(&self, ino: u64) -> FsResult<Attr> {
+        self.inodes.expire(ino);
+        self.getattr(ino).await
+    }
+
+    /// Capacity and free bytes of the cluster (cached for a second).
+    async fn capacity(&self) -> FsResult<(u64, u64)> {
+        if let Some((at, v)) = *self.statfs.lock() {
+            if at.elapsed() < Duration::from_secs(1) {
+                return Ok(v);
+            }
+        }
+        let report = self.client.report().await?;
+        let (mut cap, mut used) = (0u64, 0u64);
+        for node in &report.nodes {
+            for tier in &node.tiers {
+                cap += tier.capacity;
+                used += tier.used + tier.reserved;
+            }
+        }
+        let v = (cap, cap.saturating_sub(used));
+        *self.statfs.lock() = Some((Instant::now(), v));
+        Ok(v)
+    }
+}
+
+pub(super) fn lookup(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    let fs = cfs.0.clone();
+    let parent = parent.0;
+    // A name the mount knows, fetched within the TTL: answered here.
+    if let Some(n) = name.to_str() {
+        if let Some((ino, attr)) = fs.inodes.fresh_name(parent, n) {
+            let attr = fs.with_writes(ino, attr);
+            fs.reply_entry(reply, parent, n, attr);
+            return;
+        }
+    }
+    let name = name.to_os_string();
+    cfs.spawn("lookup", async move {
+        let name = try_reply!(reply, name_str(&name));
+        match fs.lookup(parent, name).await {
+            Ok((_, attr)) => fs.reply_entry(reply, parent, name, attr),
+            Err(FsError::NotFound(_)) if !fs.negative_ttl.is_zero() => {
+                // A negative entry: the kernel remembers the name is absent.
+                let none = fs.file_attr(0, &empty_attr());
+                reply.entry_with_ttls(&fs.negative_ttl, &fs.negative_ttl, &none, Generation(0));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    });
+}
+
+pub(super) fn getattr(cfs: &CurvineFs, ino: INodeNo, reply: ReplyAttr) {
+    let fs = cfs.0.clone();
+    if let Some(attr) = fs.inodes.fresh_attr(ino.0) {
+        let attr = fs.with_writes(ino.0, attr);
+        reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
+        return;
+    }
+    cfs.spawn("getattr", async move {
+        let attr = try_reply!(reply, fs.getattr(ino.0).await);
+        reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
+    });
+}
+
+pub(super) fn setattr(
+    cfs: &CurvineFs,
+    req: &Request,
+    ino: INodeNo,
+    set: SetAttr,
+    reply: ReplyAttr,
+) {
+    let fs = cfs.0.clone();
+    let caller = Caller::of(req);
+    cfs.spawn("setattr", async move {
+        let attr = try_reply!(reply, fs.setattr(ino.0, caller, set).await);
+        reply.attr(&fs.attr_ttl, &fs.file_attr(ino.0, &attr));
+    });
+}
+
+pub(super) fn readlink(cfs: &CurvineFs, ino: INodeNo, reply: ReplyData) {
+    let fs = cfs.0.clone();
+    cfs.spawn("readlink", async move {
+        if let Some(target) = fs.inodes.attr(ino.0).and_then(|a| a.symlink) {
+            reply.data(target.as_bytes());
+            return;
+        }
+        let path = try_reply!(reply, fs.inodes.path(ino.0));
+        let target = try_reply!(reply, fs.client.readlink(&path).await);
+        reply.data(target.as_bytes());
+    });
+}
+
+pub(super) fn statfs(cfs: &CurvineFs, reply: ReplyStatfs) {
+    let fs = cfs.0.clone();
+    cfs.spawn("statfs", async move {
+        let (cap, free) = try_reply!(reply, fs.capacity().await);
+        const BS: u64 = 4096;
+        reply.statfs(
+            cap / BS,
+            free / BS,
+            free / BS,
+            u32::MAX as u64,
+            u32::MAX as u64 - fs.inodes.len() as u64,
+            BS as u32,
+            255,
+            BS as u32,
+        );
+    });
+}

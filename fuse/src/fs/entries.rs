@@ -1,0 +1,272 @@
+//! Callbacks that make entries: mknod, mkdir, symlink and create share one
+//! helper (name checks, owner and mode, the call, the answer); link, which
+//! the namespace cannot do.
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+use std::sync::Arc;
+
+use fuser::{Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyCreate, ReplyEntry, Request};
+
+use curvine_messages::rpc;
+use curvine_messages::FsResult;
+use curvine_node::io::{FileWriter, WriteOptions};
+
+use super::perms::Caller;
+use super::replies::{name_str, ErrorReply};
+use super::state::Fs;
+use super::CurvineFs;
+
+/// A request to make an entry (mknod, mkdir, symlink, create), its
+/// arguments copied from the kernel's.
+pub(super) struct NewRequest {
+    parent: u64,
+    name: OsString,
+    caller: Caller,
+    /// The mode asked for (with the file type bits) and the umask to apply.
+    mode: u32,
+    umask: u32,
+}
+
+impl NewRequest {
+    pub(super) fn of(
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> NewRequest {
+        NewRequest {
+            parent: parent.0,
+            name: name.to_os_string(),
+            caller: Caller::of(req),
+            mode,
+            umask,
+        }
+    }
+}
+
+/// What a request makes; a symlink's target as the kernel sent it
+/// (`OsString`), then checked (`String`).
+enum NewKind<T> {
+    File,
+    Dir,
+    Symlink(T),
+}
+
+/// An entry about to be made: its checked name, what it is, and its path,
+/// owner and mode (`Fs::new_entry`).
+struct NewEntry {
+    parent: u64,
+    name: String,
+    kind: NewKind<String>,
+    path: String,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+}
+
+impl CurvineFs {
+    /// Answers a request that makes an entry, from a task: checks its name
+    /// (and a symlink's target), picks its path, owner and mode
+    /// (`Fs::new_entry`), then `make` makes it and answers.
+    fn spawn_new<R, F, Fut>(
+        &self,
+        op: &'static str,
+        new: NewRequest,
+        kind: NewKind<OsString>,
+        reply: R,
+        make: F,
+    ) where
+        R: ErrorReply,
+        F: FnOnce(Arc<Fs>, NewEntry, R) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let fs = self.0.clone();
+        self.spawn(op, async move {
+            let name = try_reply!(reply, name_str(&new.name)).to_string();
+            let kind = match kind {
+                NewKind::File => NewKind::File,
+                NewKind::Dir => NewKind::Dir,
+                NewKind::Symlink(target) => {
+                    NewKind::Symlink(try_reply!(reply, name_str(&target)).to_string())
+                }
+            };
+            let dir = matches!(kind, NewKind::Dir);
+            let mode = new.mode & !new.umask;
+            let (path, uid, gid, mode) = try_reply!(
+                reply,
+                fs.new_entry(new.parent, &name, new.caller, mode, dir).await
+            );
+            let entry = NewEntry {
+                parent: new.parent,
+                name,
+                kind,
+                path,
+                uid,
+                gid,
+                mode,
+            };
+            make(fs, entry, reply).await;
+        });
+    }
+
+    /// Answers mknod, mkdir and symlink: the entry made, or why not.
+    fn make_entry(
+        &self,
+        op: &'static str,
+        new: NewRequest,
+        kind: NewKind<OsString>,
+        reply: ReplyEntry,
+    ) {
+        self.spawn_new(op, new, kind, reply, |fs, new, reply| async move {
+            let made = match new.kind {
+                NewKind::File => {
+                    let touch = rpc::Touch {
+                        path: new.path,
+                        mode: new.mode,
+                        exclusive: true,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(touch).await
+                }
+                NewKind::Dir => {
+                    let mkdir = rpc::Mkdir {
+                        path: new.path,
+                        parents: false,
+                        mode: new.mode,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(mkdir).await
+                }
+                NewKind::Symlink(target) => {
+                    let symlink = rpc::Symlink {
+                        target,
+                        link: new.path,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(symlink).await
+                }
+            };
+            let attr = try_reply!(reply, made);
+            fs.inodes.expire(new.parent);
+            fs.reply_entry(reply, new.parent, &new.name, attr);
+        });
+    }
+}
+
+/// Answers a create: opens the new file for writing (its `FileWriter`) and
+/// a handle on it.
+async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate) {
+    let options = WriteOptions {
+        create: true,
+        exclusive: flags & libc::O_EXCL != 0,
+        truncate: flags & libc::O_TRUNC != 0,
+        mode: new.mode,
+        owner: Some((new.uid, new.gid)),
+        spec: curvine_messages::block::FileSpec {
+            block_size: fs.conf.block_size.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let w = try_reply!(
+        reply,
+        FileWriter::open(&fs.client, &new.path, &options).await
+    );
+    let attr = w.attr.clone();
+    fs.inodes.expire(new.parent);
+    let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
+    fs.inodes.drop_cached(ino);
+    let writer = fs.join_writer(ino, (new.uid, new.gid), Some(w));
+    let fh = fs.add_file_handle(ino, Some(writer), None);
+    let mut open_flags = FopenFlags::empty();
+    if fs.conf.direct_io {
+        open_flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    let fattr = fs.file_attr(ino, &fs.with_writes(ino, attr));
+    reply.created(
+        &fs.entry_ttl,
+        &fattr,
+        Generation(0),
+        FileHandle(fh),
+        open_flags,
+    );
+}
+
+impl Fs {
+    /// Owner of something a caller creates in `parent`: its gid comes from
+    /// a set-group-ID directory (and a new directory inherits the bit).
+    async fn new_owner(
+        &self,
+        parent: u64,
+        caller: Caller,
+        mode: u32,
+        dir: bool,
+    ) -> FsResult<(u32, u32, u32)> {
+        let pattr = self.getattr(parent).await?;
+        if pattr.mode & libc::S_ISGID != 0 {
+            let mode = if dir { mode | libc::S_ISGID } else { mode };
+            return Ok((caller.uid, pattr.gid, mode));
+        }
+        Ok((caller.uid, caller.gid, mode))
+    }
+
+    /// Path, owner and mode of something a caller creates as `name` in
+    /// `parent` (a directory when `dir`).
+    async fn new_entry(
+        &self,
+        parent: u64,
+        name: &str,
+        caller: Caller,
+        mode: u32,
+        dir: bool,
+    ) -> FsResult<(String, u32, u32, u32)> {
+        let path = self.inodes.child_path(parent, name)?;
+        let (uid, gid, mode) = self.new_owner(parent, caller, mode & 0o7777, dir).await?;
+        Ok((path, uid, gid, mode))
+    }
+}
+
+pub(super) fn mknod(cfs: &CurvineFs, new: NewRequest, reply: ReplyEntry) {
+    if new.mode & libc::S_IFMT != libc::S_IFREG {
+        reply.error(Errno::from_i32(libc::ENOTSUP));
+        return;
+    }
+    cfs.make_entry("mknod", new, NewKind::File, reply);
+}
+
+pub(super) fn mkdir(cfs: &CurvineFs, new: NewRequest, reply: ReplyEntry) {
+    cfs.make_entry("mkdir", new, NewKind::Dir, reply);
+}
+
+pub(super) fn symlink(
+    cfs: &CurvineFs,
+    req: &Request,
+    parent: INodeNo,
+    link_name: &OsStr,
+    target: &Path,
+    reply: ReplyEntry,
+) {
+    let new = NewRequest::of(req, parent, link_name, 0o777, 0);
+    let target = target.as_os_str().to_os_string();
+    cfs.make_entry("symlink", new, NewKind::Symlink(target), reply);
+}
+
+pub(super) fn create(cfs: &CurvineFs, new: NewRequest, flags: i32, reply: ReplyCreate) {
+    cfs.spawn_new(
+        "create",
+        new,
+        NewKind::File,
+        reply,
+        move |fs, new, reply| open_created(fs, new, flags, reply),
+    );
+}
+
+pub(super) fn link(reply: ReplyEntry) {
+    // The namespace has one name per file.
+    reply.error(Errno::from_i32(libc::ENOTSUP));
+}

@@ -1,0 +1,353 @@
+//! Open files: open, read, write, flush and fsync, release. Writes (and
+//! reads of a file with uncommitted writes) go to the file's writer task;
+//! reads of a block file of this host the handle has open are answered on
+//! the fuser thread. fallocate is not supported; lseek is the kernel's.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuser::{
+    Errno, FileHandle, FopenFlags, INodeNo, OpenAccMode, OpenFlags, ReplyData, ReplyEmpty,
+    ReplyLseek, ReplyOpen, ReplyWrite, Request,
+};
+
+use curvine_messages::{Attr, FileKind, FsError, FsResult};
+use curvine_node::io::{FileReader, FileWriter};
+
+use crate::write::{self, Writer};
+
+use super::replies::errno;
+use super::state::{Fs, Handle};
+use super::CurvineFs;
+
+impl Fs {
+    /// A read answered at once from a block file the handle's reader has
+    /// open, or `None` (the reader is busy, or the bytes need the node).
+    /// Answers a read from a block file of this host the handle has open,
+    /// on the calling (fuser) thread, into that thread's reusable buffer;
+    /// gives the reply back when the read needs a task.
+    fn read_now(
+        &self,
+        ino: u64,
+        fh: u64,
+        off: u64,
+        size: u32,
+        reply: ReplyData,
+    ) -> Result<(), ReplyData> {
+        thread_local! {
+            // One buffer per fuser thread, kept between requests: a fresh
+            // zeroed 1 MiB per read cost page faults, zeroing and page-table
+            // work that showed up as a quarter of the mount's CPU.
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let Ok(handle) = self.handle(fh) else {
+            return Err(reply);
+        };
+        let Handle::File(file) = &*handle else {
+            return Err(reply);
+        };
+        let gen = self.generation(ino);
+        let Ok(mut slot) = file.reader.try_lock() else {
+            return Err(reply);
+        };
+        let Some((reader, g)) = slot.as_mut() else {
+            return Err(reply);
+        };
+        if *g != gen {
+            return Err(reply);
+        }
+        let len = (size as u64).min(reader.size().saturating_sub(off)) as usize;
+        BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            let mut done = 0;
+            while done < len {
+                match reader.read_local_now(off + done as u64, &mut buf[done..len]) {
+                    None => return Err(reply),
+                    Some(Ok(0)) => break,
+                    Some(Ok(n)) => done += n,
+                    Some(Err(e)) => {
+                        reply.error(errno(&e));
+                        return Ok(());
+                    }
+                }
+            }
+            reply.data(&buf[..done]);
+            Ok(())
+        })
+    }
+
+    async fn read(&self, ino: u64, fh: u64, off: u64, size: u32) -> FsResult<Vec<u8>> {
+        let handle = self.handle(fh)?;
+        let Handle::File(file) = &*handle else {
+            return Err(FsError::IsADirectory("read of a directory handle".into()));
+        };
+        let gen = self.generation(ino);
+        let mut slot = file.reader.lock().await;
+        if slot.as_ref().is_none_or(|(_, g)| *g != gen) {
+            let path = self.inodes.path(ino)?;
+            *slot = Some((FileReader::open(&self.client, &path).await?, gen));
+        }
+        let Some((reader, _)) = slot.as_mut() else {
+            return Err(FsError::Io("no reader".into()));
+        };
+        let len = (size as u64).min(reader.size().saturating_sub(off)) as usize;
+        let mut buf = vec![0u8; len];
+        reader.seek(off);
+        let mut done = 0;
+        while done < len {
+            let n = reader.read(&mut buf[done..]).await?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Opens (or joins) the writer task of a file for a new handle.
+    pub(super) fn join_writer(
+        self: &Arc<Self>,
+        ino: u64,
+        owner: (u32, u32),
+        opened: Option<FileWriter>,
+    ) -> Arc<Writer> {
+        let mut writers = self.writers.lock();
+        if let Some(w) = writers.get(&ino) {
+            w.flags.handles.fetch_add(1, Ordering::SeqCst);
+            if opened.is_some() {
+                tracing::warn!(ino, "a file created while open for writing here");
+            }
+            return w.clone();
+        }
+        let size = opened
+            .as_ref()
+            .map(|w| w.size())
+            .unwrap_or_else(|| self.known_size(ino));
+        let w = write::start(self.clone(), ino, owner, opened, size);
+        writers.insert(ino, w.clone());
+        w
+    }
+
+    fn open_flags(&self, ino: u64, attr: &Attr) -> FopenFlags {
+        let mut flags = FopenFlags::empty();
+        if self.conf.direct_io {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if self.conf.keep_cache && self.inodes.keep_cache(ino, attr) {
+            flags |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        flags
+    }
+
+    /// A handle that wrote a file was released.
+    fn release_writer(&self, w: &Arc<Writer>) {
+        let _writers = self.writers.lock();
+        if w.flags.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
+            w.close();
+        }
+    }
+}
+
+pub(super) fn open(
+    cfs: &CurvineFs,
+    req: &Request,
+    ino: INodeNo,
+    flags: OpenFlags,
+    reply: ReplyOpen,
+) {
+    let fs = cfs.0.clone();
+    let owner = (req.uid(), req.gid());
+    let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
+    // A read-only open of a file whose attributes are cached is answered
+    // here, without a hand-off to a task (the common case of reading
+    // many small files).
+    if !writes && !fs.passthrough.load(Ordering::SeqCst) {
+        if let Some(attr) = fs.inodes.fresh_attr(ino.0) {
+            if attr.kind != FileKind::Dir {
+                let attr = fs.with_writes(ino.0, attr);
+                let open_flags = fs.open_flags(ino.0, &attr) | FopenFlags::FOPEN_NOFLUSH;
+                let fh = fs.add_file_handle(ino.0, None, None);
+                reply.opened(FileHandle(fh), open_flags);
+                return;
+            }
+        }
+    }
+    cfs.spawn("open", async move {
+        let ino = ino.0;
+        let attr = try_reply!(reply, fs.getattr(ino).await);
+        if attr.kind == FileKind::Dir {
+            reply.error(Errno::from_i32(libc::EISDIR));
+            return;
+        }
+        // With passthrough, opens of one inode decide one at a time: the
+        // kernel wants all of them on the same backing file, or none.
+        let _decide = match fs.passthrough.load(Ordering::SeqCst) {
+            true => Some(fs.open_lock(ino).lock_owned().await),
+            false => None,
+        };
+        if writes && fs.passthrough_open(ino) > 0 {
+            // The kernel reads the file from its block file now, which
+            // is never written in place.
+            reply.error(Errno::from_i32(libc::ETXTBSY));
+            return;
+        }
+        let mut attr = attr;
+        let writer = if writes {
+            let w = fs.join_writer(ino, owner, None);
+            if flags.0 & libc::O_TRUNC != 0 {
+                match w.open_truncate().await {
+                    Ok(a) => attr = a,
+                    Err(e) => {
+                        fs.release_writer(&w);
+                        reply.error(errno(&e));
+                        return;
+                    }
+                }
+            }
+            Some(w)
+        } else {
+            None
+        };
+        let mut open_flags = fs.open_flags(ino, &attr);
+        if writer.is_some() {
+            fs.inodes.drop_cached(ino);
+            open_flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+        } else {
+            // Closing a read-only handle has nothing to flush (locks
+            // are the kernel's): no FLUSH request at each close.
+            open_flags |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        let passthrough = !writes
+            && fs.passthrough.load(Ordering::SeqCst)
+            && !fs.conf.direct_io
+            && fs.writer(ino).is_none()
+            && fs.open_count(ino) == fs.passthrough_open(ino);
+        if passthrough || fs.passthrough_open(ino) > 0 {
+            if let Some((fh, backing)) = fs.open_passthrough(ino, &reply).await {
+                // Page-cache flags do not go with passthrough.
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                return;
+            }
+        }
+        let fh = fs.add_file_handle(ino, writer, None);
+        reply.opened(FileHandle(fh), open_flags);
+    });
+}
+
+pub(super) fn read(
+    cfs: &CurvineFs,
+    ino: INodeNo,
+    fh: FileHandle,
+    offset: u64,
+    size: u32,
+    reply: ReplyData,
+) {
+    let fs = cfs.0.clone();
+    if let Some(w) = fs.writer(ino.0).filter(|w| w.dirty()) {
+        // Uncommitted writes: the writer task answers, in order with them.
+        w.read(offset, size, reply);
+        return;
+    }
+    // Data in a block file of this host the handle has open: answered
+    // here, without a hand-off to a task (one wake-up less per read).
+    let Err(reply) = fs.read_now(ino.0, fh.0, offset, size, reply) else {
+        return;
+    };
+    cfs.spawn("read", async move {
+        let data = try_reply!(reply, fs.read(ino.0, fh.0, offset, size).await);
+        reply.data(&data);
+    });
+}
+
+pub(super) fn write(cfs: &CurvineFs, fh: FileHandle, offset: u64, data: &[u8], reply: ReplyWrite) {
+    let metrics = curvine_actors::stats::process();
+    metrics.add(
+        "curvine_fuse_operations_total",
+        "Kernel requests the FUSE mount answered, per operation.",
+        &[("op", "write")],
+        1,
+    );
+    metrics.add(
+        "curvine_fuse_written_bytes_total",
+        "Bytes written through the FUSE mount.",
+        &[],
+        data.len() as u64,
+    );
+    let handle = match cfs.0.handle(fh.0) {
+        Ok(h) => h,
+        Err(e) => {
+            reply.error(errno(&e));
+            return;
+        }
+    };
+    match &*handle {
+        Handle::File(f) if f.writer.is_some() => {
+            if let Some(w) = &f.writer {
+                w.write(offset, data, reply)
+            }
+        }
+        _ => reply.error(Errno::from_i32(libc::EBADF)),
+    }
+}
+
+/// Also fsync: both commit the handle's writes.
+pub(super) fn flush(cfs: &CurvineFs, fh: FileHandle, reply: ReplyEmpty) {
+    let fs = cfs.0.clone();
+    cfs.spawn("flush", async move {
+        let handle = try_reply!(reply, fs.handle(fh.0));
+        if let Handle::File(f) = &*handle {
+            if let Some(w) = &f.writer {
+                try_reply!(reply, w.commit().await);
+            }
+        }
+        reply.ok();
+    });
+}
+
+pub(super) fn release(cfs: &CurvineFs, ino: INodeNo, fh: FileHandle, reply: ReplyEmpty) {
+    let fs = cfs.0.clone();
+    let handle = fs.handles.lock().remove(&fh.0);
+    let Some(handle) = handle else {
+        reply.ok();
+        return;
+    };
+    let last = {
+        let mut open = fs.open.lock();
+        let n = open.entry(ino.0).or_default();
+        *n = n.saturating_sub(1);
+        let last = *n == 0;
+        if last {
+            open.remove(&ino.0);
+        }
+        last
+    };
+    if let Handle::File(f) = &*handle {
+        if let Some(w) = &f.writer {
+            fs.release_writer(w);
+        }
+        if f.backing.is_some() {
+            fs.passthrough_released(ino.0);
+        }
+    }
+    reply.ok();
+    if last && fs.inodes.is_hidden(ino.0) {
+        cfs.spawn("release", async move {
+            fs.released(ino.0).await;
+            fs.inodes.unpin(ino.0);
+        });
+    } else {
+        fs.inodes.unpin(ino.0);
+    }
+}
+
+pub(super) fn fallocate(reply: ReplyEmpty) {
+    reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+}
+
+pub(super) fn lseek(reply: ReplyLseek) {
+    // The kernel's own lseek applies (no SEEK_DATA/SEEK_HOLE knowledge of holes).
+    reply.error(Errno::ENOSYS);
+}

@@ -1,0 +1,54 @@
+//! What the mount asks of the kernel when the session starts: request
+//! sizes, readahead, capabilities, passthrough.
+
+use std::sync::atomic::Ordering;
+
+use fuser::{InitFlags, KernelConfig};
+
+use super::state::Fs;
+
+/// Agrees the session's settings with the kernel.
+pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
+    let conf = &fs.conf;
+    let want = conf.max_write.0 as u32;
+    if let Err(max) = config.set_max_write(want) {
+        let _ = config.set_max_write(max);
+    }
+    let ra = conf.max_readahead.0.min(u32::MAX as u64) as u32;
+    if let Err(max) = config.set_max_readahead(ra) {
+        let _ = config.set_max_readahead(max);
+    }
+    let _ = config.set_max_background(64);
+    let _ = config.set_congestion_threshold(48);
+    let mut wanted = InitFlags::FUSE_ATOMIC_O_TRUNC
+        | InitFlags::FUSE_AUTO_INVAL_DATA
+        | InitFlags::FUSE_CACHE_SYMLINKS
+        | InitFlags::FUSE_BIG_WRITES;
+    if conf.async_read {
+        wanted |= InitFlags::FUSE_ASYNC_READ;
+    }
+    if conf.readdirplus {
+        wanted |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+    }
+    if conf.parallel_dirops {
+        wanted |= InitFlags::FUSE_PARALLEL_DIROPS;
+    }
+    if conf.writeback_cache {
+        wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+    }
+    for flag in wanted.iter() {
+        if let Err(e) = config.add_capabilities(flag) {
+            tracing::info!(?e, "the kernel does not offer a FUSE capability");
+        }
+    }
+    if conf.passthrough {
+        let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        if ok {
+            fs.passthrough.store(true, Ordering::SeqCst);
+        } else {
+            tracing::warn!("fuse.passthrough is on but the kernel does not offer passthrough; reads go through the mount");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! The file system the kernel talks to: fuser's [`Filesystem`] over the
+//! client library.
+//!
+//! Each request is answered from a tokio task: the fuser thread that read it
+//! only copies its arguments and spawns, so a slow request (a UFS miss, a
+//! commit) never holds the others. A reply dropped unanswered (a panic in a
+//! task) reaches the caller as EIO.
+//!
+//! Invariants:
+//! - Every request gets exactly one reply.
+//! - Writes of a file go through its writer task (see [`crate::write`]);
+//!   reads of a file with uncommitted writes too.
+//! - Attributes the kernel gets of a file open for writing here include the
+//!   writes not yet committed (size, mtime).
+//! - What the cluster does not support answers with an errno that says so
+//!   (ENOTSUP, EINVAL), never with wrong data.
+//!
+//! Layout: this module holds [`CurvineFs`], whose fuser callbacks each hand
+//! over to the module of their concern: `attrs` (lookup, getattr, setattr,
+//! readlink, statfs), `entries` (mknod, mkdir, symlink, create, link),
+//! `names` (unlink, rmdir, rename), `files` (open, read, write, flush,
+//! release), `passthrough`, `dirs` (opendir, readdir, readdirplus),
+//! `xattrs`, `perms` (access, the chmod/chown/utimens rules), `init`; the
+//! mount's state is `state` ([`Fs`]), and `replies` turns errors and
+//! attributes into the kernel's terms.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, BsdFileFlags, FileHandle, Filesystem, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+
+use curvine_messages::SetAttr;
+
+macro_rules! try_reply {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error($crate::fs::replies::name_errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+mod attrs;
+mod dirs;
+mod entries;
+mod files;
+mod init;
+mod names;
+mod passthrough;
+mod perms;
+mod replies;
+mod state;
+mod xattrs;
+
+/// Attributes of nothing, for the inode table's tests.
+#[cfg(test)]
+pub(crate) use replies::empty_attr;
+pub use replies::{errno, io_error};
+pub use state::Fs;
+
+use entries::NewRequest;
+
+/// fuser's entry point: each method copies what it needs and answers from a task.
+pub struct CurvineFs(pub Arc<Fs>);
+
+impl CurvineFs {
+    /// Runs the answer to a kernel request of kind `op` in a task, counting
+    /// it and its latency (`curvine_fuse_operations_total`,
+    /// `curvine_fuse_operation_duration_seconds`).
+    fn spawn<F>(&self, op: &'static str, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let metrics = curvine_actors::stats::process();
+        metrics.add(
+            "curvine_fuse_operations_total",
+            "Kernel requests the FUSE mount answered, per operation.",
+            &[("op", op)],
+            1,
+        );
+        let latency = metrics.histogram(
+            "curvine_fuse_operation_duration_seconds",
+            "Time the FUSE mount took to answer a kernel request, per operation.",
+            &[("op", op)],
+        );
+        let started = std::time::Instant::now();
+        // The sampling draw happens here, so an untraced request's task
+        // holds nothing but its own future.
+        if self.0.traces.sampled() {
+            let traces = self.0.traces.clone();
+            self.0.rt.spawn(async move {
+                traces.run(op, f).await;
+                latency.observe(started.elapsed());
+            });
+        } else {
+            self.0.rt.spawn(async move {
+                f.await;
+                latency.observe(started.elapsed());
+            });
+        }
+    }
+}
+
+impl Filesystem for CurvineFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        init::init(&self.0, config)
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        attrs::lookup(self, parent, name, reply)
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.0.inodes.forget(ino.0, nlookup)
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        attrs::getattr(self, ino, reply)
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // What the kernel asks to change (`u32::MAX`: an owner or group
+        // left as it is).
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid: uid.filter(|u| *u != u32::MAX),
+            gid: gid.filter(|g| *g != u32::MAX),
+            size,
+            atime: atime.map(attrs::time_set),
+            mtime: mtime.map(attrs::time_set),
+        };
+        attrs::setattr(self, req, ino, set, reply)
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        attrs::readlink(self, ino, reply)
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        entries::mknod(self, NewRequest::of(req, parent, name, mode, umask), reply)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        entries::mkdir(self, NewRequest::of(req, parent, name, mode, umask), reply)
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        names::unlink(self, parent, name, reply)
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        names::rmdir(self, parent, name, reply)
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        entries::symlink(self, req, parent, link_name, target, reply)
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        names::rename(self, parent, name, newparent, newname, flags, reply)
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entries::link(reply)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        files::open(self, req, ino, flags, reply)
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        files::read(self, ino, fh, offset, size, reply)
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        files::write(self, fh, offset, data, reply)
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        files::flush(self, fh, reply)
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        files::flush(self, fh, reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        files::release(self, ino, fh, reply)
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        dirs::opendir(self, ino, reply)
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        dirs::readdir(self, ino, fh, offset, reply)
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        dirs::readdirplus(self, ino, fh, offset, reply)
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        dirs::releasedir(self, fh, reply)
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        dirs::fsyncdir(reply)
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        attrs::statfs(self, reply)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        xattrs::setxattr(self, ino, name, value, flags, reply)
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattrs::getxattr(self, ino, name, size, reply)
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattrs::listxattr(self, ino, size, reply)
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        xattrs::removexattr(self, ino, name, reply)
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        perms::access(self, req, ino, mask, reply)
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        entries::create(
+            self,
+            NewRequest::of(req, parent, name, mode, umask),
+            flags,
+            reply,
+        )
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        files::fallocate(reply)
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        files::lseek(reply)
+    }
+}

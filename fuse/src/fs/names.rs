@@ -1,0 +1,169 @@
+//! Callbacks that remove or move names: unlink, rmdir, rename. A file
+//! unlinked (or replaced by a rename) while open here is renamed to a
+//! hidden name and removed at its last release.
+
+use std::ffi::OsStr;
+
+use fuser::{INodeNo, RenameFlags, ReplyEmpty};
+
+use curvine_messages::rpc;
+use curvine_messages::{FileKind, FsError, FsResult};
+
+use crate::inodes::HIDDEN_PREFIX;
+
+use super::replies::name_str;
+use super::state::Fs;
+use super::CurvineFs;
+
+impl Fs {
+    /// Removes a file, or hides it while it is open here.
+    pub(super) async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        let path = self.inodes.child_path(parent, name)?;
+        let known = self.inodes.known_child(parent, name);
+        if let Some(ino) = known.filter(|i| self.open_count(*i) > 0) {
+            let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
+            let to = self.inodes.child_path(parent, &hidden)?;
+            self.client.rename(&path, &to).await?;
+            self.inodes.drop_name(parent, name);
+            self.inodes.hide(ino, parent, &hidden);
+            return Ok(());
+        }
+        self.client
+            .call(rpc::Remove {
+                path,
+                recursive: false,
+                dir: false,
+            })
+            .await?;
+        self.inodes.drop_name(parent, name);
+        if let Some(ino) = known {
+            self.inodes.unlinked(ino);
+        }
+        Ok(())
+    }
+
+    pub(super) async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return Err(FsError::InvalidArgument(
+                "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
+            ));
+        }
+        let src = self.inodes.child_path(parent, name)?;
+        let dst = self.inodes.child_path(newparent, newname)?;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            match self.client.stat(&dst).await {
+                Ok(_) => return Err(FsError::AlreadyExists(dst)),
+                Err(FsError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // A file open here that the rename replaces stays readable.
+        let replaced = self.inodes.known_child(newparent, newname);
+        if let Some(ino) = replaced
+            .filter(|i| self.open_count(*i) > 0 && self.inodes.kind(*i) == Some(FileKind::File))
+        {
+            if self.inodes.known_child(parent, name) != Some(ino) {
+                let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
+                let to = self.inodes.child_path(newparent, &hidden)?;
+                self.client.rename(&dst, &to).await?;
+                self.inodes.hide(ino, newparent, &hidden);
+            }
+        } else if let Some(ino) = replaced {
+            self.inodes.unlinked(ino);
+        }
+        self.client.rename(&src, &dst).await?;
+        self.inodes.renamed(parent, name, newparent, newname);
+        Ok(())
+    }
+
+    /// The last handle of a file was released.
+    pub(super) async fn released(&self, ino: u64) {
+        if !self.inodes.is_hidden(ino) {
+            return;
+        }
+        let Ok(path) = self.inodes.path(ino) else {
+            return;
+        };
+        if let Err(e) = self
+            .client
+            .call(rpc::Remove {
+                path: path.clone(),
+                recursive: false,
+                dir: false,
+            })
+            .await
+        {
+            tracing::warn!(path, error = %e, "cannot remove a file unlinked while open");
+        }
+    }
+}
+
+pub(super) fn unlink(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    let fs = cfs.0.clone();
+    let name = name.to_os_string();
+    cfs.spawn("unlink", async move {
+        let name = try_reply!(reply, name_str(&name));
+        try_reply!(reply, fs.unlink(parent.0, name).await);
+        fs.inodes.expire(parent.0);
+        reply.ok();
+    });
+}
+
+pub(super) fn rmdir(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    let fs = cfs.0.clone();
+    let name = name.to_os_string();
+    cfs.spawn("rmdir", async move {
+        let name = try_reply!(reply, name_str(&name));
+        let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
+        try_reply!(
+            reply,
+            fs.client
+                .call(rpc::Remove {
+                    path,
+                    recursive: false,
+                    dir: true,
+                })
+                .await
+        );
+        if let Some(ino) = fs.inodes.known_child(parent.0, name) {
+            fs.inodes.unlinked(ino);
+        }
+        fs.inodes.drop_name(parent.0, name);
+        fs.inodes.expire(parent.0);
+        reply.ok();
+    });
+}
+
+pub(super) fn rename(
+    cfs: &CurvineFs,
+    parent: INodeNo,
+    name: &OsStr,
+    newparent: INodeNo,
+    newname: &OsStr,
+    flags: RenameFlags,
+    reply: ReplyEmpty,
+) {
+    let fs = cfs.0.clone();
+    let name = name.to_os_string();
+    let newname = newname.to_os_string();
+    cfs.spawn("rename", async move {
+        let name = try_reply!(reply, name_str(&name));
+        let newname = try_reply!(reply, name_str(&newname));
+        try_reply!(
+            reply,
+            fs.rename(parent.0, name, newparent.0, newname, flags).await
+        );
+        fs.inodes.expire(parent.0);
+        fs.inodes.expire(newparent.0);
+        reply.ok();
+    });
+}

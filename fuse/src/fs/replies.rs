@@ -1,0 +1,135 @@
+//! Answers in the kernel's terms: the errno of an error, attributes and
+//! entries; names the kernel sends, checked.
+
+use std::ffi::OsStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{Errno, FileAttr, FileType, Generation, INodeNo, ReplyCreate, ReplyEntry};
+
+use curvine_messages::{Attr, FileKind, FsError, FsResult};
+
+use super::state::Fs;
+
+/// The errno of an error.
+pub fn errno(e: &FsError) -> Errno {
+    crate::traces::answered_error(e);
+    curvine_actors::stats::process().add(
+        "curvine_fuse_errors_total",
+        "Kernel requests the FUSE mount answered with an error, per error kind.",
+        &[("error", e.kind_name())],
+        1,
+    );
+    Errno::from_i32(e.errno())
+}
+
+/// An I/O error of a local file, keeping ENOSPC and EDQUOT.
+pub fn io_error(what: &str, e: std::io::Error) -> FsError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => FsError::NoSpace(format!("{what}: {e}")),
+        _ => FsError::Io(format!("{what}: {e}")),
+    }
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+/// A name the namespace can hold (UTF-8).
+pub(super) fn name_str(name: &OsStr) -> FsResult<&str> {
+    name.to_str().ok_or_else(|| {
+        FsError::InvalidArgument(format!("{}: names must be UTF-8", name.to_string_lossy()))
+    })
+}
+
+/// Errno for a name that is not UTF-8: "invalid multibyte sequence".
+pub(super) fn name_errno(e: &FsError) -> Errno {
+    match e {
+        FsError::InvalidArgument(m) if m.ends_with("names must be UTF-8") => {
+            Errno::from_i32(libc::EILSEQ)
+        }
+        other => errno(other),
+    }
+}
+
+/// A reply that can answer an error (each of fuser's replies can; they
+/// share no trait for it).
+pub(super) trait ErrorReply: Send + 'static {
+    fn error(self, err: Errno);
+}
+
+impl ErrorReply for ReplyEntry {
+    fn error(self, err: Errno) {
+        ReplyEntry::error(self, err)
+    }
+}
+
+impl ErrorReply for ReplyCreate {
+    fn error(self, err: Errno) {
+        ReplyCreate::error(self, err)
+    }
+}
+
+/// Attributes of nothing (a negative entry's).
+pub(crate) fn empty_attr() -> Attr {
+    Attr {
+        ino: 0,
+        kind: FileKind::File,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        nlink: 0,
+        symlink: None,
+        block_size: 0,
+        replicas: 0,
+        parent: 0,
+        storage: None,
+        writing: None,
+        ufs: None,
+    }
+}
+
+impl Fs {
+    pub(super) fn file_attr(&self, ino: u64, attr: &Attr) -> FileAttr {
+        let kind = match attr.kind {
+            FileKind::File => FileType::RegularFile,
+            FileKind::Dir => FileType::Directory,
+            FileKind::Symlink => FileType::Symlink,
+        };
+        let size = match attr.kind {
+            FileKind::File => attr.size,
+            FileKind::Dir => 4096,
+            FileKind::Symlink => attr.symlink.as_ref().map(|s| s.len() as u64).unwrap_or(0),
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: time(attr.atime_ns),
+            mtime: time(attr.mtime_ns),
+            ctime: time(attr.ctime_ns),
+            crtime: time(attr.ctime_ns),
+            kind,
+            perm: (attr.mode & 0o7777) as u16,
+            nlink: attr.nlink,
+            uid: attr.uid,
+            gid: attr.gid,
+            rdev: 0,
+            blksize: self.conf.max_write.0 as u32,
+            flags: 0,
+        }
+    }
+
+    pub(super) fn reply_entry(&self, reply: ReplyEntry, parent: u64, name: &str, attr: Attr) {
+        let ino = self.inodes.remember(parent, name, attr.clone());
+        let fattr = self.file_attr(ino, &self.with_writes(ino, attr));
+        reply.entry_with_ttls(&self.attr_ttl, &self.entry_ttl, &fattr, Generation(0));
+    }
+}

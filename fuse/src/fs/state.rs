@@ -1,0 +1,209 @@
+//! The mount's state (`Fs`), shared by the fuser threads and the tasks: the
+//! inode table, open handles, writer tasks, open counts and commit
+//! generations per inode, the kernel's TTLs.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuser::INodeNo;
+use parking_lot::Mutex;
+
+use curvine_conf::FuseConf;
+use curvine_messages::{Attr, FsError, FsResult};
+use curvine_node::io::FileReader;
+use curvine_node::Client;
+
+use crate::inodes::Inodes;
+use crate::write::{self, Writer};
+
+use super::dirs::DirHandleState;
+
+pub(super) struct FileHandleState {
+    pub(super) ino: u64,
+    pub(super) writer: Option<Arc<Writer>>,
+    /// The handle's reader and the inode generation it was opened at.
+    pub(super) reader: tokio::sync::Mutex<Option<(FileReader, u64)>>,
+    /// Kept while the kernel reads the file through passthrough.
+    pub(super) backing: Option<Arc<fuser::BackingId>>,
+}
+
+pub(super) enum Handle {
+    File(Box<FileHandleState>),
+    Dir(DirHandleState),
+}
+
+/// The mount's state, shared by the fuser threads and the tasks.
+pub struct Fs {
+    pub client: Client,
+    pub conf: FuseConf,
+    pub inodes: Inodes,
+    pub(super) rt: tokio::runtime::Handle,
+    pub(super) handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    /// Writer tasks by FUSE inode.
+    pub(super) writers: Mutex<HashMap<u64, Arc<Writer>>>,
+    /// Commits made through this mount by inode: readers opened before the
+    /// latest reopen.
+    generations: Mutex<HashMap<u64, u64>>,
+    /// Handles open per inode (files unlinked while open stay readable).
+    pub(super) open: Mutex<HashMap<u64, u32>>,
+    pub(super) statfs: Mutex<Option<(Instant, (u64, u64))>>,
+    pub(super) entry_ttl: Duration,
+    pub(super) attr_ttl: Duration,
+    pub(super) negative_ttl: Duration,
+    /// Passthrough was agreed with the kernel.
+    pub(super) passthrough: std::sync::atomic::AtomicBool,
+    /// Tells the kernel when attributes it cached changed here.
+    notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Extended attributes found absent, with when (see `xattr_absent`).
+    pub(super) absent_xattrs: Mutex<HashMap<(u64, String), Instant>>,
+    /// Locks of opens deciding on passthrough, by inode.
+    pub(super) open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Passthrough handles open per inode, and the backing file they share
+    /// (the kernel wants every open of such an inode to use it).
+    pub(super) passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
+    /// Sampled requests' traces.
+    pub traces: Arc<crate::traces::FuseTraces>,
+}
+
+impl Fs {
+    pub fn new(
+        client: Client,
+        conf: FuseConf,
+        root: Attr,
+        rt: tokio::runtime::Handle,
+        traces: Arc<crate::traces::FuseTraces>,
+    ) -> Fs {
+        let inodes = Inodes::new(&conf.fs_path, root, conf.meta_cache_ttl.0);
+        Fs {
+            client,
+            inodes,
+            rt,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            writers: Mutex::new(HashMap::new()),
+            generations: Mutex::new(HashMap::new()),
+            open: Mutex::new(HashMap::new()),
+            statfs: Mutex::new(None),
+            entry_ttl: conf.entry_timeout.0,
+            attr_ttl: conf.attr_timeout.0,
+            negative_ttl: conf.negative_timeout.0,
+            passthrough: std::sync::atomic::AtomicBool::new(false),
+            notifier: std::sync::OnceLock::new(),
+            passthrough_handles: Mutex::new(HashMap::new()),
+            open_locks: Mutex::new(HashMap::new()),
+            absent_xattrs: Mutex::new(HashMap::new()),
+            traces,
+            conf,
+        }
+    }
+
+    /// The runtime the mount's tasks run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.rt
+    }
+
+    pub fn stage_dir(&self) -> PathBuf {
+        if self.conf.stage_dir.is_empty() {
+            std::env::temp_dir()
+        } else {
+            PathBuf::from(&self.conf.stage_dir)
+        }
+    }
+
+    /// The size of a file as last known here.
+    pub fn known_size(&self, ino: u64) -> u64 {
+        self.inodes.attr(ino).map(|a| a.size).unwrap_or(0)
+    }
+
+    /// Connects the kernel notifier of the session.
+    pub fn set_notifier(&self, notifier: fuser::Notifier) {
+        let _ = self.notifier.set(notifier);
+    }
+
+    /// A writer task committed (or truncated) a file.
+    pub fn committed(&self, ino: u64, attr: Option<Attr>) {
+        *self.generations.lock().entry(ino).or_default() += 1;
+        if let Some(n) = self.notifier.get() {
+            // The kernel's cached attributes (ctime, mtime) are those of the
+            // open; it asks again. Offset -1: its page cache stays.
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
+        match attr {
+            Some(a) => self.inodes.set_attr(ino, a),
+            None => self.inodes.expire(ino),
+        }
+    }
+
+    pub(super) fn generation(&self, ino: u64) -> u64 {
+        self.generations.lock().get(&ino).copied().unwrap_or(0)
+    }
+
+    /// A writer task finished its last close: it ends unless a handle
+    /// opened the file for writing meanwhile.
+    pub fn writer_done(&self, ino: u64, flags: &Arc<write::Flags>) -> bool {
+        let mut writers = self.writers.lock();
+        if flags.handles.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        if writers
+            .get(&ino)
+            .is_some_and(|w| Arc::ptr_eq(&w.flags, flags))
+        {
+            writers.remove(&ino);
+        }
+        true
+    }
+
+    pub(super) fn writer(&self, ino: u64) -> Option<Arc<Writer>> {
+        self.writers.lock().get(&ino).cloned()
+    }
+
+    /// Attributes of an inode with this mount's uncommitted writes.
+    pub(super) fn with_writes(&self, ino: u64, mut attr: Attr) -> Attr {
+        if let Some(w) = self.writer(ino) {
+            w.overlay(&mut attr);
+        }
+        attr
+    }
+
+    pub(super) fn open_count(&self, ino: u64) -> u32 {
+        self.open.lock().get(&ino).copied().unwrap_or(0)
+    }
+
+    /// A handle of an open file (writer and backing file when it has them).
+    pub(super) fn add_file_handle(
+        &self,
+        ino: u64,
+        writer: Option<Arc<Writer>>,
+        backing: Option<Arc<fuser::BackingId>>,
+    ) -> u64 {
+        self.add_handle(Handle::File(Box::new(FileHandleState {
+            ino,
+            writer,
+            reader: tokio::sync::Mutex::new(None),
+            backing,
+        })))
+    }
+
+    pub(super) fn add_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if let Handle::File(f) = &handle {
+            *self.open.lock().entry(f.ino).or_default() += 1;
+            self.inodes.pin(f.ino);
+        }
+        self.handles.lock().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    pub(super) fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.handles
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| FsError::InvalidArgument(format!("file handle {fh} is not open")))
+    }
+}

@@ -1,0 +1,140 @@
+//! Extended attributes: setxattr, getxattr, listxattr, removexattr. An
+//! attribute found absent is remembered for the metadata TTL (the kernel
+//! asks for security.capability before every write).
+
+use std::ffi::OsStr;
+use std::time::Instant;
+
+use fuser::{Errno, INodeNo, ReplyEmpty, ReplyXattr};
+
+use curvine_messages::{FsError, XattrMode};
+
+use super::replies::{errno, name_str};
+use super::state::Fs;
+use super::CurvineFs;
+
+impl Fs {
+    /// Whether an extended attribute was found absent within the TTL.
+    fn xattr_absent(&self, ino: u64, name: &str) -> bool {
+        let ttl = self.conf.meta_cache_ttl.0;
+        self.absent_xattrs
+            .lock()
+            .get(&(ino, name.to_string()))
+            .is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    fn remember_absent_xattr(&self, ino: u64, name: &str) {
+        if self.conf.meta_cache_ttl.0.is_zero() {
+            return;
+        }
+        let mut absent = self.absent_xattrs.lock();
+        if absent.len() > 100_000 {
+            absent.clear();
+        }
+        absent.insert((ino, name.to_string()), Instant::now());
+    }
+
+    fn forget_absent_xattrs(&self, ino: u64) {
+        self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
+    }
+}
+
+pub(super) fn setxattr(
+    cfs: &CurvineFs,
+    ino: INodeNo,
+    name: &OsStr,
+    value: &[u8],
+    flags: i32,
+    reply: ReplyEmpty,
+) {
+    let fs = cfs.0.clone();
+    let name = name.to_os_string();
+    let value = value.to_vec();
+    cfs.spawn("setxattr", async move {
+        let name = try_reply!(reply, name_str(&name));
+        if name.starts_with("system.") {
+            reply.error(Errno::from_i32(libc::ENOTSUP));
+            return;
+        }
+        let mode = if flags & libc::XATTR_CREATE != 0 {
+            XattrMode::Create
+        } else if flags & libc::XATTR_REPLACE != 0 {
+            XattrMode::Replace
+        } else {
+            XattrMode::Any
+        };
+        let path = try_reply!(reply, fs.inodes.path(ino.0));
+        fs.forget_absent_xattrs(ino.0);
+        let result = fs.client.set_xattr(&path, name, &value, mode).await;
+        fs.forget_absent_xattrs(ino.0);
+        try_reply!(reply, result);
+        fs.inodes.expire(ino.0);
+        reply.ok();
+    });
+}
+
+pub(super) fn getxattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    let fs = cfs.0.clone();
+    // The kernel asks for security.capability before every write: a
+    // known absence is answered here, without a task.
+    if name.to_str().is_some_and(|n| fs.xattr_absent(ino.0, n)) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+        return;
+    }
+    let name = name.to_os_string();
+    cfs.spawn("getxattr", async move {
+        let name = try_reply!(reply, name_str(&name));
+        if name.starts_with("system.posix_acl") {
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
+        let path = try_reply!(reply, fs.inodes.path(ino.0));
+        match fs.client.get_xattr(&path, name).await {
+            Ok(value) => xattr_reply(reply, size, &value),
+            Err(e) => {
+                if matches!(e, FsError::NoData(_)) {
+                    fs.remember_absent_xattr(ino.0, name);
+                }
+                reply.error(errno(&e));
+            }
+        }
+    });
+}
+
+pub(super) fn listxattr(cfs: &CurvineFs, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    let fs = cfs.0.clone();
+    cfs.spawn("listxattr", async move {
+        let path = try_reply!(reply, fs.inodes.path(ino.0));
+        let names = try_reply!(reply, fs.client.list_xattr(&path).await);
+        let mut out = Vec::new();
+        for n in names {
+            out.extend_from_slice(n.as_bytes());
+            out.push(0);
+        }
+        xattr_reply(reply, size, &out);
+    });
+}
+
+pub(super) fn removexattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    let fs = cfs.0.clone();
+    let name = name.to_os_string();
+    cfs.spawn("removexattr", async move {
+        let name = try_reply!(reply, name_str(&name));
+        let path = try_reply!(reply, fs.inodes.path(ino.0));
+        let result = fs.client.remove_xattr(&path, name).await;
+        fs.forget_absent_xattrs(ino.0);
+        try_reply!(reply, result);
+        fs.inodes.expire(ino.0);
+        reply.ok();
+    });
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
+    }
+}
