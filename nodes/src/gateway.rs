@@ -202,7 +202,7 @@ impl Actor for Gateway {
                 leave,
                 reply,
             } => {
-                let _ = reply.send(leave_or_drain(
+                let _ = reply.send(crate::service::admin::leave_or_drain(
                     &state.view,
                     &state.data_dir,
                     &state.membership,
@@ -217,31 +217,4 @@ impl Actor for Gateway {
         }
         Ok(())
     }
-}
-
-/// Marks this node draining, or gone for good: then it announces that it
-/// left and records it in its data directory, so it does not start again.
-pub fn leave_or_drain(
-    view: &ClusterView,
-    data_dir: &std::path::Path,
-    membership: &Slot<MembershipMsg>,
-    draining: bool,
-    leave: bool,
-) -> FsResult<()> {
-    view.update_me(|me| me.draining = draining || leave);
-    if leave {
-        crate::identity::mark_left(data_dir, &view.cluster_id).map_err(|e| {
-            FsError::Io(format!(
-                "cannot record the decommission in {}: {e}",
-                data_dir.display()
-            ))
-        })?;
-        if let Some(m) = membership.current() {
-            let _ = m.cast(MembershipMsg::Leave);
-        }
-        tracing::warn!("this node was decommissioned and has left the cluster; it can be stopped");
-    } else if draining {
-        tracing::info!("this node is draining: it takes no new shards or blocks");
-    }
-    Ok(())
 }

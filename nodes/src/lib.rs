@@ -6,6 +6,7 @@ pub mod client_port;
 pub mod cluster_port;
 pub mod data_port;
 pub mod gateway;
+pub mod http;
 pub mod identity;
 pub mod join;
 pub mod node;

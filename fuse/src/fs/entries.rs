@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyCreate, ReplyEntry, Request};
 
+use curvine_client::io::{FileWriter, WriteOptions};
 use curvine_messages::rpc;
 use curvine_messages::FsResult;
-use curvine_node::io::{FileWriter, WriteOptions};
 
 use super::perms::Caller;
 use super::replies::{name_str, ErrorReply};

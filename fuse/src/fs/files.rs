@@ -11,8 +11,8 @@ use fuser::{
     ReplyLseek, ReplyOpen, ReplyWrite, Request,
 };
 
+use curvine_client::io::{FileReader, FileWriter};
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
-use curvine_node::io::{FileReader, FileWriter};
 
 use crate::write::{self, Writer};
 
@@ -263,7 +263,7 @@ pub(super) fn read(
 }
 
 pub(super) fn write(cfs: &CurvineFs, fh: FileHandle, offset: u64, data: &[u8], reply: ReplyWrite) {
-    let metrics = curvine_actors::stats::process();
+    let metrics = curvine_runtime::stats::process();
     metrics.add(
         "curvine_fuse_operations_total",
         "Kernel requests the FUSE mount answered, per operation.",

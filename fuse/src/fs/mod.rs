@@ -81,7 +81,7 @@ impl CurvineFs {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let metrics = curvine_actors::stats::process();
+        let metrics = curvine_runtime::stats::process();
         metrics.add(
             "curvine_fuse_operations_total",
             "Kernel requests the FUSE mount answered, per operation.",

@@ -13,7 +13,7 @@ use super::state::Fs;
 /// The errno of an error.
 pub fn errno(e: &FsError) -> Errno {
     crate::traces::answered_error(e);
-    curvine_actors::stats::process().add(
+    curvine_runtime::stats::process().add(
         "curvine_fuse_errors_total",
         "Kernel requests the FUSE mount answered with an error, per error kind.",
         &[("error", e.kind_name())],

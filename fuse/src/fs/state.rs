@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use fuser::INodeNo;
 use parking_lot::Mutex;
 
+use curvine_client::io::FileReader;
+use curvine_client::Client;
 use curvine_conf::FuseConf;
 use curvine_messages::{Attr, FsError, FsResult};
-use curvine_node::io::FileReader;
-use curvine_node::Client;
 
 use crate::inodes::Inodes;
 use crate::write::{self, Writer};

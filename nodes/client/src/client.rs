@@ -44,6 +44,22 @@ pub fn client_conf(config: &curvine_conf::Config) -> ClientConf {
     conf
 }
 
+/// Client settings for file I/O.
+#[derive(Debug, Clone)]
+pub struct IoConf {
+    pub short_circuit: bool,
+    pub read_ahead: u32,
+}
+
+impl From<&ClientConf> for IoConf {
+    fn from(c: &ClientConf) -> Self {
+        IoConf {
+            short_circuit: c.short_circuit,
+            read_ahead: c.read_ahead,
+        }
+    }
+}
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<FsResult<Response>>>>>;
 
 /// How far a failed request got.
@@ -93,7 +109,7 @@ pub struct Client {
     timeout: Duration,
     pub cluster_id: String,
     pub(crate) data: curvine_wire::data::DataPool,
-    pub(crate) io: crate::io::IoConf,
+    pub(crate) io: IoConf,
     /// The trace every request of this client joins (a traced command).
     trace: Option<TraceCtx>,
 }
@@ -303,7 +319,7 @@ impl Client {
                 conf.request_timeout.0,
                 curvine_wire::tls::for_data_port(&tls),
             ),
-            io: crate::io::IoConf::from(conf),
+            io: IoConf::from(conf),
             timeout: conf.request_timeout.0,
             trace: None,
             cluster_id: hello.cluster_id,

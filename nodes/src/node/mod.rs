@@ -43,8 +43,8 @@ use curvine_wire::tls::{for_data_port, Tls};
 
 use crate::data_port::DataContext;
 use crate::gateway::GatewayArgs;
+use crate::http::HttpHandle;
 use crate::identity::DataDir;
-use crate::service::http::HttpHandle;
 use crate::service::loader::UfsLoaderArgs;
 use crate::service::{Core, NodeInfo, Service, Subsystems};
 use cluster::ClusterPort;
@@ -256,7 +256,7 @@ async fn start_with(
     refresh_mounts(core.mounts.clone(), core.namespace.clone());
     let http = match ports.http {
         Some(l) => Some(
-            crate::service::http::serve_node(
+            crate::http::serve_node(
                 l,
                 service,
                 subsystems.reports.clone(),

@@ -263,7 +263,7 @@ impl Admin {
 
     async fn drain(&self, node: &str, draining: bool, leave: bool) -> FsResult<()> {
         if node == self.view.node_id {
-            crate::gateway::leave_or_drain(
+            leave_or_drain(
                 &self.view,
                 &self.data_dir,
                 &self.membership,
@@ -289,4 +289,31 @@ impl Admin {
             _ => Err(FsError::Unavailable(format!("node {node} did not answer"))),
         }
     }
+}
+
+/// Marks this node draining, or gone for good: then it announces that it
+/// left and records it in its data directory, so it does not start again.
+pub fn leave_or_drain(
+    view: &ClusterView,
+    data_dir: &std::path::Path,
+    membership: &Slot<MembershipMsg>,
+    draining: bool,
+    leave: bool,
+) -> FsResult<()> {
+    view.update_me(|me| me.draining = draining || leave);
+    if leave {
+        crate::identity::mark_left(data_dir, &view.cluster_id).map_err(|e| {
+            FsError::Io(format!(
+                "cannot record the decommission in {}: {e}",
+                data_dir.display()
+            ))
+        })?;
+        if let Some(m) = membership.current() {
+            let _ = m.cast(MembershipMsg::Leave);
+        }
+        tracing::warn!("this node was decommissioned and has left the cluster; it can be stopped");
+    } else if draining {
+        tracing::info!("this node is draining: it takes no new shards or blocks");
+    }
+    Ok(())
 }

@@ -15,15 +15,13 @@
 //! - [`scrub`]: verifying this node's blocks;
 //! - [`files`]: `fs free` and `fs blocks`;
 //! - [`reports`] (and [`metrics`]): reports, metrics, actor trees, traces
-//!   of every node;
-//! - [`http`]: the HTTP port (dashboard, JSON API, metrics).
+//!   of every node.
 //!
 //! [`Service`] answers client requests by handing each to its subsystem.
 
 pub mod admin;
 pub mod files;
 pub mod fills;
-pub mod http;
 pub mod journal;
 pub mod loader;
 pub mod loads;
@@ -65,20 +63,9 @@ use paths::Paths;
 use persist::Persistence;
 use placement::Placement;
 use replicas::Replicas;
+pub use reports::NodeInfo;
 use reports::Reports;
 use scrub::Scrub;
-
-/// What the node tells about itself in reports.
-#[derive(Debug, Clone)]
-pub struct NodeInfo {
-    pub cluster_id: String,
-    pub node_id: String,
-    pub rpc_addr: String,
-    pub cluster_addr: String,
-    pub data_addr: String,
-    pub data_dir: String,
-    pub started_ns: i64,
-}
 
 /// What the subsystems are built from: the node's stores and the stable
 /// handles of its actors (filled once the actors run).

@@ -18,7 +18,18 @@ use curvine_messages::{FsError, FsResult};
 
 use super::loads::Loads;
 use super::scrub::Scrub;
-use super::NodeInfo;
+
+/// What the node tells about itself in reports.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub cluster_id: String,
+    pub node_id: String,
+    pub rpc_addr: String,
+    pub cluster_addr: String,
+    pub data_addr: String,
+    pub data_dir: String,
+    pub started_ns: i64,
+}
 
 pub struct Reports {
     namespace: Arc<Namespace>,

@@ -122,3 +122,16 @@ pub(crate) async fn fetch_remote(
     }
     Ok(())
 }
+
+/// Short-circuit reads and writes complete without ever waiting, so a task
+/// doing nothing else would keep its runtime worker (and any task queued
+/// behind it there) to itself. Yield every few MiB.
+const YIELD_EVERY: usize = 4 << 20;
+
+pub(crate) async fn yield_sometimes(since: &mut usize, n: usize) {
+    *since += n;
+    if *since >= YIELD_EVERY {
+        *since = 0;
+        tokio::task::yield_now().await;
+    }
+}

@@ -10,8 +10,7 @@ use curvine_messages::rpc::{OpenRead, ReadOpen};
 use curvine_messages::{Attr, FsError, FsResult};
 use curvine_wire::data::{start_stream, BlockSource, BlockStream};
 
-use super::local::{fetch_remote, open_local_block, LocalBlock};
-use super::yield_sometimes;
+use super::local::{fetch_remote, open_local_block, yield_sometimes, LocalBlock};
 use crate::client::Client;
 
 /// Block files a reader keeps open for short-circuit reads.

@@ -16,8 +16,8 @@ use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
 use curvine_messages::{Attr, FsError, FsResult};
 use curvine_wire::data::{io_err, remote_block, BlockSource, DataConn};
 
-use super::local::read_once;
-use super::{client_name, yield_sometimes, FileReader};
+use super::local::{read_once, yield_sometimes};
+use super::reader::FileReader;
 use crate::client::Client;
 
 /// How a file is opened for writing.
@@ -589,4 +589,11 @@ fn block_info(grant: &BlockGrant, len: u64, crc: u32) -> BlockInfo {
         crc,
         locs: vec![grant.node.node_id.clone()],
     }
+}
+
+/// Who this client is, for write leases.
+fn client_name() -> String {
+    let key = curvine_wire::host::host_key();
+    let host = key.split('/').next().unwrap_or("");
+    format!("{host}:{}", std::process::id())
 }

@@ -24,8 +24,8 @@ use curvine_wire::cookie::same_secret;
 
 use curvine_actors::cluster::ClusterView;
 
-use super::reports::Reports;
-use super::Service;
+use crate::service::reports::Reports;
+use crate::service::Service;
 
 /// A running HTTP server.
 pub struct HttpHandle {
