@@ -110,3 +110,115 @@ impl ShardStore {
         Ok(table.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ShardIdentity, StoreOptions};
+
+    fn open(dir: &std::path::Path, shard: u16) -> ShardStore {
+        let identity = ShardIdentity {
+            cluster_id: "c1".into(),
+            shard,
+            shard_count: 2,
+        };
+        let options = StoreOptions {
+            map_size: 16 << 20,
+            max_readers: 8,
+            sync_commit: false,
+            wal: false,
+            wal_size: 0,
+            checkpoint_interval: std::time::Duration::ZERO,
+        };
+        ShardStore::open(&dir.join(format!("s{shard}")), &identity, &options).unwrap()
+    }
+
+    fn is_busy<T: std::fmt::Debug>(r: FsResult<T>, message: &str) -> bool {
+        matches!(r, Err(FsError::Busy(m)) if m == message)
+    }
+
+    fn is_invalid<T: std::fmt::Debug>(r: FsResult<T>, message: &str) -> bool {
+        matches!(r, Err(FsError::InvalidArgument(m)) if m == message)
+    }
+
+    /// The cluster map: a stale writer gets the stored map back (an error
+    /// only while there is none), and only shard 0 with the cluster's shard
+    /// count takes one.
+    #[test]
+    fn the_cluster_map_is_compare_and_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s0, s1) = (open(dir.path(), 0), open(dir.path(), 1));
+        let map = ClusterMap::single("n1", 2);
+        assert!(is_busy(
+            s0.write_now(|s, t| s.set_cluster_map(t, 5, &map)),
+            "the cluster map changed (version 0, expected 5)"
+        ));
+        assert_eq!(
+            s0.write_now(|s, t| s.set_cluster_map(t, 0, &map)),
+            Ok(map.clone())
+        );
+        let next = map.with_owner(1, "n2");
+        assert_eq!(
+            s0.write_now(|s, t| s.set_cluster_map(t, 0, &next)),
+            Ok(map.clone())
+        );
+        assert_eq!(
+            s0.write_now(|s, t| s.set_cluster_map(t, 1, &map)),
+            Ok(map.clone())
+        );
+        assert_eq!(
+            s0.write_now(|s, t| s.set_cluster_map(t, 1, &next)),
+            Ok(next.clone())
+        );
+        assert_eq!(
+            s0.read_txn().and_then(|t| s0.cluster_map(&t)),
+            Ok(Some(next.clone()))
+        );
+        assert!(is_invalid(
+            s0.write_now(|s, t| s.set_cluster_map(t, 2, &ClusterMap::single("n1", 3))),
+            "a cluster map names 3 shards; the cluster has 2"
+        ));
+        assert!(is_invalid(
+            s1.write_now(|s, t| s.set_cluster_map(t, 0, &ClusterMap::single("n1", 3))),
+            "the cluster map lives in shard 0, not shard 1"
+        ));
+        assert_eq!(s1.read_txn().and_then(|t| s1.cluster_map(&t)), Ok(None));
+    }
+
+    /// The mount table: a stale writer is refused, and only shard 0 takes one.
+    #[test]
+    fn the_mount_table_is_compare_and_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s0, s1) = (open(dir.path(), 0), open(dir.path(), 1));
+        assert_eq!(
+            s0.read_txn().and_then(|t| s0.mounts(&t)),
+            Ok(MountTable::default())
+        );
+        let first = MountTable {
+            version: 1,
+            next_id: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            s0.write_now(|s, t| s.set_mounts(t, 0, &first)),
+            Ok(first.clone())
+        );
+        assert!(is_busy(
+            s0.write_now(|s, t| s.set_mounts(t, 0, &first)),
+            "the mount table changed (version 1, expected 0); try again"
+        ));
+        assert!(is_busy(
+            s0.write_now(|s, t| s.set_mounts(t, 1, &first)),
+            "the mount table changed (version 1, expected 1); try again"
+        ));
+        assert_eq!(s0.read_txn().and_then(|t| s0.mounts(&t)), Ok(first));
+        assert!(is_invalid(
+            s1.write_now(|s, t| s.set_mounts(t, 0, &MountTable::default())),
+            "the mount table lives in shard 0, not shard 1"
+        ));
+        assert!(is_invalid(
+            s1.read_txn().and_then(|t| s1.journal_read(&t, 1)),
+            "the UFS journal lives in shard 0, not shard 1"
+        ));
+    }
+}
