@@ -6,7 +6,7 @@ use heed::RoTxn;
 use crate::txn::WriteTxn;
 
 use curvine_messages::cluster::ClusterMap;
-use curvine_messages::codec::encode_versioned;
+use curvine_messages::codec::{encode_versioned, Versioned};
 use curvine_messages::mount::MountTable;
 use curvine_messages::{FsError, FsResult};
 
@@ -16,13 +16,97 @@ use super::{decode, lmdb_err, ShardStore};
 pub(super) const MAP_KEY: &[u8] = b"cluster_map";
 pub(super) const MOUNTS_KEY: &[u8] = b"mount_table";
 
+/// A record of shard 0's `meta` table that is replaced whole by
+/// compare-and-set on its version (see [`ShardStore::compare_and_set`]).
+trait Shard0Record: Versioned + Clone {
+    /// Its key in the `meta` table.
+    const KEY: &'static [u8];
+    /// What errors call it.
+    const NAME: &'static str;
+
+    fn version(&self) -> u64;
+
+    /// Checks a new value against the shard before it is stored.
+    fn check(&self, _store: &ShardStore) -> FsResult<()> {
+        Ok(())
+    }
+}
+
+impl Shard0Record for ClusterMap {
+    const KEY: &'static [u8] = MAP_KEY;
+    const NAME: &'static str = "the cluster map";
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn check(&self, store: &ShardStore) -> FsResult<()> {
+        if self.shards.len() != store.shard_count as usize {
+            return Err(FsError::InvalidArgument(format!(
+                "a cluster map names {} shards; the cluster has {}",
+                self.shards.len(),
+                store.shard_count
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Shard0Record for MountTable {
+    const KEY: &'static [u8] = MOUNTS_KEY;
+    const NAME: &'static str = "the mount table";
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+}
+
 impl ShardStore {
-    /// The cluster map stored here (shard 0).
-    pub fn cluster_map(&self, txn: &RoTxn) -> FsResult<Option<ClusterMap>> {
-        match self.meta.get(txn, MAP_KEY).map_err(lmdb_err)? {
+    /// Fails unless this is shard 0, which holds `what`.
+    pub(super) fn shard0_only(&self, what: &str) -> FsResult<()> {
+        if self.shard != 0 {
+            return Err(FsError::InvalidArgument(format!(
+                "{what} lives in shard 0, not shard {}",
+                self.shard
+            )));
+        }
+        Ok(())
+    }
+
+    /// The record `T` stored here, if any.
+    fn shard0_record<T: Shard0Record>(&self, txn: &RoTxn) -> FsResult<Option<T>> {
+        match self.meta.get(txn, T::KEY).map_err(lmdb_err)? {
             Some(bytes) => Ok(Some(decode(bytes)?)),
             None => Ok(None),
         }
+    }
+
+    /// Stores `new` when the stored version (0 before the first) is
+    /// `expect` and `new`'s is higher, and returns it; otherwise returns
+    /// what `conflict` makes of the stored record and its version.
+    fn compare_and_set<T: Shard0Record>(
+        &self,
+        wtxn: &mut WriteTxn,
+        expect: u64,
+        new: &T,
+        conflict: impl FnOnce(Option<T>, u64) -> FsResult<T>,
+    ) -> FsResult<T> {
+        self.shard0_only(T::NAME)?;
+        new.check(self)?;
+        let current: Option<T> = self.shard0_record(wtxn)?;
+        let version = current.as_ref().map(T::version).unwrap_or(0);
+        if version != expect || new.version() <= version {
+            return conflict(current, version);
+        }
+        self.meta
+            .put(wtxn, T::KEY, &encode_versioned(new))
+            .map_err(lmdb_err)?;
+        Ok(new.clone())
+    }
+
+    /// The cluster map stored here (shard 0).
+    pub fn cluster_map(&self, txn: &RoTxn) -> FsResult<Option<ClusterMap>> {
+        self.shard0_record(txn)
     }
 
     /// At node start, before any writer runs: the stored cluster map, or
@@ -47,40 +131,18 @@ impl ShardStore {
         expect: u64,
         map: &ClusterMap,
     ) -> FsResult<ClusterMap> {
-        if self.shard != 0 {
-            return Err(FsError::InvalidArgument(format!(
-                "the cluster map lives in shard 0, not shard {}",
-                self.shard
-            )));
-        }
-        if map.shards.len() != self.shard_count as usize {
-            return Err(FsError::InvalidArgument(format!(
-                "a cluster map names {} shards; the cluster has {}",
-                map.shards.len(),
-                self.shard_count
-            )));
-        }
-        let current = self.cluster_map(wtxn)?;
-        let version = current.as_ref().map(|m| m.version).unwrap_or(0);
-        if version != expect || map.version <= version {
-            return current.ok_or_else(|| {
+        self.compare_and_set(wtxn, expect, map, |current, version| {
+            current.ok_or_else(|| {
                 FsError::Busy(format!(
                     "the cluster map changed (version {version}, expected {expect})"
                 ))
-            });
-        }
-        self.meta
-            .put(wtxn, MAP_KEY, &encode_versioned(map))
-            .map_err(lmdb_err)?;
-        Ok(map.clone())
+            })
+        })
     }
 
     /// The mount table stored here (shard 0); empty before the first mount.
     pub fn mounts(&self, txn: &RoTxn) -> FsResult<MountTable> {
-        match self.meta.get(txn, MOUNTS_KEY).map_err(lmdb_err)? {
-            Some(bytes) => decode(bytes),
-            None => Ok(MountTable::default()),
-        }
+        Ok(self.shard0_record(txn)?.unwrap_or_default())
     }
 
     /// Stores `table` when the stored version is `expect`; returns what is
@@ -91,23 +153,11 @@ impl ShardStore {
         expect: u64,
         table: &MountTable,
     ) -> FsResult<MountTable> {
-        if self.shard != 0 {
-            return Err(FsError::InvalidArgument(format!(
-                "the mount table lives in shard 0, not shard {}",
-                self.shard
-            )));
-        }
-        let current = self.mounts(wtxn)?;
-        if current.version != expect || table.version <= current.version {
-            return Err(FsError::Busy(format!(
-                "the mount table changed (version {}, expected {expect}); try again",
-                current.version
-            )));
-        }
-        self.meta
-            .put(wtxn, MOUNTS_KEY, &encode_versioned(table))
-            .map_err(lmdb_err)?;
-        Ok(table.clone())
+        self.compare_and_set(wtxn, expect, table, |_, version| {
+            Err(FsError::Busy(format!(
+                "the mount table changed (version {version}, expected {expect}); try again"
+            )))
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use crate::txn::WriteTxn;
 
 use curvine_messages::codec::encode_versioned;
 use curvine_messages::mount::{JournalEntry, UfsOp};
-use curvine_messages::{now_ns, FsError, FsResult};
+use curvine_messages::{now_ns, FsResult};
 
 use super::{decode, lmdb_err, ShardStore};
 
@@ -22,13 +22,7 @@ pub(super) const RECORD_PREFIX: &[u8] = b"rec/";
 
 impl ShardStore {
     fn journal_check(&self) -> FsResult<()> {
-        if self.shard != 0 {
-            return Err(FsError::InvalidArgument(format!(
-                "the UFS journal lives in shard 0, not shard {}",
-                self.shard
-            )));
-        }
-        Ok(())
+        self.shard0_only("the UFS journal")
     }
 
     /// Appends `ops` to the journal; their replays join `trace`.
