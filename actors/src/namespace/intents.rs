@@ -3,7 +3,7 @@
 //! fails before the irreversible one, and driven again after a restart.
 
 use curvine_messages::shard::{Intent, IntentOp, ShardMsg, Step, StepResult};
-use curvine_messages::{shard_of, Attr, FileKind, FsError, FsResult, OpId, ShardId};
+use curvine_messages::{shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId};
 
 use super::Namespace;
 use crate::store::check_rename_kinds;
@@ -96,7 +96,7 @@ impl Namespace {
     /// their recorded results). Returns the created directory for mkdir.
     pub async fn drive(&self, intent: Intent) -> FsResult<Option<Attr>> {
         let op = intent.op;
-        let home = shard_of(op);
+        let aborting = intent.aborting;
         match intent.action {
             IntentOp::Mkdir {
                 parent,
@@ -104,50 +104,11 @@ impl Namespace {
                 attrs,
                 child_shard,
             } => {
-                if intent.aborting {
-                    self.end_intent(op).await?;
-                    return Err(FsError::Io("mkdir was rolled back".into()));
-                }
-                let created = match self
-                    .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
+                self.drive_mkdir(op, aborting, parent, name, attrs, child_shard)
                     .await
-                {
-                    Ok(StepResult::Created(attr)) => *attr,
-                    Ok(other) => {
-                        return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}")))
-                    }
-                    Err(e) => return self.abort(op, &[], e).await,
-                };
-                self.step(
-                    home,
-                    op,
-                    2,
-                    Step::LinkName {
-                        parent,
-                        name,
-                        ino: created.ino,
-                        kind: FileKind::Dir,
-                    },
-                )
-                .await?;
-                self.end_intent(op).await?;
-                Ok(Some(created))
             }
             IntentOp::Rmdir { parent, name, ino } => {
-                if intent.aborting {
-                    self.end_intent(op).await?;
-                    return Err(FsError::NotEmpty(String::new()));
-                }
-                if let Err(e) = self
-                    .step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino })
-                    .await
-                {
-                    return self.abort(op, &[], e).await;
-                }
-                self.step(home, op, 2, Step::UnlinkName { parent, name, ino })
-                    .await?;
-                self.end_intent(op).await?;
-                Ok(None)
+                self.drive_rmdir(op, aborting, parent, name, ino).await
             }
             IntentOp::Rename {
                 src_parent,
@@ -157,108 +118,8 @@ impl Namespace {
                 ino,
                 kind,
             } => {
-                let dst_home = shard_of(dst_parent);
-                let unlock_dst = (
-                    dst_home,
-                    Step::UnlockName {
-                        parent: dst_parent,
-                        name: dst_name.clone(),
-                    },
-                );
-                if intent.aborting {
-                    self.step(dst_home, op, 8, unlock_dst.1).await?;
-                    self.end_intent(op).await?;
-                    return Err(FsError::Io("rename was rolled back".into()));
-                }
-                let existing = match self
-                    .step(
-                        dst_home,
-                        op,
-                        1,
-                        Step::LockName {
-                            parent: dst_parent,
-                            name: dst_name.clone(),
-                        },
-                    )
-                    .await
-                {
-                    Ok(StepResult::Existing(e)) => e,
-                    Ok(other) => {
-                        return Err(FsError::Corrupt(format!(
-                            "rename step 1 returned {other:?}"
-                        )))
-                    }
-                    Err(e) => return self.abort(op, &[], e).await,
-                };
-                if let Some(e) = &existing {
-                    if e.ino == ino {
-                        // Both names are links to one inode: POSIX does nothing.
-                        self.step(dst_home, op, 8, unlock_dst.1).await?;
-                        self.end_intent(op).await?;
-                        return Ok(None);
-                    }
-                    if let Err(err) = check_rename_kinds(kind, e.kind) {
-                        return self.abort(op, &[unlock_dst], err).await;
-                    }
-                    if e.kind == FileKind::Dir {
-                        if let Err(err) = self
-                            .step(
-                                shard_of(e.ino),
-                                op,
-                                2,
-                                Step::RemoveDirIfEmpty { ino: e.ino },
-                            )
-                            .await
-                        {
-                            return self.abort(op, &[unlock_dst], err).await;
-                        }
-                    }
-                }
-                self.step(
-                    dst_home,
-                    op,
-                    3,
-                    Step::LinkName {
-                        parent: dst_parent,
-                        name: dst_name,
-                        ino,
-                        kind,
-                    },
-                )
-                .await?;
-                self.step(
-                    home,
-                    op,
-                    4,
-                    Step::UnlinkName {
-                        parent: src_parent,
-                        name: src_name,
-                        ino,
-                    },
-                )
-                .await?;
-                if kind == FileKind::Dir && src_parent != dst_parent {
-                    self.step(
-                        shard_of(ino),
-                        op,
-                        5,
-                        Step::SetDirParent {
-                            ino,
-                            parent: dst_parent,
-                        },
-                    )
-                    .await?;
-                }
-                let mut touched = vec![dst_home, shard_of(ino)];
-                if let Some(e) = existing.clone().filter(|e| e.kind != FileKind::Dir) {
-                    self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino })
-                        .await?;
-                    touched.push(shard_of(e.ino));
-                } else if let Some(e) = &existing {
-                    touched.push(shard_of(e.ino));
-                }
-                self.end_intent(op).await?;
-                Ok(None)
+                let (src, dst) = ((src_parent, src_name), (dst_parent, dst_name));
+                self.drive_rename(op, aborting, src, dst, ino, kind).await
             }
             IntentOp::DropLink { ino } => {
                 self.step(shard_of(ino), op, 1, Step::DropLink { ino })
@@ -267,6 +128,195 @@ impl Namespace {
                 Ok(None)
             }
         }
+    }
+
+    /// A mkdir across shards: the new directory's inode in its own shard
+    /// (step 1), then its name in the parent's (step 2).
+    async fn drive_mkdir(
+        &self,
+        op: OpId,
+        aborting: bool,
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        child_shard: ShardId,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        if aborting {
+            self.end_intent(op).await?;
+            return Err(FsError::Io("mkdir was rolled back".into()));
+        }
+        let created = match self
+            .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
+            .await
+        {
+            Ok(StepResult::Created(attr)) => *attr,
+            Ok(other) => return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}"))),
+            Err(e) => return self.abort(op, &[], e).await,
+        };
+        self.step(
+            home,
+            op,
+            2,
+            Step::LinkName {
+                parent,
+                name,
+                ino: created.ino,
+                kind: FileKind::Dir,
+            },
+        )
+        .await?;
+        self.end_intent(op).await?;
+        Ok(Some(created))
+    }
+
+    /// An rmdir of a directory held by another shard: the directory goes
+    /// when it is empty (step 1), then its name (step 2).
+    async fn drive_rmdir(
+        &self,
+        op: OpId,
+        aborting: bool,
+        parent: Ino,
+        name: String,
+        ino: Ino,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        if aborting {
+            self.end_intent(op).await?;
+            return Err(FsError::NotEmpty(String::new()));
+        }
+        if let Err(e) = self
+            .step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino })
+            .await
+        {
+            return self.abort(op, &[], e).await;
+        }
+        self.step(home, op, 2, Step::UnlinkName { parent, name, ino })
+            .await?;
+        self.end_intent(op).await?;
+        Ok(None)
+    }
+
+    /// A rename across shards, of `ino` (a `kind`) from `src` to `dst`
+    /// (each a directory and a name): the target name is locked (step 1)
+    /// and a directory it names removed when empty (step 2), then the new
+    /// name is linked (3), the old one unlinked (4), a moved directory's
+    /// parent set (5) and a replaced file's link dropped (6). Step 8
+    /// releases the target name when the rename is rolled back or has
+    /// nothing to do.
+    async fn drive_rename(
+        &self,
+        op: OpId,
+        aborting: bool,
+        src: (Ino, String),
+        dst: (Ino, String),
+        ino: Ino,
+        kind: FileKind,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        let ((src_parent, src_name), (dst_parent, dst_name)) = (src, dst);
+        let dst_home = shard_of(dst_parent);
+        let unlock_dst = (
+            dst_home,
+            Step::UnlockName {
+                parent: dst_parent,
+                name: dst_name.clone(),
+            },
+        );
+        if aborting {
+            self.step(dst_home, op, 8, unlock_dst.1).await?;
+            self.end_intent(op).await?;
+            return Err(FsError::Io("rename was rolled back".into()));
+        }
+        let existing = match self
+            .step(
+                dst_home,
+                op,
+                1,
+                Step::LockName {
+                    parent: dst_parent,
+                    name: dst_name.clone(),
+                },
+            )
+            .await
+        {
+            Ok(StepResult::Existing(e)) => e,
+            Ok(other) => {
+                return Err(FsError::Corrupt(format!(
+                    "rename step 1 returned {other:?}"
+                )))
+            }
+            Err(e) => return self.abort(op, &[], e).await,
+        };
+        if let Some(e) = &existing {
+            if e.ino == ino {
+                // Both names are links to one inode: POSIX does nothing.
+                self.step(dst_home, op, 8, unlock_dst.1).await?;
+                self.end_intent(op).await?;
+                return Ok(None);
+            }
+            if let Err(err) = check_rename_kinds(kind, e.kind) {
+                return self.abort(op, &[unlock_dst], err).await;
+            }
+            if e.kind == FileKind::Dir {
+                if let Err(err) = self
+                    .step(
+                        shard_of(e.ino),
+                        op,
+                        2,
+                        Step::RemoveDirIfEmpty { ino: e.ino },
+                    )
+                    .await
+                {
+                    return self.abort(op, &[unlock_dst], err).await;
+                }
+            }
+        }
+        self.step(
+            dst_home,
+            op,
+            3,
+            Step::LinkName {
+                parent: dst_parent,
+                name: dst_name,
+                ino,
+                kind,
+            },
+        )
+        .await?;
+        self.step(
+            home,
+            op,
+            4,
+            Step::UnlinkName {
+                parent: src_parent,
+                name: src_name,
+                ino,
+            },
+        )
+        .await?;
+        if kind == FileKind::Dir && src_parent != dst_parent {
+            self.step(
+                shard_of(ino),
+                op,
+                5,
+                Step::SetDirParent {
+                    ino,
+                    parent: dst_parent,
+                },
+            )
+            .await?;
+        }
+        let mut touched = vec![dst_home, shard_of(ino)];
+        if let Some(e) = existing.clone().filter(|e| e.kind != FileKind::Dir) {
+            self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino })
+                .await?;
+            touched.push(shard_of(e.ino));
+        } else if let Some(e) = &existing {
+            touched.push(shard_of(e.ino));
+        }
+        self.end_intent(op).await?;
+        Ok(None)
     }
 
     /// Rolls an intent back before anything irreversible happened: mark it,
