@@ -1,5 +1,6 @@
 //! Shard 0's cluster-wide records in its `meta` table: the cluster map and
-//! the mount table, each replaced whole by compare-and-set on its version.
+//! the mount table, each replaced whole by compare-and-set on its version
+//! (`compare_and_set`).
 
 use heed::RoTxn;
 
@@ -16,51 +17,6 @@ use super::{decode, lmdb_err, ShardStore};
 pub(super) const MAP_KEY: &[u8] = b"cluster_map";
 pub(super) const MOUNTS_KEY: &[u8] = b"mount_table";
 
-/// A record of shard 0's `meta` table that is replaced whole by
-/// compare-and-set on its version (see [`ShardStore::compare_and_set`]).
-trait Shard0Record: Versioned + Clone {
-    /// Its key in the `meta` table.
-    const KEY: &'static [u8];
-    /// What errors call it.
-    const NAME: &'static str;
-
-    fn version(&self) -> u64;
-
-    /// Checks a new value against the shard before it is stored.
-    fn check(&self, _store: &ShardStore) -> FsResult<()> {
-        Ok(())
-    }
-}
-
-impl Shard0Record for ClusterMap {
-    const KEY: &'static [u8] = MAP_KEY;
-    const NAME: &'static str = "the cluster map";
-
-    fn version(&self) -> u64 {
-        self.version
-    }
-
-    fn check(&self, store: &ShardStore) -> FsResult<()> {
-        if self.shards.len() != store.shard_count as usize {
-            return Err(FsError::InvalidArgument(format!(
-                "a cluster map names {} shards; the cluster has {}",
-                self.shards.len(),
-                store.shard_count
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Shard0Record for MountTable {
-    const KEY: &'static [u8] = MOUNTS_KEY;
-    const NAME: &'static str = "the mount table";
-
-    fn version(&self) -> u64 {
-        self.version
-    }
-}
-
 impl ShardStore {
     /// Fails unless this is shard 0, which holds `what`.
     pub(super) fn shard0_only(&self, what: &str) -> FsResult<()> {
@@ -73,40 +29,41 @@ impl ShardStore {
         Ok(())
     }
 
-    /// The record `T` stored here, if any.
-    fn shard0_record<T: Shard0Record>(&self, txn: &RoTxn) -> FsResult<Option<T>> {
-        match self.meta.get(txn, T::KEY).map_err(lmdb_err)? {
+    /// The record at `key` of the `meta` table, if any.
+    fn shard0_record<T: Versioned>(&self, txn: &RoTxn, key: &[u8]) -> FsResult<Option<T>> {
+        match self.meta.get(txn, key).map_err(lmdb_err)? {
             Some(bytes) => Ok(Some(decode(bytes)?)),
             None => Ok(None),
         }
     }
 
-    /// Stores `new` when the stored version (0 before the first) is
-    /// `expect` and `new`'s is higher, and returns it; otherwise returns
-    /// what `conflict` makes of the stored record and its version.
-    fn compare_and_set<T: Shard0Record>(
+    /// Stores `new` at `key` of the `meta` table when the stored record's
+    /// `version` (0 before the first) is `expect` and `new`'s is higher, and
+    /// returns it; otherwise returns what `conflict` makes of the stored
+    /// record and its version.
+    fn compare_and_set<T: Versioned + Clone>(
         &self,
         wtxn: &mut WriteTxn,
+        key: &[u8],
         expect: u64,
         new: &T,
+        version: impl Fn(&T) -> u64,
         conflict: impl FnOnce(Option<T>, u64) -> FsResult<T>,
     ) -> FsResult<T> {
-        self.shard0_only(T::NAME)?;
-        new.check(self)?;
-        let current: Option<T> = self.shard0_record(wtxn)?;
-        let version = current.as_ref().map(T::version).unwrap_or(0);
-        if version != expect || new.version() <= version {
-            return conflict(current, version);
+        let current: Option<T> = self.shard0_record(wtxn, key)?;
+        let stored = current.as_ref().map(&version).unwrap_or(0);
+        if stored != expect || version(new) <= stored {
+            return conflict(current, stored);
         }
         self.meta
-            .put(wtxn, T::KEY, &encode_versioned(new))
+            .put(wtxn, key, &encode_versioned(new))
             .map_err(lmdb_err)?;
         Ok(new.clone())
     }
 
     /// The cluster map stored here (shard 0).
     pub fn cluster_map(&self, txn: &RoTxn) -> FsResult<Option<ClusterMap>> {
-        self.shard0_record(txn)
+        self.shard0_record(txn, MAP_KEY)
     }
 
     /// At node start, before any writer runs: the stored cluster map, or
@@ -131,7 +88,16 @@ impl ShardStore {
         expect: u64,
         map: &ClusterMap,
     ) -> FsResult<ClusterMap> {
-        self.compare_and_set(wtxn, expect, map, |current, version| {
+        self.shard0_only("the cluster map")?;
+        if map.shards.len() != self.shard_count as usize {
+            return Err(FsError::InvalidArgument(format!(
+                "a cluster map names {} shards; the cluster has {}",
+                map.shards.len(),
+                self.shard_count
+            )));
+        }
+        let version = |m: &ClusterMap| m.version;
+        self.compare_and_set(wtxn, MAP_KEY, expect, map, version, |current, version| {
             current.ok_or_else(|| {
                 FsError::Busy(format!(
                     "the cluster map changed (version {version}, expected {expect})"
@@ -142,7 +108,7 @@ impl ShardStore {
 
     /// The mount table stored here (shard 0); empty before the first mount.
     pub fn mounts(&self, txn: &RoTxn) -> FsResult<MountTable> {
-        Ok(self.shard0_record(txn)?.unwrap_or_default())
+        Ok(self.shard0_record(txn, MOUNTS_KEY)?.unwrap_or_default())
     }
 
     /// Stores `table` when the stored version is `expect`; returns what is
@@ -153,7 +119,9 @@ impl ShardStore {
         expect: u64,
         table: &MountTable,
     ) -> FsResult<MountTable> {
-        self.compare_and_set(wtxn, expect, table, |_, version| {
+        self.shard0_only("the mount table")?;
+        let version = |t: &MountTable| t.version;
+        self.compare_and_set(wtxn, MOUNTS_KEY, expect, table, version, |_, version| {
             Err(FsError::Busy(format!(
                 "the mount table changed (version {version}, expected {expect}); try again"
             )))
