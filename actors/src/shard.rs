@@ -118,10 +118,10 @@ impl ShardState {
             | ShardMsg::CheckBlocks { .. }
             | ShardMsg::TakeFreed { .. }
             | ShardMsg::ForgetFreed { .. }
+            | ShardMsg::ReclaimPending { .. }
             | ShardMsg::ScanBlocks { .. }
             | ShardMsg::SetLocs { .. }
-            | ShardMsg::DropCopy { .. }
-            | ShardMsg::ReclaimPending { .. }) => self.file_data(m),
+            | ShardMsg::DropCopy { .. }) => self.file_data(m),
             m @ (ShardMsg::BeginIntent { .. }
             | ShardMsg::AbortIntent { .. }
             | ShardMsg::ApplyStep { .. }
@@ -302,6 +302,23 @@ impl ShardState {
             ShardMsg::ForgetFreed { ids } => {
                 self.write_unanswered(move |s, t| s.forget_freed(t, &ids))
             }
+            ShardMsg::ReclaimPending {
+                lease_before_ns,
+                fill_before_ns,
+            } => {
+                let shard = self.store.shard;
+                self.write_unanswered(move |s, t| {
+                    let n = s.reclaim_pending(t, lease_before_ns, fill_before_ns)?;
+                    if n > 0 {
+                        tracing::info!(
+                            shard,
+                            files = n,
+                            "freed the unfinished blocks of writers that are gone"
+                        );
+                    }
+                    Ok(())
+                })
+            }
             ShardMsg::ScanBlocks {
                 after,
                 limit,
@@ -320,23 +337,6 @@ impl ShardState {
                 apply,
                 reply,
             } => self.write(reply, move |s, t| s.drop_copy(t, id, &node, apply)),
-            ShardMsg::ReclaimPending {
-                lease_before_ns,
-                fill_before_ns,
-            } => {
-                let shard = self.store.shard;
-                self.write_unanswered(move |s, t| {
-                    let n = s.reclaim_pending(t, lease_before_ns, fill_before_ns)?;
-                    if n > 0 {
-                        tracing::info!(
-                            shard,
-                            files = n,
-                            "freed the unfinished blocks of writers that are gone"
-                        );
-                    }
-                    Ok(())
-                })
-            }
             other => misrouted(other),
         }
     }
