@@ -50,7 +50,7 @@ impl Tier {
 }
 
 /// The node's block files and their index. Reads (the data port) use it
-/// directly; every change goes through the [`BlockManager`].
+/// directly; every change goes through the [`BlockManager`](super::BlockManager).
 pub struct BlockStore {
     env: &'static Env<WithoutTls>,
     db: Database<'static, Bytes, Bytes>,
