@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use curvine_messages::shard::ShardMsg;
-use curvine_messages::trace::{Outcome, Traced};
+use curvine_messages::trace::{Outcome, TraceCtx, Traced};
 use curvine_messages::{now_ns, FsResult};
 
 use crate::stats::{ActorStats, Metrics};
@@ -89,6 +89,449 @@ impl ShardState {
         self.writer
             .submit_traced(move |txn| f(&store, txn), |_| {}, self.span.take());
     }
+}
+
+impl ShardState {
+    /// Hands a message to the handler of its group.
+    fn dispatch(&mut self, message: ShardMsg, ctx: Option<TraceCtx>) {
+        match message {
+            m @ (ShardMsg::Lookup { .. }
+            | ShardMsg::LookupAttr { .. }
+            | ShardMsg::GetAttr { .. }
+            | ShardMsg::ReadDir { .. }
+            | ShardMsg::ReadDirPlus { .. }
+            | ShardMsg::Create { .. }
+            | ShardMsg::MkdirLocal { .. }
+            | ShardMsg::SetAttr { .. }
+            | ShardMsg::Unlink { .. }
+            | ShardMsg::RmdirLocal { .. }
+            | ShardMsg::RenameLocal { .. }) => self.namespace(m),
+            m @ (ShardMsg::SetXattr { .. }
+            | ShardMsg::GetXattr { .. }
+            | ShardMsg::ListXattr { .. }
+            | ShardMsg::RemoveXattr { .. }) => self.xattrs(m),
+            m @ (ShardMsg::OpenWrite { .. }
+            | ShardMsg::CreateFile { .. }
+            | ShardMsg::AddBlock { .. }
+            | ShardMsg::CompleteFile { .. }
+            | ShardMsg::FileBlocks { .. }
+            | ShardMsg::CheckBlocks { .. }
+            | ShardMsg::TakeFreed { .. }
+            | ShardMsg::ForgetFreed { .. }
+            | ShardMsg::ReclaimPending { .. }
+            | ShardMsg::ScanBlocks { .. }
+            | ShardMsg::SetLocs { .. }
+            | ShardMsg::DropCopy { .. }) => self.file_data(m),
+            m @ (ShardMsg::BeginIntent { .. }
+            | ShardMsg::AbortIntent { .. }
+            | ShardMsg::ApplyStep { .. }
+            | ShardMsg::EndIntent { .. }
+            | ShardMsg::ListIntents { .. }
+            | ShardMsg::SweepOps { .. }) => self.intents(m),
+            m @ (ShardMsg::GetMap { .. }
+            | ShardMsg::SetMap { .. }
+            | ShardMsg::GetMounts { .. }
+            | ShardMsg::SetMounts { .. }
+            | ShardMsg::JournalAppend { .. }
+            | ShardMsg::JournalRead { .. }
+            | ShardMsg::JournalTrim { .. }
+            | ShardMsg::RecordPut { .. }
+            | ShardMsg::RecordScan { .. }) => self.shard0_records(m, ctx),
+            m @ (ShardMsg::SetUfs { .. }
+            | ShardMsg::UfsSync { .. }
+            | ShardMsg::UfsRefresh { .. }
+            | ShardMsg::UfsPersisted { .. }
+            | ShardMsg::UfsAddBlock { .. }
+            | ShardMsg::UfsCommitBlock { .. }
+            | ShardMsg::UfsAbortBlock { .. }
+            | ShardMsg::UfsEvict { .. }) => self.ufs(m),
+            m @ (ShardMsg::Stats { .. }
+            | ShardMsg::Scan { .. }
+            | ShardMsg::Export { .. }
+            | ShardMsg::Import { .. }
+            | ShardMsg::DropAll { .. }
+            | ShardMsg::Freeze { .. }
+            | ShardMsg::Unfreeze { .. }) => self.whole_shard(m),
+            m @ (ShardMsg::LockRenames { .. } | ShardMsg::UnlockRenames { .. }) => {
+                self.rename_lock(m)
+            }
+        }
+    }
+
+    /// Refuses a message while the shard is being moved away.
+    fn refuse_frozen(&mut self, message: ShardMsg) {
+        let shard = self.store.shard;
+        let e = curvine_messages::FsError::Unavailable(format!(
+            "shard {shard} is moving to another node"
+        ));
+        if let Some(span) = self.span.take() {
+            span.end(Outcome::Error(e.kind_name().to_string()));
+        }
+        message.fail(e);
+    }
+
+    /// Reads and single-shard changes of inodes and entries.
+    fn namespace(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::Lookup {
+                parent,
+                name,
+                reply,
+            } => self.read(reply, |s, t| s.lookup(t, parent, &name)),
+            ShardMsg::LookupAttr {
+                parent,
+                name,
+                reply,
+            } => self.read(reply, |s, t| s.lookup_attr(t, parent, &name)),
+            ShardMsg::GetAttr { ino, reply } => self.read(reply, |s, t| s.getattr(t, ino)),
+            ShardMsg::ReadDir {
+                ino,
+                after,
+                limit,
+                reply,
+            } => self.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit)),
+            ShardMsg::ReadDirPlus {
+                ino,
+                after,
+                limit,
+                reply,
+            } => self.read(reply, |s, t| {
+                s.readdir_plus(t, ino, after.as_deref(), limit)
+            }),
+            ShardMsg::Create {
+                parent,
+                name,
+                attrs,
+                file,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.create(t, parent, &name, &attrs, file.as_ref())
+            }),
+            ShardMsg::MkdirLocal {
+                parent,
+                name,
+                attrs,
+                reply,
+            } => self.write(reply, move |s, t| s.mkdir_local(t, parent, &name, &attrs)),
+            ShardMsg::SetAttr { ino, set, reply } => {
+                self.write(reply, move |s, t| s.setattr(t, ino, &set))
+            }
+            ShardMsg::Unlink {
+                parent,
+                name,
+                reply,
+            } => self.write(reply, move |s, t| s.unlink(t, parent, &name)),
+            ShardMsg::RmdirLocal {
+                parent,
+                name,
+                reply,
+            } => self.write(reply, move |s, t| s.rmdir_local(t, parent, &name)),
+            ShardMsg::RenameLocal {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.rename_local(t, src_parent, &src_name, dst_parent, &dst_name)
+            }),
+            other => misrouted(other),
+        }
+    }
+
+    /// Extended attributes.
+    fn xattrs(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::SetXattr {
+                ino,
+                name,
+                value,
+                mode,
+                reply,
+            } => self.write(reply, move |s, t| s.set_xattr(t, ino, &name, &value, mode)),
+            ShardMsg::GetXattr { ino, name, reply } => {
+                self.read(reply, |s, t| s.get_xattr(t, ino, &name))
+            }
+            ShardMsg::ListXattr { ino, reply } => self.read(reply, |s, t| s.list_xattr(t, ino)),
+            ShardMsg::RemoveXattr { ino, name, reply } => {
+                self.write(reply, move |s, t| s.remove_xattr(t, ino, &name))
+            }
+            other => misrouted(other),
+        }
+    }
+
+    /// Files' data: writers and their leases, blocks and their nodes, freed
+    /// blocks.
+    fn file_data(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::OpenWrite { ino, open, reply } => {
+                self.write(reply, move |s, t| s.open_write(t, ino, &open))
+            }
+            ShardMsg::CreateFile {
+                parent,
+                name,
+                attrs,
+                file,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.create_file(t, parent, &name, &attrs, &file)
+            }),
+            ShardMsg::AddBlock {
+                ino,
+                handle,
+                index,
+                reply,
+            } => self.write(reply, move |s, t| s.add_block(t, ino, handle, index)),
+            ShardMsg::CompleteFile {
+                ino,
+                handle,
+                size,
+                blocks,
+                ufs,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())
+            }),
+            ShardMsg::FileBlocks { ino, reply } => {
+                self.read(reply, |s, t| s.file_with_blocks(t, ino))
+            }
+            ShardMsg::CheckBlocks { ids, node, reply } => {
+                self.read(reply, |s, t| s.check_blocks(t, &ids, &node))
+            }
+            ShardMsg::TakeFreed { limit, reply } => self.read(reply, |s, t| s.take_freed(t, limit)),
+            ShardMsg::ForgetFreed { ids } => {
+                self.write_unanswered(move |s, t| s.forget_freed(t, &ids))
+            }
+            ShardMsg::ReclaimPending {
+                lease_before_ns,
+                fill_before_ns,
+            } => {
+                let shard = self.store.shard;
+                self.write_unanswered(move |s, t| {
+                    let n = s.reclaim_pending(t, lease_before_ns, fill_before_ns)?;
+                    if n > 0 {
+                        tracing::info!(
+                            shard,
+                            files = n,
+                            "freed the unfinished blocks of writers that are gone"
+                        );
+                    }
+                    Ok(())
+                })
+            }
+            ShardMsg::ScanBlocks {
+                after,
+                limit,
+                reply,
+            } => self.read(reply, |s, t| s.scan_blocks(t, after, limit.min(4096))),
+            ShardMsg::SetLocs {
+                ino,
+                index,
+                id,
+                locs,
+                reply,
+            } => self.write(reply, move |s, t| s.set_locs(t, ino, index, id, &locs)),
+            ShardMsg::DropCopy {
+                id,
+                node,
+                apply,
+                reply,
+            } => self.write(reply, move |s, t| s.drop_copy(t, id, &node, apply)),
+            other => misrouted(other),
+        }
+    }
+
+    /// Cross-shard operations: their intents and steps, and old step records.
+    fn intents(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::BeginIntent { action, reply } => {
+                self.write(reply, move |s, t| s.begin_intent(t, &action))
+            }
+            ShardMsg::AbortIntent { op, reply } => {
+                self.write(reply, move |s, t| s.abort_intent(t, op))
+            }
+            ShardMsg::ApplyStep {
+                op,
+                step_no,
+                step,
+                reply,
+            } => self.write(reply, move |s, t| s.apply_step(t, op, step_no, &step)),
+            ShardMsg::EndIntent { op, reply } => self.write(reply, move |s, t| s.end_intent(t, op)),
+            ShardMsg::ListIntents { reply } => self.read(reply, |s, t| s.intents(t)),
+            ShardMsg::SweepOps { before_ns } => {
+                let shard = self.store.shard;
+                self.write_unanswered(move |s, t| {
+                    let n = s.sweep_op_records(t, before_ns)?;
+                    if n > 0 {
+                        tracing::debug!(shard, swept = n, "removed old step records");
+                    }
+                    Ok(())
+                })
+            }
+            other => misrouted(other),
+        }
+    }
+
+    /// Shard 0's records: the cluster map, the mount table, the UFS journal
+    /// and service records. `ctx` is the trace of the message.
+    fn shard0_records(&mut self, message: ShardMsg, ctx: Option<TraceCtx>) {
+        match message {
+            ShardMsg::GetMap { reply } => self.read(reply, |s, t| s.cluster_map(t)),
+            ShardMsg::SetMap { expect, map, reply } => {
+                self.write(reply, move |s, t| s.set_cluster_map(t, expect, &map))
+            }
+            ShardMsg::GetMounts { reply } => self.read(reply, |s, t| s.mounts(t)),
+            ShardMsg::SetMounts {
+                expect,
+                table,
+                reply,
+            } => self.write(reply, move |s, t| s.set_mounts(t, expect, &table)),
+            // The replays join the trace of the request that made the change.
+            ShardMsg::JournalAppend { mount, ops, reply } => {
+                self.write(reply, move |s, t| s.journal_append(t, mount, &ops, ctx))
+            }
+            ShardMsg::JournalRead { limit, reply } => {
+                self.read(reply, move |s, t| s.journal_read(t, limit))
+            }
+            ShardMsg::JournalTrim { upto, reply } => {
+                self.write(reply, move |s, t| s.journal_trim(t, upto))
+            }
+            ShardMsg::RecordPut { entries, reply } => {
+                self.write(reply, move |s, t| s.record_put(t, &entries))
+            }
+            ShardMsg::RecordScan {
+                prefix,
+                after,
+                limit,
+                reply,
+            } => self.read(reply, move |s, t| {
+                s.record_scan(t, &prefix, after.as_deref(), limit)
+            }),
+            other => misrouted(other),
+        }
+    }
+
+    /// What inodes mirror of their UFS objects.
+    fn ufs(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::SetUfs { ino, ufs, reply } => {
+                self.write(reply, move |s, t| s.set_ufs(t, ino, ufs))
+            }
+            ShardMsg::UfsSync {
+                parent,
+                mount,
+                files,
+                owner,
+                spec,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.ufs_sync(t, parent, mount, &files, &owner, &spec)
+            }),
+            ShardMsg::UfsRefresh {
+                ino,
+                mount,
+                file,
+                now_ns,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.ufs_refresh(t, ino, mount, &file, now_ns)
+            }),
+            ShardMsg::UfsPersisted {
+                ino,
+                since_ns,
+                state: ufs,
+                reply,
+            } => self.write(reply, move |s, t| s.ufs_persisted(t, ino, since_ns, &ufs)),
+            ShardMsg::UfsAddBlock {
+                ino,
+                index,
+                expect,
+                reply,
+            } => self.write(reply, move |s, t| s.ufs_add_block(t, ino, index, &expect)),
+            ShardMsg::UfsCommitBlock {
+                ino,
+                info,
+                expect,
+                reply,
+            } => self.write(reply, move |s, t| {
+                s.ufs_commit_block(t, ino, &info, &expect)
+            }),
+            ShardMsg::UfsAbortBlock { ino, id, reply } => {
+                self.write(reply, move |s, t| s.ufs_abort_block(t, ino, id))
+            }
+            ShardMsg::UfsEvict { ino, reply } => self.write(reply, move |s, t| s.ufs_evict(t, ino)),
+            other => misrouted(other),
+        }
+    }
+
+    /// The shard as a whole: its counters and content, and moving it (export,
+    /// import, drop, freeze).
+    fn whole_shard(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::Stats { reply } => self.read(reply, |s, t| s.stats(t)),
+            ShardMsg::Scan { reply } => self.read(reply, |s, t| s.scan(t)),
+            ShardMsg::Export {
+                from,
+                max_bytes,
+                reply,
+            } => self.read(reply, |s, t| {
+                s.export(t, from, (max_bytes as usize).clamp(4096, 4 << 20))
+            }),
+            ShardMsg::Import { records, reply } => {
+                self.write(reply, move |s, t| s.import(t, &records))
+            }
+            ShardMsg::DropAll { reply } => self.write(reply, |s, t| s.drop_all(t)),
+            ShardMsg::Freeze { reply } => {
+                self.store
+                    .frozen
+                    .store(true, std::sync::atomic::Ordering::Release);
+                // Answered after the writer committed everything queued before.
+                self.write(reply, |_, _| Ok(()));
+            }
+            ShardMsg::Unfreeze { reply } => {
+                self.store
+                    .frozen
+                    .store(false, std::sync::atomic::Ordering::Release);
+                answer(reply, Ok(()));
+            }
+            other => misrouted(other),
+        }
+    }
+
+    /// The cluster's rename lock, held in memory (by shard 0).
+    fn rename_lock(&mut self, message: ShardMsg) {
+        match message {
+            ShardMsg::LockRenames {
+                holder,
+                lease_ms,
+                reply,
+            } => {
+                let now = std::time::Instant::now();
+                let free = match &self.rename_lock {
+                    None => true,
+                    Some((h, until)) => *h == holder || *until <= now,
+                };
+                if free {
+                    let lease = Duration::from_millis(lease_ms as u64);
+                    self.rename_lock = Some((holder, now + lease));
+                }
+                answer(reply, Ok(free));
+            }
+            ShardMsg::UnlockRenames { holder, reply } => {
+                if self.rename_lock.as_ref().is_some_and(|(h, _)| *h == holder) {
+                    self.rename_lock = None;
+                }
+                answer(reply, Ok(()));
+            }
+            other => misrouted(other),
+        }
+    }
+}
+
+/// A message handed to a group handler that does not serve it: `dispatch`
+/// and the handlers disagree.
+fn misrouted(message: ShardMsg) -> ! {
+    unreachable!("{} was dispatched to the wrong handler", message.kind())
 }
 
 impl Actor for NamespaceShard {
@@ -196,328 +639,10 @@ impl Actor for NamespaceShard {
             .load(std::sync::atomic::Ordering::Acquire)
             && !message.allowed_while_frozen()
         {
-            let shard = state.store.shard;
-            let e = curvine_messages::FsError::Unavailable(format!(
-                "shard {shard} is moving to another node"
-            ));
-            if let Some(span) = state.span.take() {
-                span.end(Outcome::Error(e.kind_name().to_string()));
-            }
-            message.fail(e);
+            state.refuse_frozen(message);
             return Ok(());
         }
-        match message {
-            ShardMsg::Lookup {
-                parent,
-                name,
-                reply,
-            } => state.read(reply, |s, t| s.lookup(t, parent, &name)),
-            ShardMsg::LookupAttr {
-                parent,
-                name,
-                reply,
-            } => state.read(reply, |s, t| s.lookup_attr(t, parent, &name)),
-            ShardMsg::SetXattr {
-                ino,
-                name,
-                value,
-                mode,
-                reply,
-            } => state.write(reply, move |s, t| s.set_xattr(t, ino, &name, &value, mode)),
-            ShardMsg::GetXattr { ino, name, reply } => {
-                state.read(reply, |s, t| s.get_xattr(t, ino, &name))
-            }
-            ShardMsg::ListXattr { ino, reply } => state.read(reply, |s, t| s.list_xattr(t, ino)),
-            ShardMsg::RemoveXattr { ino, name, reply } => {
-                state.write(reply, move |s, t| s.remove_xattr(t, ino, &name))
-            }
-            ShardMsg::GetAttr { ino, reply } => state.read(reply, |s, t| s.getattr(t, ino)),
-            ShardMsg::ReadDir {
-                ino,
-                after,
-                limit,
-                reply,
-            } => state.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit)),
-            ShardMsg::ReadDirPlus {
-                ino,
-                after,
-                limit,
-                reply,
-            } => state.read(reply, |s, t| {
-                s.readdir_plus(t, ino, after.as_deref(), limit)
-            }),
-            ShardMsg::ListIntents { reply } => state.read(reply, |s, t| s.intents(t)),
-            ShardMsg::Stats { reply } => state.read(reply, |s, t| s.stats(t)),
-            ShardMsg::Scan { reply } => state.read(reply, |s, t| s.scan(t)),
-            ShardMsg::GetMap { reply } => state.read(reply, |s, t| s.cluster_map(t)),
-            ShardMsg::GetMounts { reply } => state.read(reply, |s, t| s.mounts(t)),
-            ShardMsg::SetMounts {
-                expect,
-                table,
-                reply,
-            } => state.write(reply, move |s, t| s.set_mounts(t, expect, &table)),
-            ShardMsg::SetUfs { ino, ufs, reply } => {
-                state.write(reply, move |s, t| s.set_ufs(t, ino, ufs))
-            }
-            ShardMsg::UfsSync {
-                parent,
-                mount,
-                files,
-                owner,
-                spec,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.ufs_sync(t, parent, mount, &files, &owner, &spec)
-            }),
-            ShardMsg::UfsPersisted {
-                ino,
-                since_ns,
-                state: ufs,
-                reply,
-            } => state.write(reply, move |s, t| s.ufs_persisted(t, ino, since_ns, &ufs)),
-            // The replays join the trace of the request that made the change.
-            ShardMsg::JournalAppend { mount, ops, reply } => {
-                state.write(reply, move |s, t| s.journal_append(t, mount, &ops, ctx))
-            }
-            ShardMsg::JournalRead { limit, reply } => {
-                state.read(reply, move |s, t| s.journal_read(t, limit))
-            }
-            ShardMsg::RecordPut { entries, reply } => {
-                state.write(reply, move |s, t| s.record_put(t, &entries))
-            }
-            ShardMsg::RecordScan {
-                prefix,
-                after,
-                limit,
-                reply,
-            } => state.read(reply, move |s, t| {
-                s.record_scan(t, &prefix, after.as_deref(), limit)
-            }),
-            ShardMsg::JournalTrim { upto, reply } => {
-                state.write(reply, move |s, t| s.journal_trim(t, upto))
-            }
-            ShardMsg::UfsAbortBlock { ino, id, reply } => {
-                state.write(reply, move |s, t| s.ufs_abort_block(t, ino, id))
-            }
-            ShardMsg::UfsRefresh {
-                ino,
-                mount,
-                file,
-                now_ns,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.ufs_refresh(t, ino, mount, &file, now_ns)
-            }),
-            ShardMsg::UfsAddBlock {
-                ino,
-                index,
-                expect,
-                reply,
-            } => state.write(reply, move |s, t| s.ufs_add_block(t, ino, index, &expect)),
-            ShardMsg::UfsCommitBlock {
-                ino,
-                info,
-                expect,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.ufs_commit_block(t, ino, &info, &expect)
-            }),
-            ShardMsg::UfsEvict { ino, reply } => {
-                state.write(reply, move |s, t| s.ufs_evict(t, ino))
-            }
-            ShardMsg::SetMap { expect, map, reply } => {
-                state.write(reply, move |s, t| s.set_cluster_map(t, expect, &map))
-            }
-            ShardMsg::Export {
-                from,
-                max_bytes,
-                reply,
-            } => state.read(reply, |s, t| {
-                s.export(t, from, (max_bytes as usize).clamp(4096, 4 << 20))
-            }),
-            ShardMsg::Import { records, reply } => {
-                state.write(reply, move |s, t| s.import(t, &records))
-            }
-            ShardMsg::DropAll { reply } => state.write(reply, |s, t| s.drop_all(t)),
-            ShardMsg::Freeze { reply } => {
-                state
-                    .store
-                    .frozen
-                    .store(true, std::sync::atomic::Ordering::Release);
-                // Answered after the writer committed everything queued before.
-                state.write(reply, |_, _| Ok(()));
-            }
-            ShardMsg::Unfreeze { reply } => {
-                state
-                    .store
-                    .frozen
-                    .store(false, std::sync::atomic::Ordering::Release);
-                answer(reply, Ok(()));
-            }
-            ShardMsg::LockRenames {
-                holder,
-                lease_ms,
-                reply,
-            } => {
-                let now = std::time::Instant::now();
-                let free = match &state.rename_lock {
-                    None => true,
-                    Some((h, until)) => *h == holder || *until <= now,
-                };
-                if free {
-                    let lease = Duration::from_millis(lease_ms as u64);
-                    state.rename_lock = Some((holder, now + lease));
-                }
-                answer(reply, Ok(free));
-            }
-            ShardMsg::UnlockRenames { holder, reply } => {
-                if state
-                    .rename_lock
-                    .as_ref()
-                    .is_some_and(|(h, _)| *h == holder)
-                {
-                    state.rename_lock = None;
-                }
-                answer(reply, Ok(()));
-            }
-            ShardMsg::ScanBlocks {
-                after,
-                limit,
-                reply,
-            } => state.read(reply, |s, t| s.scan_blocks(t, after, limit.min(4096))),
-            ShardMsg::SetLocs {
-                ino,
-                index,
-                id,
-                locs,
-                reply,
-            } => state.write(reply, move |s, t| s.set_locs(t, ino, index, id, &locs)),
-            ShardMsg::DropCopy {
-                id,
-                node,
-                apply,
-                reply,
-            } => state.write(reply, move |s, t| s.drop_copy(t, id, &node, apply)),
-            ShardMsg::Create {
-                parent,
-                name,
-                attrs,
-                file,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.create(t, parent, &name, &attrs, file.as_ref())
-            }),
-            ShardMsg::OpenWrite { ino, open, reply } => {
-                state.write(reply, move |s, t| s.open_write(t, ino, &open))
-            }
-            ShardMsg::CreateFile {
-                parent,
-                name,
-                attrs,
-                file,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.create_file(t, parent, &name, &attrs, &file)
-            }),
-            ShardMsg::AddBlock {
-                ino,
-                handle,
-                index,
-                reply,
-            } => state.write(reply, move |s, t| s.add_block(t, ino, handle, index)),
-            ShardMsg::CompleteFile {
-                ino,
-                handle,
-                size,
-                blocks,
-                ufs,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())
-            }),
-            ShardMsg::FileBlocks { ino, reply } => {
-                state.read(reply, |s, t| s.file_with_blocks(t, ino))
-            }
-            ShardMsg::CheckBlocks { ids, node, reply } => {
-                state.read(reply, |s, t| s.check_blocks(t, &ids, &node))
-            }
-            ShardMsg::TakeFreed { limit, reply } => {
-                state.read(reply, |s, t| s.take_freed(t, limit))
-            }
-            ShardMsg::ForgetFreed { ids } => {
-                state.write_unanswered(move |s, t| s.forget_freed(t, &ids))
-            }
-            ShardMsg::MkdirLocal {
-                parent,
-                name,
-                attrs,
-                reply,
-            } => state.write(reply, move |s, t| s.mkdir_local(t, parent, &name, &attrs)),
-            ShardMsg::SetAttr { ino, set, reply } => {
-                state.write(reply, move |s, t| s.setattr(t, ino, &set))
-            }
-            ShardMsg::Unlink {
-                parent,
-                name,
-                reply,
-            } => state.write(reply, move |s, t| s.unlink(t, parent, &name)),
-            ShardMsg::RmdirLocal {
-                parent,
-                name,
-                reply,
-            } => state.write(reply, move |s, t| s.rmdir_local(t, parent, &name)),
-            ShardMsg::RenameLocal {
-                src_parent,
-                src_name,
-                dst_parent,
-                dst_name,
-                reply,
-            } => state.write(reply, move |s, t| {
-                s.rename_local(t, src_parent, &src_name, dst_parent, &dst_name)
-            }),
-            ShardMsg::BeginIntent { action, reply } => {
-                state.write(reply, move |s, t| s.begin_intent(t, &action))
-            }
-            ShardMsg::AbortIntent { op, reply } => {
-                state.write(reply, move |s, t| s.abort_intent(t, op))
-            }
-            ShardMsg::ApplyStep {
-                op,
-                step_no,
-                step,
-                reply,
-            } => state.write(reply, move |s, t| s.apply_step(t, op, step_no, &step)),
-            ShardMsg::EndIntent { op, reply } => {
-                state.write(reply, move |s, t| s.end_intent(t, op))
-            }
-            ShardMsg::ReclaimPending {
-                lease_before_ns,
-                fill_before_ns,
-            } => {
-                let shard = state.store.shard;
-                state.write_unanswered(move |s, t| {
-                    let n = s.reclaim_pending(t, lease_before_ns, fill_before_ns)?;
-                    if n > 0 {
-                        tracing::info!(
-                            shard,
-                            files = n,
-                            "freed the unfinished blocks of writers that are gone"
-                        );
-                    }
-                    Ok(())
-                })
-            }
-            ShardMsg::SweepOps { before_ns } => {
-                let shard = state.store.shard;
-                state.write_unanswered(move |s, t| {
-                    let n = s.sweep_op_records(t, before_ns)?;
-                    if n > 0 {
-                        tracing::debug!(shard, swept = n, "removed old step records");
-                    }
-                    Ok(())
-                })
-            }
-        }
+        state.dispatch(message, ctx);
         // Messages answered in the actor itself (locks, unfreeze).
         if let Some(span) = state.span.take() {
             span.end(Outcome::Ok);

@@ -1,0 +1,101 @@
+//! `BlockManagerRef`: the node's handle on its current BlockManager, which
+//! its supervisor replaces on a restart; calls retry briefly meanwhile and
+//! are spans of a traced request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use ractor::{ActorRef, RpcReplyPort};
+
+use curvine_messages::block::BlockMsg;
+use curvine_messages::{now_ns, FsError, FsResult};
+
+/// The node's current BlockManager. Its supervisor replaces the reference
+/// when it restarts the actor, so holders never call a dead actor for long.
+#[derive(Clone, Default)]
+pub struct BlockManagerRef {
+    actor: Arc<Mutex<Option<ActorRef<BlockMsg>>>>,
+    /// The node's tracer, for the spans of traced calls.
+    pub tracer: Arc<std::sync::OnceLock<crate::trace::Tracer>>,
+}
+
+impl BlockManagerRef {
+    pub fn set(&self, actor: Option<ActorRef<BlockMsg>>) {
+        *self.actor.lock() = actor;
+    }
+
+    pub fn get(&self) -> FsResult<ActorRef<BlockMsg>> {
+        self.actor
+            .lock()
+            .clone()
+            .ok_or_else(|| FsError::Unavailable("the block manager is restarting".into()))
+    }
+
+    /// Calls the block manager, retrying briefly while it restarts.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> BlockMsg + Send + Sync,
+    ) -> FsResult<T> {
+        // In a traced request the call is a span of the block manager's,
+        // timed here (its queueing and handling together).
+        let kind = std::sync::OnceLock::new();
+        let build = |reply| {
+            let msg = build(reply);
+            let _ = kind.set(msg.kind_name());
+            msg
+        };
+        let ctx = crate::trace::current();
+        let started = ctx.map(|_| now_ns());
+        let result = self.call_untimed(&build).await;
+        if let (Some(ctx), Some(start)) = (ctx, started) {
+            if let Some(tracer) = self.tracer.get() {
+                tracer.record_span(
+                    ctx,
+                    "block-manager",
+                    kind.get().copied().unwrap_or("call"),
+                    start,
+                    crate::trace::outcome_of(&result),
+                );
+            }
+        }
+        result
+    }
+
+    async fn call_untimed<T: Send + 'static>(
+        &self,
+        build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> BlockMsg + Send + Sync),
+    ) -> FsResult<T> {
+        let mut delay = Duration::from_millis(5);
+        for attempt in 0..8 {
+            let result = match self.get() {
+                Ok(actor) => match actor.call(build, Some(Duration::from_secs(60))).await {
+                    Ok(ractor::rpc::CallResult::Success(r)) => r,
+                    Ok(ractor::rpc::CallResult::Timeout) => {
+                        return Err(FsError::TimedOut("the block manager did not answer".into()))
+                    }
+                    _ => Err(FsError::Unavailable(
+                        "the block manager stopped while handling the request".into(),
+                    )),
+                },
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(FsError::Unavailable(_)) if attempt < 7 => {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other,
+            }
+        }
+        Err(FsError::Unavailable(
+            "the block manager is restarting".into(),
+        ))
+    }
+
+    pub fn cast(&self, message: BlockMsg) {
+        if let Ok(actor) = self.get() {
+            let _ = actor.cast(message);
+        }
+    }
+}

@@ -1,0 +1,526 @@
+//! The `BlockManager` actor: every change to the node's blocks (reserving
+//! room for a write, committing, aborting, removing, moving between tiers)
+//! goes through it; it ticks the background sweeps and supervises a
+//! TierEvictor per tier.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use curvine_messages::block::{
+    block_crc, units, BlockId, BlockMsg, BlockRecord, FreeSummary, MovePlan, Reservation, TierKind,
+};
+use curvine_messages::{now_ns, FsError, FsResult};
+
+use super::evictor::{EvictArgs, EvictMsg, TierEvictor};
+use super::store::{sync_dir, BlockStore};
+use super::sweep::{sweep_freed, sweep_orphans};
+use super::{human, io_err};
+use crate::namespace::Namespace;
+use crate::stats::ActorStats;
+
+/// Settings of the block manager and its evictors.
+#[derive(Debug, Clone)]
+pub struct BlockConf {
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub evict_interval: Duration,
+    pub orphan_grace: Duration,
+    /// How often freed blocks are collected and orphans looked for.
+    pub tick: Duration,
+}
+
+#[derive(Clone)]
+pub struct BlockArgs {
+    pub store: Arc<BlockStore>,
+    pub namespace: Arc<Namespace>,
+    pub conf: BlockConf,
+}
+
+struct Reserved {
+    tier: usize,
+    size: u64,
+    since: Instant,
+}
+
+pub struct BlockManager;
+
+pub struct BlockState {
+    args: BlockArgs,
+    stats: Arc<ActorStats>,
+    reservations: HashMap<BlockId, Reserved>,
+    /// Blocks being moved: target tier and bytes reserved there.
+    moving: HashMap<BlockId, (usize, u64)>,
+    evictors: Vec<ActorRef<EvictMsg>>,
+    /// A sweep of freed blocks or orphans is running.
+    sweeping: Arc<std::sync::atomic::AtomicBool>,
+    last_orphan_check: Instant,
+}
+
+fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
+    let _ = reply.send(value);
+}
+
+impl BlockState {
+    fn store(&self) -> &BlockStore {
+        &self.args.store
+    }
+
+    fn reserve(
+        &mut self,
+        block: BlockId,
+        want: Option<TierKind>,
+        size: u64,
+    ) -> FsResult<Reservation> {
+        if let Some(r) = self.reservations.get(&block) {
+            return Ok(Reservation {
+                tier: self.store().tier_kind(r.tier),
+                path: self.store().tmp_path(r.tier, block).display().to_string(),
+            });
+        }
+        let store = &self.args.store;
+        let candidates: Vec<usize> = (0..store.tier_count())
+            .filter(|&t| want.is_none_or(|k| store.tiers[t].info.kind == k))
+            .collect();
+        if candidates.is_empty() {
+            return Err(FsError::InvalidArgument(format!(
+                "this node has no {} tier",
+                want.map(|k| k.name()).unwrap_or("storage")
+            )));
+        }
+        let Some(&tier) = candidates.iter().find(|&&t| store.tiers[t].free() >= size) else {
+            let t = &store.tiers[candidates[0]];
+            return Err(FsError::NoSpace(format!(
+                "{}, no room for a block of {}{}; blocks that are the only copy of their data are never dropped",
+                t.describe(),
+                human(size),
+                if candidates.len() > 1 { " in any tier" } else { "" }
+            )));
+        };
+        store.tiers[tier]
+            .reserved
+            .fetch_add(size, Ordering::Relaxed);
+        self.reservations.insert(
+            block,
+            Reserved {
+                tier,
+                size,
+                since: Instant::now(),
+            },
+        );
+        if store.usage(tier) > self.args.conf.high_watermark {
+            if let Some(e) = self.evictors.get(tier) {
+                let _ = e.cast(EvictMsg::Check);
+            }
+        }
+        Ok(Reservation {
+            tier: store.tier_kind(tier),
+            path: store.tmp_path(tier, block).display().to_string(),
+        })
+    }
+
+    fn release(&mut self, block: BlockId) -> Option<usize> {
+        let r = self.reservations.remove(&block)?;
+        self.store().tiers[r.tier]
+            .reserved
+            .fetch_sub(r.size, Ordering::Relaxed);
+        Some(r.tier)
+    }
+
+    fn commit(&mut self, block: BlockId, len: u64, crcs: Vec<u32>) -> FsResult<u32> {
+        let Some(r) = self.reservations.get(&block) else {
+            return Err(FsError::InvalidArgument(format!(
+                "block {block:#x} is not being written on this node"
+            )));
+        };
+        let tier = r.tier;
+        if crcs.len() != units(len) {
+            return Err(FsError::InvalidArgument(format!(
+                "block {block:#x}: {} checksums for {len} bytes (expected {})",
+                crcs.len(),
+                units(len)
+            )));
+        }
+        let store = self.args.store.clone();
+        let tmp = store.tmp_path(tier, block);
+        let on_disk = fs::metadata(&tmp)
+            .map_err(|e| io_err(format!("block {block:#x} file {}", tmp.display()), e))?
+            .len();
+        if on_disk != len {
+            return Err(FsError::InvalidArgument(format!(
+                "block {block:#x}: the writer reports {len} bytes but its file holds {on_disk}"
+            )));
+        }
+        let crc = block_crc(&crcs);
+        let now = now_ns();
+        let record = BlockRecord {
+            tier: tier as u8,
+            kind: store.tier_kind(tier),
+            len,
+            crcs,
+            created_ns: now,
+            last_access_ns: now,
+        };
+        store.put(block, &record)?;
+        let path = store.block_path(tier, block);
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        fs::create_dir_all(&dir).map_err(|e| io_err(dir.display(), e))?;
+        fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
+        if store.syncs(tier) {
+            sync_dir(&dir);
+        }
+        self.release(block);
+        let t = &store.tiers[tier];
+        t.used.fetch_add(len, Ordering::Relaxed);
+        t.blocks.fetch_add(1, Ordering::Relaxed);
+        Ok(crc)
+    }
+
+    fn abort(&mut self, block: BlockId) {
+        if let Some(tier) = self.release(block) {
+            let _ = fs::remove_file(self.store().tmp_path(tier, block));
+        }
+    }
+
+    fn remove(&mut self, ids: &[BlockId]) -> FsResult<u64> {
+        let store = self.args.store.clone();
+        let mut removed = 0;
+        for &id in ids {
+            self.abort(id);
+            let Some(record) = store.get(id)? else {
+                continue;
+            };
+            store.delete(id)?;
+            let tier = record.tier as usize;
+            let _ = fs::remove_file(store.block_path(tier, id));
+            let t = &store.tiers[tier];
+            t.used.fetch_sub(record.len, Ordering::Relaxed);
+            t.blocks.fetch_sub(1, Ordering::Relaxed);
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    fn coldest(&self, tier: u8, bytes: u64) -> FsResult<Vec<(BlockId, u64)>> {
+        let mut blocks: Vec<(i64, BlockId, u64)> = self
+            .store()
+            .all()?
+            .into_iter()
+            .filter(|(id, r)| r.tier == tier && !self.moving.contains_key(id))
+            .map(|(id, r)| (r.last_access_ns, id, r.len))
+            .collect();
+        blocks.sort_unstable();
+        let mut out = Vec::new();
+        let mut total = 0;
+        for (_, id, len) in blocks {
+            if total >= bytes {
+                break;
+            }
+            total += len;
+            out.push((id, len));
+        }
+        Ok(out)
+    }
+
+    fn prepare_move(&mut self, block: BlockId) -> FsResult<MovePlan> {
+        let store = self.args.store.clone();
+        let (record, from) = store.locate(block)?;
+        if self.moving.contains_key(&block) {
+            return Err(FsError::Busy(format!("block {block:#x} is being moved")));
+        }
+        let here = record.tier as usize;
+        let Some(to) =
+            (here + 1..store.tier_count()).find(|&t| store.tiers[t].free() >= record.len)
+        else {
+            return Err(FsError::NoSpace(format!(
+                "{}, and no lower tier has room for its blocks",
+                store.tiers[here].describe()
+            )));
+        };
+        store.tiers[to]
+            .reserved
+            .fetch_add(record.len, Ordering::Relaxed);
+        self.moving.insert(block, (to, record.len));
+        Ok(MovePlan {
+            from: from.display().to_string(),
+            to_tmp: store.tmp_path(to, block).display().to_string(),
+            record,
+            to_tier: to as u8,
+        })
+    }
+
+    fn finish_move(&mut self, block: BlockId, to: usize, ok: bool) -> FsResult<()> {
+        let store = self.args.store.clone();
+        let Some((_, size)) = self.moving.remove(&block) else {
+            return Err(FsError::InvalidArgument(format!(
+                "block {block:#x} is not being moved"
+            )));
+        };
+        store.tiers[to].reserved.fetch_sub(size, Ordering::Relaxed);
+        let tmp = store.tmp_path(to, block);
+        let record = match store.get(block)? {
+            Some(r) if ok => r,
+            _ => {
+                // Abandoned, or the block was removed while it moved.
+                let _ = fs::remove_file(&tmp);
+                return Ok(());
+            }
+        };
+        let from = record.tier as usize;
+        let moved = BlockRecord {
+            tier: to as u8,
+            kind: store.tier_kind(to),
+            ..record.clone()
+        };
+        store.put(block, &moved)?;
+        let path = store.block_path(to, block);
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        fs::create_dir_all(&dir).map_err(|e| io_err(dir.display(), e))?;
+        fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
+        if store.syncs(to) {
+            sync_dir(&dir);
+        }
+        let _ = fs::remove_file(store.block_path(from, block));
+        store.tiers[from]
+            .used
+            .fetch_sub(record.len, Ordering::Relaxed);
+        store.tiers[from].blocks.fetch_sub(1, Ordering::Relaxed);
+        store.tiers[to]
+            .used
+            .fetch_add(record.len, Ordering::Relaxed);
+        store.tiers[to].blocks.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(block, from = %store.tier_kind(from), to = %store.tier_kind(to), "block demoted");
+        Ok(())
+    }
+
+    fn tick(&mut self, myself: &ActorRef<BlockMsg>) {
+        if let Err(e) = self.store().flush_access() {
+            tracing::warn!(error = %e, "recording block access times failed");
+        }
+        let grace = self.args.conf.orphan_grace;
+        let stale: Vec<BlockId> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.since.elapsed() > grace)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            tracing::warn!(
+                block = id,
+                "dropping a block write abandoned for longer than the orphan grace"
+            );
+            self.abort(id);
+        }
+        if self
+            .sweeping
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let check_orphans =
+            self.last_orphan_check.elapsed() >= (grace / 4).max(Duration::from_secs(1));
+        if check_orphans {
+            self.last_orphan_check = Instant::now();
+        }
+        let args = self.args.clone();
+        let me = myself.clone();
+        let flag = self.sweeping.clone();
+        tokio::spawn(async move {
+            sweep_freed(&args, &me).await;
+            if check_orphans {
+                sweep_orphans(&args, &me).await;
+            }
+            flag.store(false, std::sync::atomic::Ordering::Release);
+        });
+    }
+}
+
+impl Actor for BlockManager {
+    type Msg = BlockMsg;
+    type State = BlockState;
+    type Arguments = BlockArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<BlockMsg>,
+        args: BlockArgs,
+    ) -> Result<BlockState, ActorProcessingErr> {
+        let metrics = args.namespace.cluster().metrics.clone();
+        let stats = metrics.actor("block-manager", false);
+        metrics.started(myself.get_id(), &stats);
+        let stale = args.store.clear_tmp();
+        if stale > 0 {
+            tracing::warn!(
+                files = stale,
+                "removed temporary block files of writes cut off by a block manager restart"
+            );
+        }
+        let mut evictors = Vec::new();
+        for tier in 0..args.store.tier_count() {
+            evictors.push(spawn_evictor(&myself, &args, tier as u8).await?);
+        }
+        myself.send_interval(args.conf.tick, || BlockMsg::Tick);
+        // Collect freed blocks and check for orphans right away after a start.
+        let _ = myself.cast(BlockMsg::Tick);
+        Ok(BlockState {
+            args,
+            stats,
+            reservations: HashMap::new(),
+            moving: HashMap::new(),
+            evictors,
+            sweeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            last_orphan_check: Instant::now() - Duration::from_secs(3600 * 24 * 365),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<BlockMsg>,
+        state: &mut BlockState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = state.store().flush_access();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<BlockMsg>,
+        message: BlockMsg,
+        state: &mut BlockState,
+    ) -> Result<(), ActorProcessingErr> {
+        let stats = state.stats.clone();
+        let _handling = stats.handling(message.kind_name());
+        match message {
+            BlockMsg::Reserve {
+                block,
+                tier,
+                size,
+                reply,
+            } => answer(reply, state.reserve(block, tier, size)),
+            BlockMsg::Commit {
+                block,
+                len,
+                crcs,
+                reply,
+            } => {
+                let result = state.commit(block, len, crcs);
+                if result.is_err() {
+                    state.abort(block);
+                }
+                answer(reply, result)
+            }
+            BlockMsg::Abort { block } => state.abort(block),
+            BlockMsg::Remove { ids, reply } => {
+                let result = state.remove(&ids);
+                if let Some(reply) = reply {
+                    answer(reply, result);
+                } else if let Err(e) = result {
+                    tracing::warn!(error = %e, "removing blocks failed");
+                }
+            }
+            BlockMsg::Coldest { tier, bytes, reply } => answer(reply, state.coldest(tier, bytes)),
+            BlockMsg::PrepareMove { block, reply } => answer(reply, state.prepare_move(block)),
+            BlockMsg::FinishMove {
+                block,
+                to_tier,
+                ok,
+                reply,
+            } => answer(reply, state.finish_move(block, to_tier as usize, ok)),
+            BlockMsg::Free { ids, reply } => {
+                // Without replicas or an under-file-system every cached block
+                // is the only copy of its data: nothing may be dropped.
+                let mut summary = FreeSummary::default();
+                for id in ids {
+                    match state.store().get(id) {
+                        Ok(Some(_)) => summary.kept_only_copy += 1,
+                        Ok(None) => summary.not_here += 1,
+                        Err(e) => {
+                            answer(reply, Err(e));
+                            return Ok(());
+                        }
+                    }
+                }
+                answer(reply, Ok(summary))
+            }
+            BlockMsg::Stats { reply } => answer(reply, Ok(state.store().stats())),
+            BlockMsg::Tick => state.tick(&myself),
+            BlockMsg::RestartEvictor { tier } => {
+                let evictor = spawn_evictor(&myself, &state.args, tier).await?;
+                if let Some(slot) = state.evictors.get_mut(tier as usize) {
+                    *slot = evictor;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed evictor is started again after a pause; the blocks it was
+    /// moving stay where they were (a move only switches after its copy).
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<BlockMsg>,
+        event: ractor::SupervisionEvent,
+        state: &mut BlockState,
+    ) -> Result<(), ActorProcessingErr> {
+        let failed = match &event {
+            ractor::SupervisionEvent::ActorFailed(cell, error) => Some((cell, error.to_string())),
+            ractor::SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                Some((cell, reason.clone().unwrap_or_else(|| "stopped".into())))
+            }
+            _ => None,
+        };
+        if let Some((cell, error)) = failed {
+            let tier = state
+                .evictors
+                .iter()
+                .position(|e| e.get_id() == cell.get_id());
+            if let Some(tier) = tier {
+                tracing::error!(tier, error = %error, "tier evictor failed; restarting it");
+                let role = format!(
+                    "evictor-{}",
+                    state.store().tier_kind(tier).to_string().to_lowercase()
+                );
+                let evictor = state.args.namespace.cluster().metrics.actor(&role, false);
+                evictor.failed();
+                evictor.restarted();
+                let moving: Vec<BlockId> = state.moving.keys().copied().collect();
+                for block in moving {
+                    if let Some((to, _)) = state.moving.get(&block).copied() {
+                        let _ = state.finish_move(block, to, false);
+                    }
+                }
+                let tier = tier as u8;
+                myself.send_after(Duration::from_secs(1), move || BlockMsg::RestartEvictor {
+                    tier,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn spawn_evictor(
+    myself: &ActorRef<BlockMsg>,
+    args: &BlockArgs,
+    tier: u8,
+) -> Result<ActorRef<EvictMsg>, ActorProcessingErr> {
+    let (evictor, _) = Actor::spawn_linked(
+        None,
+        TierEvictor,
+        EvictArgs {
+            tier,
+            store: args.store.clone(),
+            manager: myself.clone(),
+            conf: args.conf.clone(),
+            metrics: args.namespace.cluster().metrics.clone(),
+        },
+        myself.get_cell(),
+    )
+    .await?;
+    Ok(evictor)
+}

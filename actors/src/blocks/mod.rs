@@ -1,0 +1,47 @@
+//! Block storage of a node: tiers of block files, their LMDB index, the
+//! `BlockManager` actor that changes both, and a `TierEvictor` per tier.
+//!
+//! Layout of a tier directory:
+//!
+//! ```text
+//! <tier>/blocks/<xx>/<id as 16 hex digits>   committed blocks (xx: low byte of the id)
+//! <tier>/tmp/<id as 16 hex digits>           blocks being written or moved
+//! ```
+//!
+//! A block is written to `tmp`, then committed: its record goes into the
+//! index (LMDB, synced), then the file takes its final name. A restart
+//! finishes renames the index already records and deletes every other
+//! temporary file, so a block is either in the index with its file, or gone.
+//! Committed block files never change; a move writes a copy in the other
+//! tier, switches the index, then unlinks the old file. A reader that opened
+//! the old file keeps reading the same bytes (the unlinked inode lives while
+//! open); a new open finds the new path through the index.
+//!
+//! Modules: `store` (the block files and their index), `handle` (the
+//! node's reference to its current BlockManager), `manager` (the
+//! BlockManager actor: reservations, commits, moves, removal), `sweep`
+//! (freed blocks and orphans removed in the background) and `evictor` (the
+//! TierEvictor of a tier).
+
+mod evictor;
+mod handle;
+mod manager;
+mod store;
+mod sweep;
+
+pub use evictor::{EvictArgs, EvictMsg, EvictState, TierEvictor};
+pub use handle::BlockManagerRef;
+pub use manager::{BlockArgs, BlockConf, BlockManager, BlockState};
+pub use store::{BlockStore, Reconciled, TierInfo};
+
+pub use curvine_messages::human_bytes as human;
+
+use curvine_messages::FsError;
+
+fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> FsError {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        FsError::NoSpace(format!("{what}: {e}"))
+    } else {
+        FsError::Io(format!("{what}: {e}"))
+    }
+}

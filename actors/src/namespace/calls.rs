@@ -1,0 +1,231 @@
+//! Calling shards: a message to the shard's actor on this node or, through
+//! its node's gateway, on another; retried while the shard is busy or
+//! restarting, up to a deadline (or, for intent steps, until a definite
+//! answer).
+
+use std::time::{Duration, Instant};
+
+use ractor::rpc::CallResult;
+use ractor::RpcReplyPort;
+
+use curvine_messages::cluster::PeerMsg;
+use curvine_messages::shard::{ShardMsg, Step, StepResult};
+use curvine_messages::{now_ns, shard_of, FsError, FsResult, OpId, ShardId};
+
+use super::Namespace;
+use crate::cluster::Route;
+
+impl Namespace {
+    /// Sends a message nobody waits for to a shard, wherever it is served.
+    pub(super) fn cast(&self, shard: ShardId, msg: ShardMsg) {
+        match self.cluster.route(shard) {
+            Ok(Route::Local(actor)) => {
+                self.cluster.metrics.shard_sent(shard);
+                if actor.cast(crate::trace::traced(msg)).is_err() {
+                    self.cluster.metrics.shard(shard).unsent();
+                }
+            }
+            Ok(Route::Remote { gateway, .. }) => {
+                let _ = gateway.cast(PeerMsg::Shard {
+                    shard,
+                    direct: false,
+                    msg,
+                    trace: crate::trace::current().map(|c| (c, now_ns())),
+                });
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Where a call goes: the node serving `shard` by the map, or the copy
+    /// of the shard on node `at` whatever the map says (`direct`).
+    pub(super) fn target(&self, shard: ShardId, at: Option<&str>) -> FsResult<(Route, bool)> {
+        match at {
+            None => Ok((self.cluster.route(shard)?, false)),
+            Some(node) if node == self.cluster.node_id => {
+                Ok((Route::Local(self.cluster.local().get(shard)?), true))
+            }
+            Some(node) => Ok((
+                Route::Remote {
+                    node: node.to_string(),
+                    gateway: self.cluster.gateway(node)?,
+                },
+                true,
+            )),
+        }
+    }
+
+    pub(super) async fn call_once<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        at: Option<&str>,
+        build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync),
+        wait: Duration,
+    ) -> FsResult<T> {
+        let (route, direct) = self.target(shard, at)?;
+        let result = match route {
+            Route::Local(actor) => {
+                let stats = self.cluster.metrics.shard(shard);
+                stats.sent();
+                let r = actor
+                    .call(|reply| crate::trace::traced(build(reply)), Some(wait))
+                    .await;
+                if matches!(r, Err(ractor::MessagingErr::SendErr(_))) {
+                    stats.unsent();
+                }
+                r.map_err(drop)
+            }
+            // A node that goes down while it holds the request (a partition
+            // stalls its connection) fails the request then, not at the timeout.
+            Route::Remote { gateway, node } => tokio::select! {
+                r = gateway.call(
+                    |reply| PeerMsg::Shard {
+                        shard,
+                        direct,
+                        msg: build(reply),
+                        trace: crate::trace::current().map(|c| (c, now_ns())),
+                    },
+                    Some(wait),
+                ) => r.map_err(drop),
+                e = self.cluster.wait_down(&node) => {
+                    return Err(match e {
+                        FsError::NodeDown(d) => {
+                            FsError::NodeDown(format!("shard {shard} is served by {d}"))
+                        }
+                        other => other,
+                    })
+                }
+            },
+        };
+        match result {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(FsError::TimedOut(format!(
+                "shard {shard} did not answer in {wait:?}"
+            ))),
+            Ok(CallResult::SenderError) | Err(_) => Err(FsError::Unavailable(format!(
+                "shard {shard} stopped while handling the request"
+            ))),
+        }
+    }
+
+    /// Calls a shard (see [`Self::target`] for `at`), retrying while it is
+    /// busy or restarting, up to `deadline`.
+    pub(super) async fn call_until<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        at: Option<&str>,
+        deadline: Option<Instant>,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        let mut delay = Duration::from_micros(500);
+        loop {
+            let wait = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+                None => self.timeout,
+            };
+            match self.call_once(shard, at, &build, wait).await {
+                // Without a deadline (intent steps) a node that is down is
+                // waited for: the step may still be applied there.
+                Err(e)
+                    if e.is_retryable()
+                        || matches!(e, FsError::TimedOut(_))
+                        || (deadline.is_none() && matches!(e, FsError::NodeDown(_))) =>
+                {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Calls the node serving `shard` (retrying until the request timeout).
+    pub async fn call_shard<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        self.call(shard, build).await
+    }
+
+    /// A request-scoped call: retries until the request timeout.
+    pub(crate) async fn call<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        self.call_until(shard, None, Some(Instant::now() + self.timeout), build)
+            .await
+    }
+
+    /// Calls `node`'s own copy of `shard`, whatever the map says (the steps
+    /// of a shard move). Retries while the copy restarts, up to the request
+    /// timeout.
+    pub async fn call_at<T: Send + 'static>(
+        &self,
+        node: &str,
+        shard: ShardId,
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
+        self.call_until(
+            shard,
+            Some(node),
+            Some(Instant::now() + self.timeout),
+            build,
+        )
+        .await
+    }
+
+    /// Compare-and-set of the cluster map held by shard 0.
+    pub async fn set_map(
+        &self,
+        expect: u64,
+        map: curvine_messages::cluster::ClusterMap,
+    ) -> FsResult<curvine_messages::cluster::ClusterMap> {
+        self.call(0, move |reply| ShardMsg::SetMap {
+            expect,
+            map: map.clone(),
+            reply,
+        })
+        .await
+    }
+
+    /// An intent step: retried until it gets a definite answer. Steps run in
+    /// a task of their own, so a request that times out does not stop them.
+    pub(super) async fn step(
+        &self,
+        shard: ShardId,
+        op: OpId,
+        step_no: u8,
+        step: Step,
+    ) -> FsResult<StepResult> {
+        self.call_until(shard, None, None, move |reply| ShardMsg::ApplyStep {
+            op,
+            step_no,
+            step: step.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub(super) async fn end_intent(&self, op: OpId) -> FsResult<()> {
+        self.call_until(shard_of(op), None, None, |reply| ShardMsg::EndIntent {
+            op,
+            reply,
+        })
+        .await
+    }
+
+    pub(super) async fn abort_intent(&self, op: OpId) -> FsResult<()> {
+        self.call_until(shard_of(op), None, None, |reply| ShardMsg::AbortIntent {
+            op,
+            reply,
+        })
+        .await
+    }
+}

@@ -1,0 +1,137 @@
+//! Inspection: the counters of this node's shards, and fsck, the
+//! namespace's consistency rules checked over every shard's content.
+
+use curvine_messages::rpc::FsckReport;
+use curvine_messages::shard::{ShardMsg, ShardScan};
+use curvine_messages::{shard_of, Attr, FileKind, FsResult, Ino, ShardId, ShardStats, ROOT_INO};
+
+use super::Namespace;
+
+impl Namespace {
+    /// Counters of the shards this node serves.
+    pub async fn shard_stats(&self) -> FsResult<Vec<ShardStats>> {
+        let mut out = Vec::new();
+        for shard in self.cluster.map().shards_of(&self.cluster.node_id) {
+            out.push(self.call(shard, |reply| ShardMsg::Stats { reply }).await?);
+        }
+        Ok(out)
+    }
+
+    /// Checks the namespace across all shards.
+    pub async fn fsck(&self) -> FsResult<FsckReport> {
+        let mut scans: Vec<ShardScan> = Vec::new();
+        for shard in 0..self.shard_count as ShardId {
+            scans.push(self.call(shard, |reply| ShardMsg::Scan { reply }).await?);
+        }
+        Ok(check_scans(&scans))
+    }
+}
+
+/// Consistency rules of the namespace, checked over every shard's content.
+pub fn check_scans(scans: &[ShardScan]) -> FsckReport {
+    use std::collections::HashMap;
+    let mut report = FsckReport::default();
+    let mut inodes: HashMap<Ino, &Attr> = HashMap::new();
+    for scan in scans {
+        for attr in &scan.inodes {
+            if shard_of(attr.ino) != scan.shard {
+                report.problems.push(format!(
+                    "inode {:#x} stored on shard {} but named for shard {}",
+                    attr.ino,
+                    scan.shard,
+                    shard_of(attr.ino)
+                ));
+            }
+            inodes.insert(attr.ino, attr);
+        }
+        report.pending_intents += scan.intents.len() as u64;
+        report.locks += scan.locks;
+    }
+    report.inodes = inodes.len() as u64;
+    let mut links: HashMap<Ino, u32> = HashMap::new();
+    let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+    for scan in scans {
+        for (parent, entry) in &scan.dentries {
+            report.dentries += 1;
+            if shard_of(*parent) != scan.shard {
+                report.problems.push(format!(
+                    "entry '{}' of directory {parent:#x} stored on shard {}",
+                    entry.name, scan.shard
+                ));
+            }
+            match inodes.get(parent) {
+                Some(p) if p.kind == FileKind::Dir => {}
+                Some(_) => report.problems.push(format!(
+                    "entry '{}' under non-directory {parent:#x}",
+                    entry.name
+                )),
+                None => report.problems.push(format!(
+                    "entry '{}' under missing directory {parent:#x}",
+                    entry.name
+                )),
+            }
+            match inodes.get(&entry.ino) {
+                None => report.problems.push(format!(
+                    "dangling entry '{}' in {parent:#x} -> missing inode {:#x}",
+                    entry.name, entry.ino
+                )),
+                Some(attr) if attr.kind != entry.kind => report.problems.push(format!(
+                    "entry '{}' in {parent:#x} says {} but inode {:#x} is a {}",
+                    entry.name,
+                    entry.kind.name(),
+                    entry.ino,
+                    attr.kind.name()
+                )),
+                Some(attr) => {
+                    if attr.kind == FileKind::Dir {
+                        *subdirs.entry(*parent).or_default() += 1;
+                        if attr.parent != *parent {
+                            report.problems.push(format!(
+                                "directory {:#x} is in {parent:#x} but its '..' is {:#x}",
+                                attr.ino, attr.parent
+                            ));
+                        }
+                    }
+                }
+            }
+            *links.entry(entry.ino).or_default() += 1;
+        }
+    }
+    for (ino, attr) in &inodes {
+        if attr.kind == FileKind::Dir {
+            report.directories += 1;
+            let expected = 2 + subdirs.get(ino).copied().unwrap_or(0);
+            if attr.nlink != expected {
+                report.problems.push(format!(
+                    "directory {ino:#x} has nlink {} but {} subdirectories",
+                    attr.nlink,
+                    expected - 2
+                ));
+            }
+        }
+        if *ino == ROOT_INO {
+            continue;
+        }
+        let refs = links.get(ino).copied().unwrap_or(0);
+        if refs == 0 {
+            report.problems.push(format!(
+                "orphan {} inode {ino:#x} (no entry points to it)",
+                attr.kind.name()
+            ));
+        } else if attr.kind == FileKind::Dir && refs != 1 {
+            report
+                .problems
+                .push(format!("directory {ino:#x} has {refs} entries"));
+        } else if attr.kind != FileKind::Dir && refs != attr.nlink {
+            report.problems.push(format!(
+                "inode {ino:#x} has nlink {} but {refs} entries",
+                attr.nlink
+            ));
+        }
+    }
+    if !inodes.contains_key(&ROOT_INO) {
+        report.problems.push("the root directory is missing".into());
+    }
+    report.problems.sort();
+    report
+}

@@ -1,0 +1,368 @@
+//! The intent driver: a cross-shard operation recorded by its home shard
+//! is driven step by step (each step idempotent), rolled back when a step
+//! fails before the irreversible one, and driven again after a restart.
+
+use curvine_messages::shard::{Intent, IntentOp, ShardMsg, Step, StepResult};
+use curvine_messages::{shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId};
+
+use super::Namespace;
+use crate::store::check_rename_kinds;
+
+impl Namespace {
+    /// Drives an intent in a task of its own: a caller that gives up (timeout,
+    /// disconnect) does not leave it half done.
+    pub(super) async fn drive_in_task(&self, intent: Intent) -> FsResult<Option<Attr>> {
+        let this = self
+            .me
+            .upgrade()
+            .ok_or_else(|| FsError::Unavailable("the node is stopping".into()))?;
+        let nodes = self.intent_nodes(&intent);
+        // The steps stay in the caller's trace.
+        let ctx = crate::trace::current();
+        let task = tokio::spawn(crate::trace::scope(
+            ctx,
+            async move { this.drive(intent).await },
+        ));
+        // A step waits for a node that is down (it must not be rolled back
+        // while the node may still apply it); the caller learns at once.
+        let down = async {
+            let waits = nodes.iter().map(|n| Box::pin(self.cluster.wait_down(n)));
+            match waits.len() {
+                0 => std::future::pending().await,
+                _ => futures_select_all(waits.collect()).await,
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(self.timeout, task) => match r {
+                Ok(Ok(result)) => result,
+                Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
+                Err(_) => Err(FsError::TimedOut(
+                    "operation still in progress; it will complete".into(),
+                )),
+            },
+            e = down => Err(match e {
+                FsError::NodeDown(d) => FsError::NodeDown(format!(
+                    "{d}; the operation completes or is undone when that node is back"
+                )),
+                other => other,
+            }),
+        }
+    }
+
+    /// The other nodes an intent's steps go to.
+    fn intent_nodes(&self, intent: &Intent) -> Vec<String> {
+        let shards: Vec<ShardId> = match &intent.action {
+            IntentOp::Mkdir {
+                parent,
+                child_shard,
+                ..
+            } => vec![shard_of(*parent), *child_shard],
+            IntentOp::Rmdir { parent, ino, .. } => vec![shard_of(*parent), shard_of(*ino)],
+            IntentOp::Rename {
+                src_parent,
+                dst_parent,
+                ino,
+                ..
+            } => vec![shard_of(*src_parent), shard_of(*dst_parent), shard_of(*ino)],
+            IntentOp::DropLink { ino } => vec![shard_of(*ino)],
+        };
+        let map = self.cluster.map();
+        let mut nodes: Vec<String> = shards
+            .into_iter()
+            .filter_map(|s| map.owner(s).map(str::to_string))
+            .filter(|n| *n != self.cluster.node_id)
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Records a cross-shard operation in shard `home` and drives it.
+    pub(super) async fn begin_and_drive(
+        &self,
+        home: ShardId,
+        action: IntentOp,
+    ) -> FsResult<Option<Attr>> {
+        let intent = self
+            .call(home, move |reply| ShardMsg::BeginIntent {
+                action: action.clone(),
+                reply,
+            })
+            .await?;
+        self.drive_in_task(intent).await
+    }
+
+    /// Drives an intent to its end from its first step (finished steps return
+    /// their recorded results). Returns the created directory for mkdir.
+    pub async fn drive(&self, intent: Intent) -> FsResult<Option<Attr>> {
+        let op = intent.op;
+        let aborting = intent.aborting;
+        match intent.action {
+            IntentOp::Mkdir {
+                parent,
+                name,
+                attrs,
+                child_shard,
+            } => {
+                self.drive_mkdir(op, aborting, parent, name, attrs, child_shard)
+                    .await
+            }
+            IntentOp::Rmdir { parent, name, ino } => {
+                self.drive_rmdir(op, aborting, parent, name, ino).await
+            }
+            IntentOp::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ino,
+                kind,
+            } => {
+                let (src, dst) = ((src_parent, src_name), (dst_parent, dst_name));
+                self.drive_rename(op, aborting, src, dst, ino, kind).await
+            }
+            IntentOp::DropLink { ino } => {
+                self.step(shard_of(ino), op, 1, Step::DropLink { ino })
+                    .await?;
+                self.end_intent(op).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// A mkdir across shards: the new directory's inode in its own shard
+    /// (step 1), then its name in the parent's (step 2).
+    async fn drive_mkdir(
+        &self,
+        op: OpId,
+        aborting: bool,
+        parent: Ino,
+        name: String,
+        attrs: NewInode,
+        child_shard: ShardId,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        if aborting {
+            self.end_intent(op).await?;
+            return Err(FsError::Io("mkdir was rolled back".into()));
+        }
+        let created = match self
+            .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
+            .await
+        {
+            Ok(StepResult::Created(attr)) => *attr,
+            Ok(other) => return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}"))),
+            Err(e) => return self.abort(op, &[], e).await,
+        };
+        self.step(
+            home,
+            op,
+            2,
+            Step::LinkName {
+                parent,
+                name,
+                ino: created.ino,
+                kind: FileKind::Dir,
+            },
+        )
+        .await?;
+        self.end_intent(op).await?;
+        Ok(Some(created))
+    }
+
+    /// An rmdir of a directory held by another shard: the directory goes
+    /// when it is empty (step 1), then its name (step 2).
+    async fn drive_rmdir(
+        &self,
+        op: OpId,
+        aborting: bool,
+        parent: Ino,
+        name: String,
+        ino: Ino,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        if aborting {
+            self.end_intent(op).await?;
+            return Err(FsError::NotEmpty(String::new()));
+        }
+        if let Err(e) = self
+            .step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino })
+            .await
+        {
+            return self.abort(op, &[], e).await;
+        }
+        self.step(home, op, 2, Step::UnlinkName { parent, name, ino })
+            .await?;
+        self.end_intent(op).await?;
+        Ok(None)
+    }
+
+    /// A rename across shards, of `ino` (a `kind`) from `src` to `dst`
+    /// (each a directory and a name): the target name is locked (step 1)
+    /// and a directory it names removed when empty (step 2), then the new
+    /// name is linked (3), the old one unlinked (4), a moved directory's
+    /// parent set (5) and a replaced file's link dropped (6). Step 8
+    /// releases the target name when the rename is rolled back or has
+    /// nothing to do.
+    async fn drive_rename(
+        &self,
+        op: OpId,
+        aborting: bool,
+        src: (Ino, String),
+        dst: (Ino, String),
+        ino: Ino,
+        kind: FileKind,
+    ) -> FsResult<Option<Attr>> {
+        let home = shard_of(op);
+        let ((src_parent, src_name), (dst_parent, dst_name)) = (src, dst);
+        let dst_home = shard_of(dst_parent);
+        let unlock_dst = (
+            dst_home,
+            Step::UnlockName {
+                parent: dst_parent,
+                name: dst_name.clone(),
+            },
+        );
+        if aborting {
+            self.step(dst_home, op, 8, unlock_dst.1).await?;
+            self.end_intent(op).await?;
+            return Err(FsError::Io("rename was rolled back".into()));
+        }
+        let existing = match self
+            .step(
+                dst_home,
+                op,
+                1,
+                Step::LockName {
+                    parent: dst_parent,
+                    name: dst_name.clone(),
+                },
+            )
+            .await
+        {
+            Ok(StepResult::Existing(e)) => e,
+            Ok(other) => {
+                return Err(FsError::Corrupt(format!(
+                    "rename step 1 returned {other:?}"
+                )))
+            }
+            Err(e) => return self.abort(op, &[], e).await,
+        };
+        if let Some(e) = &existing {
+            if e.ino == ino {
+                // Both names are links to one inode: POSIX does nothing.
+                self.step(dst_home, op, 8, unlock_dst.1).await?;
+                self.end_intent(op).await?;
+                return Ok(None);
+            }
+            if let Err(err) = check_rename_kinds(kind, e.kind) {
+                return self.abort(op, &[unlock_dst], err).await;
+            }
+            if e.kind == FileKind::Dir {
+                if let Err(err) = self
+                    .step(
+                        shard_of(e.ino),
+                        op,
+                        2,
+                        Step::RemoveDirIfEmpty { ino: e.ino },
+                    )
+                    .await
+                {
+                    return self.abort(op, &[unlock_dst], err).await;
+                }
+            }
+        }
+        self.step(
+            dst_home,
+            op,
+            3,
+            Step::LinkName {
+                parent: dst_parent,
+                name: dst_name,
+                ino,
+                kind,
+            },
+        )
+        .await?;
+        self.step(
+            home,
+            op,
+            4,
+            Step::UnlinkName {
+                parent: src_parent,
+                name: src_name,
+                ino,
+            },
+        )
+        .await?;
+        if kind == FileKind::Dir && src_parent != dst_parent {
+            self.step(
+                shard_of(ino),
+                op,
+                5,
+                Step::SetDirParent {
+                    ino,
+                    parent: dst_parent,
+                },
+            )
+            .await?;
+        }
+        let mut touched = vec![dst_home, shard_of(ino)];
+        if let Some(e) = existing.clone().filter(|e| e.kind != FileKind::Dir) {
+            self.step(shard_of(e.ino), op, 6, Step::DropLink { ino: e.ino })
+                .await?;
+            touched.push(shard_of(e.ino));
+        } else if let Some(e) = &existing {
+            touched.push(shard_of(e.ino));
+        }
+        self.end_intent(op).await?;
+        Ok(None)
+    }
+
+    /// Rolls an intent back before anything irreversible happened: mark it,
+    /// release names on other shards, then end it. Returns `error`.
+    async fn abort<T>(&self, op: OpId, unlocks: &[(ShardId, Step)], error: FsError) -> FsResult<T> {
+        self.abort_intent(op).await?;
+        for (shard, step) in unlocks {
+            self.step(*shard, op, 8, step.clone()).await?;
+        }
+        self.end_intent(op).await?;
+        Err(error)
+    }
+
+    /// Drives every intent recorded in `shard` (after it started). Returns how many.
+    pub async fn redrive(&self, shard: ShardId) -> FsResult<usize> {
+        let intents = self
+            .call_until(shard, None, None, |reply| ShardMsg::ListIntents { reply })
+            .await?;
+        let count = intents.len();
+        for intent in intents {
+            let op = intent.op;
+            match self.drive(intent).await {
+                Ok(_) => tracing::info!(
+                    shard,
+                    op = format!("{op:#x}"),
+                    "re-drove intent to completion"
+                ),
+                Err(e) => {
+                    tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back)")
+                }
+            }
+        }
+        Ok(count)
+    }
+}
+
+/// The first of several futures to finish.
+async fn futures_select_all<F: std::future::Future + Unpin>(futures: Vec<F>) -> F::Output {
+    let mut futures = futures;
+    std::future::poll_fn(move |cx| {
+        for f in futures.iter_mut() {
+            if let std::task::Poll::Ready(out) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready(out);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}

@@ -1,0 +1,145 @@
+//! POSIX rename of paths: within one shard in one message, across shards
+//! through an intent, and moves of directories between directories under
+//! the cluster's rename lock.
+
+use std::time::{Duration, Instant};
+
+use curvine_messages::path::{check_name, components};
+use curvine_messages::shard::{IntentOp, RenameOutcome, ShardMsg};
+use curvine_messages::{shard_of, FileKind, FsError, FsResult, Ino, SetAttr, ROOT_INO};
+
+use super::Namespace;
+
+impl Namespace {
+    /// POSIX rename of paths.
+    pub async fn rename(&self, src: &str, dst: &str) -> FsResult<()> {
+        let src_parts = components(src, "/")?;
+        let dst_parts = components(dst, "/")?;
+        if src_parts.is_empty() || dst_parts.is_empty() {
+            return Err(FsError::Busy("cannot rename the root directory".into()));
+        }
+        let (src_parent, src_name) = self.resolve_parent(src).await?;
+        let entry = self.lookup(src_parent.ino, &src_name).await?;
+        let (dst_parent, dst_name) = self.resolve_parent(dst).await?;
+        if entry.kind == FileKind::Dir && src_parent.ino != dst_parent.ino {
+            // Local requests queue here; the cluster-wide lock on shard 0
+            // orders them against other nodes' moves.
+            let _guard = self.rename_lock.lock().await;
+            let holder = self.lock_renames().await?;
+            let result = async {
+                self.check_not_inside(entry.ino, dst_parent.ino).await?;
+                self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
+                    .await
+            }
+            .await;
+            let h = holder.clone();
+            let _ = self
+                .call(0, move |reply| ShardMsg::UnlockRenames {
+                    holder: h.clone(),
+                    reply,
+                })
+                .await;
+            result?;
+        } else {
+            self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
+                .await?;
+        }
+        if shard_of(entry.ino) != shard_of(dst_parent.ino) {
+            // The inode lives on another shard than its new parent (a
+            // directory): its ctime changes there, as the rename's own shard
+            // cannot reach it in the same commit.
+            if let Err(e) = self.setattr_ino(entry.ino, SetAttr::default()).await {
+                tracing::debug!(ino = entry.ino, error = %e, "ctime of a renamed inode not updated");
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the cluster's rename lock, waiting up to the request timeout.
+    async fn lock_renames(&self) -> FsResult<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let holder = format!(
+            "{}#{}",
+            self.cluster.node_id,
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let deadline = Instant::now() + self.timeout;
+        let lease_ms = self.timeout.as_millis().min(u32::MAX as u128) as u32;
+        let mut delay = Duration::from_millis(1);
+        loop {
+            let h = holder.clone();
+            let taken = self
+                .call(0, move |reply| ShardMsg::LockRenames {
+                    holder: h.clone(),
+                    lease_ms,
+                    reply,
+                })
+                .await?;
+            if taken {
+                return Ok(holder);
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Busy(
+                    "another directory move held the rename lock for the whole request timeout"
+                        .into(),
+                ));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// EINVAL when `dir` is `target` or one of its ancestors.
+    async fn check_not_inside(&self, dir: Ino, target: Ino) -> FsResult<()> {
+        let mut current = target;
+        for _ in 0..100_000 {
+            if current == dir {
+                return Err(FsError::InvalidArgument(
+                    "cannot move a directory into itself".into(),
+                ));
+            }
+            if current == ROOT_INO {
+                return Ok(());
+            }
+            current = self.getattr(current).await?.parent;
+        }
+        Err(FsError::Corrupt(format!(
+            "directory {target:#x} has no path to the root"
+        )))
+    }
+
+    pub(super) async fn rename_at(
+        &self,
+        src_parent: Ino,
+        src_name: &str,
+        dst_parent: Ino,
+        dst_name: &str,
+    ) -> FsResult<()> {
+        check_name(dst_name)?;
+        let (sn, dn) = (src_name.to_string(), dst_name.to_string());
+        let home = shard_of(src_parent);
+        if home == shard_of(dst_parent) {
+            let outcome = self
+                .call(home, |reply| ShardMsg::RenameLocal {
+                    src_parent,
+                    src_name: sn.clone(),
+                    dst_parent,
+                    dst_name: dn.clone(),
+                    reply,
+                })
+                .await?;
+            if outcome == RenameOutcome::Done {
+                return Ok(());
+            }
+        }
+        let action = IntentOp::Rename {
+            src_parent,
+            src_name: sn,
+            dst_parent,
+            dst_name: dn,
+            ino: 0,
+            kind: FileKind::File,
+        };
+        self.begin_and_drive(home, action).await.map(|_| ())
+    }
+}
