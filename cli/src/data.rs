@@ -5,11 +5,12 @@ use std::io::{IsTerminal, Read, Write};
 use clap::Subcommand;
 use serde_json::json;
 
+use curvine_messages::block::{check_block_size, FileSpec, TierKind};
+use curvine_messages::{Attr, FileKind, FsError};
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_messages::block::{check_block_size, FileSpec, TierKind};
-use curvine_messages::{FileKind, FsError};
 
+use crate::run::Ctx;
 use crate::{fail, Failure};
 
 /// Bytes moved per read or write call by the data commands.
@@ -158,12 +159,7 @@ fn options(force: bool, spec: FileSpec) -> WriteOptions {
     }
 }
 
-pub async fn run(
-    client: &Client,
-    command: DataCommand,
-    json_out: bool,
-    abs: &dyn Fn(&str) -> Result<String, Failure>,
-) -> Result<(), Failure> {
+pub async fn run(cx: &Ctx<'_>, command: DataCommand) -> Result<(), Failure> {
     match command {
         DataCommand::Put {
             local,
@@ -173,295 +169,369 @@ pub async fn run(
             replicas,
             storage,
         } => {
-            let mut spec = FileSpec::default();
-            if let Some(bs) = block_size {
-                let bytes = curvine_conf::ByteSize::parse(&bs).map_err(|e| Failure {
-                    what: "put --block-size".into(),
-                    error: e,
-                    code: 1,
-                })?;
-                spec.block_size = check_block_size(bytes.0).map_err(|e| fail("put", &path, e))?;
-            }
-            if let Some(r) = replicas {
-                spec.replicas = r;
-            }
-            if let Some(s) = storage {
-                spec.storage = Some(TierKind::parse(&s).map_err(|e| fail("put", &path, e))?);
-            }
-            let dst = abs(&path)?;
-            let dst = if local == "-" {
-                dst
-            } else {
-                target(client, &dst, name_of(&local)).await
-            };
-            let (mut input, len): (Box<dyn Read>, u64) = if local == "-" {
-                (Box::new(std::io::stdin().lock()), 0)
-            } else {
-                let f = std::fs::File::open(&local).map_err(|e| local_err("put", &local, e))?;
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-                    return Err(fail("put", &local, FsError::IsADirectory(String::new())));
-                }
-                (Box::new(f), len)
-            };
-            let mut writer = FileWriter::open(client, &dst, &options(force, spec))
-                .await
-                .map_err(|e| fail("put", &path, e))?;
-            let bar = progress(len, name_of(&dst));
-            let mut buf = vec![0u8; BUF];
-            let copied: Result<(), Failure> = async {
-                loop {
-                    let n = tokio::task::block_in_place(|| input.read(&mut buf))
-                        .map_err(|e| local_err("put", &local, e))?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    writer
-                        .write(&buf[..n])
-                        .await
-                        .map_err(|e| fail("put", &path, e))?;
-                    if let Some(b) = &bar {
-                        b.inc(n as u64);
-                    }
-                }
-            }
-            .await;
-            if let Err(f) = copied {
-                give_up(client, writer, &dst, force).await;
-                return Err(f);
-            }
-            let attr = writer.close().await.map_err(|e| fail("put", &path, e))?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            if json_out {
-                println!("{}", json!({"path": dst, "size": attr.size}));
-            }
+            let spec = put_spec(&path, block_size, replicas, storage)?;
+            put(cx, &local, &path, force, spec).await
         }
-        DataCommand::Get { path, local } => {
-            let src = abs(&path)?;
-            let mut reader = FileReader::open(client, &src)
-                .await
-                .map_err(|e| fail("get", &path, e))?;
-            let mut out: Box<dyn Write> = if local == "-" {
-                Box::new(std::io::stdout().lock())
-            } else {
-                let mut dest = std::path::PathBuf::from(&local);
-                if dest.is_dir() {
-                    dest.push(name_of(&src));
-                }
-                Box::new(
-                    std::fs::File::create(&dest)
-                        .map_err(|e| local_err("get", &dest.display().to_string(), e))?,
-                )
-            };
-            let bar = progress(reader.size(), name_of(&src));
-            copy_out(&mut reader, &mut out, bar.as_ref(), u64::MAX)
-                .await
-                .map_err(|e| e.named("get", &path))?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
+        DataCommand::Get { path, local } => get(cx, &path, &local).await,
+        DataCommand::Cat { paths } => cat(cx, paths).await,
+        DataCommand::Head { bytes, path } => head(cx, bytes, &path).await,
+        DataCommand::Tail { bytes, path } => tail(cx, bytes, &path).await,
+        DataCommand::Cp { src, dst, force } => cp(cx, &src, &dst, force).await,
+        DataCommand::Du { human, paths } => du(cx, human, paths).await,
+        DataCommand::Df { human } => df(cx, human).await,
+        DataCommand::Free { path } => free(cx, &path).await,
+        DataCommand::Blocks { path } => blocks(cx, &path).await,
+    }
+}
+
+/// The block size, replicas and tier `put` gives the new file.
+fn put_spec(
+    path: &str,
+    block_size: Option<String>,
+    replicas: Option<u16>,
+    storage: Option<String>,
+) -> Result<FileSpec, Failure> {
+    let mut spec = FileSpec::default();
+    if let Some(bs) = block_size {
+        let bytes = curvine_conf::ByteSize::parse(&bs).map_err(|e| Failure {
+            what: "put --block-size".into(),
+            error: e,
+            code: 1,
+        })?;
+        spec.block_size = check_block_size(bytes.0).map_err(|e| fail("put", path, e))?;
+    }
+    if let Some(r) = replicas {
+        spec.replicas = r;
+    }
+    if let Some(s) = storage {
+        spec.storage = Some(TierKind::parse(&s).map_err(|e| fail("put", path, e))?);
+    }
+    Ok(spec)
+}
+
+async fn put(
+    cx: &Ctx<'_>,
+    local: &str,
+    path: &str,
+    force: bool,
+    spec: FileSpec,
+) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let dst = cx.abs(path)?;
+    let dst = if local == "-" {
+        dst
+    } else {
+        target(client, &dst, name_of(local)).await
+    };
+    let (input, len): (Box<dyn Read>, u64) = if local == "-" {
+        (Box::new(std::io::stdin().lock()), 0)
+    } else {
+        let f = std::fs::File::open(local).map_err(|e| local_err("put", local, e))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(fail("put", local, FsError::IsADirectory(String::new())));
         }
-        DataCommand::Cat { paths } => {
-            let mut out = std::io::stdout().lock();
-            for p in paths {
-                let src = abs(&p)?;
-                let mut reader = FileReader::open(client, &src)
-                    .await
-                    .map_err(|e| fail("cat", &p, e))?;
-                copy_out(&mut reader, &mut out, None, u64::MAX)
-                    .await
-                    .map_err(|e| e.named("cat", &p))?;
-            }
+        (Box::new(f), len)
+    };
+    let writer = FileWriter::open(client, &dst, &options(force, spec))
+        .await
+        .map_err(|e| fail("put", path, e))?;
+    let bar = progress(len, name_of(&dst));
+    let input = Input::Local {
+        source: input,
+        path: local,
+    };
+    let written = copy_in(client, input, writer, &dst, force, bar, ("put", path)).await?;
+    if json_out {
+        println!("{}", json!({"path": dst, "size": written.size}));
+    }
+    Ok(())
+}
+
+async fn get(cx: &Ctx<'_>, path: &str, local: &str) -> Result<(), Failure> {
+    let (src, mut reader) = open(cx, "get", path).await?;
+    let mut out: Box<dyn Write> = if local == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let mut dest = std::path::PathBuf::from(local);
+        if dest.is_dir() {
+            dest.push(name_of(&src));
         }
-        DataCommand::Head { bytes, path } => {
-            let src = abs(&path)?;
-            let mut reader = FileReader::open(client, &src)
-                .await
-                .map_err(|e| fail("head", &path, e))?;
-            let mut out = std::io::stdout().lock();
-            copy_out(&mut reader, &mut out, None, bytes)
-                .await
-                .map_err(|e| e.named("head", &path))?;
+        Box::new(
+            std::fs::File::create(&dest)
+                .map_err(|e| local_err("get", &dest.display().to_string(), e))?,
+        )
+    };
+    let bar = progress(reader.size(), name_of(&src));
+    copy_out(&mut reader, &mut out, bar.as_ref(), u64::MAX)
+        .await
+        .map_err(|e| e.named("get", path))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(())
+}
+
+async fn cat(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    for p in paths {
+        let (_, mut reader) = open(cx, "cat", &p).await?;
+        copy_out(&mut reader, &mut out, None, u64::MAX)
+            .await
+            .map_err(|e| e.named("cat", &p))?;
+    }
+    Ok(())
+}
+
+async fn head(cx: &Ctx<'_>, bytes: u64, path: &str) -> Result<(), Failure> {
+    let (_, mut reader) = open(cx, "head", path).await?;
+    let mut out = std::io::stdout().lock();
+    copy_out(&mut reader, &mut out, None, bytes)
+        .await
+        .map_err(|e| e.named("head", path))
+}
+
+async fn tail(cx: &Ctx<'_>, bytes: u64, path: &str) -> Result<(), Failure> {
+    let (_, mut reader) = open(cx, "tail", path).await?;
+    reader.seek(reader.size().saturating_sub(bytes));
+    let mut out = std::io::stdout().lock();
+    copy_out(&mut reader, &mut out, None, bytes)
+        .await
+        .map_err(|e| e.named("tail", path))
+}
+
+async fn cp(cx: &Ctx<'_>, src: &str, dst: &str, force: bool) -> Result<(), Failure> {
+    let client = cx.client;
+    let s = cx.abs(src)?;
+    let d = target(client, &cx.abs(dst)?, name_of(&s)).await;
+    let mut reader = FileReader::open(client, &s)
+        .await
+        .map_err(|e| fail("cp", src, e))?;
+    let spec = FileSpec {
+        block_size: reader.attr.block_size,
+        replicas: reader.attr.replicas,
+        storage: reader.attr.storage,
+    };
+    let writer = FileWriter::open(client, &d, &options(force, spec))
+        .await
+        .map_err(|e| fail("cp", dst, e))?;
+    let bar = progress(reader.size(), name_of(&d));
+    let input = Input::Cluster {
+        reader: &mut reader,
+        path: src,
+    };
+    copy_in(client, input, writer, &d, force, bar, ("cp", dst)).await?;
+    Ok(())
+}
+
+async fn du(cx: &Ctx<'_>, human: bool, paths: Vec<String>) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let mut rows = Vec::new();
+    for p in paths {
+        let (path, (bytes, files)) = cx
+            .on_path(
+                "du",
+                &p,
+                |path| async move { bytes_under(client, &path).await },
+            )
+            .await?;
+        rows.push((path, bytes, files));
+    }
+    if json_out {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(p, b, f)| json!({"path": p, "bytes": b, "files": f}))
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else {
+        for (p, b, _) in rows {
+            println!("{:<12} {p}", size(b, human));
         }
-        DataCommand::Tail { bytes, path } => {
-            let src = abs(&path)?;
-            let mut reader = FileReader::open(client, &src)
-                .await
-                .map_err(|e| fail("tail", &path, e))?;
-            reader.seek(reader.size().saturating_sub(bytes));
-            let mut out = std::io::stdout().lock();
-            copy_out(&mut reader, &mut out, None, bytes)
-                .await
-                .map_err(|e| e.named("tail", &path))?;
-        }
-        DataCommand::Cp { src, dst, force } => {
-            let s = abs(&src)?;
-            let d = target(client, &abs(&dst)?, name_of(&s)).await;
-            let mut reader = FileReader::open(client, &s)
-                .await
-                .map_err(|e| fail("cp", &src, e))?;
-            let spec = FileSpec {
-                block_size: reader.attr.block_size,
-                replicas: reader.attr.replicas,
-                storage: reader.attr.storage,
-            };
-            let mut writer = FileWriter::open(client, &d, &options(force, spec))
-                .await
-                .map_err(|e| fail("cp", &dst, e))?;
-            let bar = progress(reader.size(), name_of(&d));
-            let mut buf = vec![0u8; BUF];
-            let copied: Result<(), Failure> = async {
-                loop {
-                    let n = reader
-                        .read(&mut buf)
-                        .await
-                        .map_err(|e| fail("cp", &src, e))?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    writer
-                        .write(&buf[..n])
-                        .await
-                        .map_err(|e| fail("cp", &dst, e))?;
-                    if let Some(b) = &bar {
-                        b.inc(n as u64);
-                    }
-                }
-            }
-            .await;
-            if let Err(f) = copied {
-                give_up(client, writer, &d, force).await;
-                return Err(f);
-            }
-            writer.close().await.map_err(|e| fail("cp", &dst, e))?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-        }
-        DataCommand::Du { human, paths } => {
-            let mut rows = Vec::new();
-            for p in paths {
-                let path = abs(&p)?;
-                let (bytes, files) = du(client, &path).await.map_err(|e| fail("du", &p, e))?;
-                rows.push((path, bytes, files));
-            }
-            if json_out {
-                let v: Vec<_> = rows
-                    .iter()
-                    .map(|(p, b, f)| json!({"path": p, "bytes": b, "files": f}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else {
-                for (p, b, _) in rows {
-                    println!("{:<12} {p}", size(b, human));
-                }
-            }
-        }
-        DataCommand::Df { human } => {
-            let report = client.report().await.map_err(|e| fail("df", "", e))?;
-            if json_out {
-                let v: Vec<_> = report
-                    .nodes
-                    .iter()
-                    .flat_map(|n| {
-                        n.tiers.iter().map(move |t| {
-                            json!({"node": n.node_id, "tier": t.kind.name(), "path": t.path,
-                                "capacity": t.capacity, "used": t.used, "reserved": t.reserved,
-                                "available": t.capacity.saturating_sub(t.used + t.reserved),
-                                "blocks": t.blocks})
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else {
+    }
+    Ok(())
+}
+
+async fn df(cx: &Ctx<'_>, human: bool) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let report = client.report().await.map_err(|e| fail("df", "", e))?;
+    if json_out {
+        let v: Vec<_> = report
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.tiers.iter().map(move |t| {
+                    json!({"node": n.node_id, "tier": t.kind.name(), "path": t.path,
+                        "capacity": t.capacity, "used": t.used, "reserved": t.reserved,
+                        "available": t.capacity.saturating_sub(t.used + t.reserved),
+                        "blocks": t.blocks})
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else {
+        println!(
+            "{:<14} {:<5} {:>12} {:>12} {:>12} {:>5} {:>8}  path",
+            "node", "tier", "capacity", "used", "available", "use%", "blocks"
+        );
+        for n in &report.nodes {
+            for t in &n.tiers {
+                let used = t.used + t.reserved;
                 println!(
-                    "{:<14} {:<5} {:>12} {:>12} {:>12} {:>5} {:>8}  path",
-                    "node", "tier", "capacity", "used", "available", "use%", "blocks"
+                    "{:<14} {:<5} {:>12} {:>12} {:>12} {:>4}% {:>8}  {}",
+                    n.node_id,
+                    t.kind.name(),
+                    size(t.capacity, human),
+                    size(used, human),
+                    size(t.capacity.saturating_sub(used), human),
+                    (used * 100).checked_div(t.capacity).unwrap_or(0),
+                    t.blocks,
+                    t.path
                 );
-                for n in &report.nodes {
-                    for t in &n.tiers {
-                        let used = t.used + t.reserved;
-                        println!(
-                            "{:<14} {:<5} {:>12} {:>12} {:>12} {:>4}% {:>8}  {}",
-                            n.node_id,
-                            t.kind.name(),
-                            size(t.capacity, human),
-                            size(used, human),
-                            size(t.capacity.saturating_sub(used), human),
-                            (used * 100).checked_div(t.capacity).unwrap_or(0),
-                            t.blocks,
-                            t.path
-                        );
-                    }
-                }
-            }
-        }
-        DataCommand::Free { path } => {
-            let p = abs(&path)?;
-            let s = client.free(&p).await.map_err(|e| fail("free", &path, e))?;
-            if json_out {
-                print!("{}", serde_json::to_string(&s).unwrap_or_default());
-                println!();
-            } else {
-                println!(
-                    "freed {} blocks ({}); kept {} blocks that are the only copy of their data",
-                    s.freed,
-                    human(s.freed_bytes),
-                    s.kept_only_copy
-                );
-            }
-        }
-        DataCommand::Blocks { path } => {
-            let p = abs(&path)?;
-            let fb = client
-                .blocks(&p)
-                .await
-                .map_err(|e| fail("blocks", &path, e))?;
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&fb).unwrap_or_default());
-            } else {
-                println!(
-                    "{p}: {} bytes in {} blocks of {}{}",
-                    fb.attr.size,
-                    fb.blocks.len(),
-                    human(fb.attr.block_size),
-                    fb.attr
-                        .writing
-                        .as_ref()
-                        .map(|l| format!(" (being written by {})", l.client))
-                        .unwrap_or_default()
-                );
-                println!(
-                    "{:>6} {:>18} {:>12} {:>9}  replicas",
-                    "index", "block", "bytes", "crc32c"
-                );
-                // The answering node knows the tiers of its own copies only.
-                let here = client.node_id();
-                for b in &fb.blocks {
-                    let replicas: Vec<String> = b
-                        .replicas
-                        .iter()
-                        .map(|r| match r.tier {
-                            Some(t) => format!("{}:{}", r.node_id, t.name()),
-                            None if r.node_id == here => format!("{}:missing", r.node_id),
-                            None => r.node_id.clone(),
-                        })
-                        .collect();
-                    println!(
-                        "{:>6} {:>#18x} {:>12} {:>9}  {}",
-                        b.info.index,
-                        b.info.id,
-                        b.info.len,
-                        format!("{:08x}", b.info.crc),
-                        replicas.join(" ")
-                    );
-                }
             }
         }
     }
     Ok(())
+}
+
+async fn free(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let (_, s) = cx
+        .on_path("free", path, |p| async move { client.free(&p).await })
+        .await?;
+    if json_out {
+        print!("{}", serde_json::to_string(&s).unwrap_or_default());
+        println!();
+    } else {
+        println!(
+            "freed {} blocks ({}); kept {} blocks that are the only copy of their data",
+            s.freed,
+            human(s.freed_bytes),
+            s.kept_only_copy
+        );
+    }
+    Ok(())
+}
+
+async fn blocks(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let (p, fb) = cx
+        .on_path("blocks", path, |p| async move { client.blocks(&p).await })
+        .await?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&fb).unwrap_or_default());
+    } else {
+        println!(
+            "{p}: {} bytes in {} blocks of {}{}",
+            fb.attr.size,
+            fb.blocks.len(),
+            human(fb.attr.block_size),
+            fb.attr
+                .writing
+                .as_ref()
+                .map(|l| format!(" (being written by {})", l.client))
+                .unwrap_or_default()
+        );
+        println!(
+            "{:>6} {:>18} {:>12} {:>9}  replicas",
+            "index", "block", "bytes", "crc32c"
+        );
+        // The answering node knows the tiers of its own copies only.
+        let here = client.node_id();
+        for b in &fb.blocks {
+            let replicas: Vec<String> = b
+                .replicas
+                .iter()
+                .map(|r| match r.tier {
+                    Some(t) => format!("{}:{}", r.node_id, t.name()),
+                    None if r.node_id == here => format!("{}:missing", r.node_id),
+                    None => r.node_id.clone(),
+                })
+                .collect();
+            println!(
+                "{:>6} {:>#18x} {:>12} {:>9}  {}",
+                b.info.index,
+                b.info.id,
+                b.info.len,
+                format!("{:08x}", b.info.crc),
+                replicas.join(" ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What a copy into the cluster reads: a local file or stdin (`put`) or a
+/// file of the cluster (`cp`), with the path its read errors name.
+enum Input<'a> {
+    Local {
+        source: Box<dyn Read>,
+        path: &'a str,
+    },
+    Cluster {
+        reader: &'a mut FileReader,
+        path: &'a str,
+    },
+}
+
+impl Input<'_> {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Failure> {
+        match self {
+            Input::Local { source, path } => tokio::task::block_in_place(|| source.read(buf))
+                .map_err(|e| local_err("put", path, e)),
+            Input::Cluster { reader, path } => {
+                reader.read(buf).await.map_err(|e| fail("cp", path, e))
+            }
+        }
+    }
+}
+
+/// Copies all of `input` into `writer` and closes it (the new content
+/// shows from then on); a failure gives the file up (see `give_up`).
+/// `(op, path)` name write and close errors.
+async fn copy_in(
+    client: &Client,
+    mut input: Input<'_>,
+    mut writer: FileWriter,
+    dst: &str,
+    force: bool,
+    bar: Option<indicatif::ProgressBar>,
+    (op, path): (&str, &str),
+) -> Result<Attr, Failure> {
+    let mut buf = vec![0u8; BUF];
+    let copied: Result<(), Failure> = async {
+        loop {
+            let n = input.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            writer
+                .write(&buf[..n])
+                .await
+                .map_err(|e| fail(op, path, e))?;
+            if let Some(b) = &bar {
+                b.inc(n as u64);
+            }
+        }
+    }
+    .await;
+    if let Err(f) = copied {
+        give_up(client, writer, dst, force).await;
+        return Err(f);
+    }
+    let attr = writer.close().await.map_err(|e| fail(op, path, e))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(attr)
+}
+
+/// Opens a file of the cluster for reading; failures are named by `op` and
+/// the path as given. Returns the file's absolute path with its reader.
+async fn open(cx: &Ctx<'_>, op: &str, path: &str) -> Result<(String, FileReader), Failure> {
+    cx.on_path(op, path, |src| async move {
+        FileReader::open(cx.client, &src).await
+    })
+    .await
 }
 
 /// After a failed copy in: release the file, and remove it when this
@@ -518,7 +588,7 @@ async fn copy_out(
 }
 
 /// Bytes and files under a path (files count their size; symlinks nothing).
-async fn du(client: &Client, path: &str) -> Result<(u64, u64), FsError> {
+async fn bytes_under(client: &Client, path: &str) -> Result<(u64, u64), FsError> {
     let attr = client.stat(path).await?;
     if attr.kind != FileKind::Dir {
         return Ok((

@@ -1,11 +1,11 @@
 //! `curvine-cli trace`: trace events of every node, merged by time, as a
 //! list, a live stream, the causal tree of one request, or Chrome
-//! trace-event JSON.
+//! trace-event JSON; or a command run traced, with its tree.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, Parser};
 use serde_json::json;
 
 use curvine_client::Client;
@@ -13,6 +13,11 @@ use curvine_conf::Dur;
 use curvine_messages::rpc::NodeTrace;
 use curvine_messages::trace::{format_id, parse_id, Outcome, TraceEvent, TraceQuery};
 use curvine_messages::{now_ns, FsError};
+
+use crate::args::Command;
+use crate::output::print_json;
+use crate::run::{run_traced, Ctx};
+use crate::{fail, Cli, Failure, Global};
 
 #[derive(Args)]
 pub struct TraceArgs {
@@ -309,6 +314,117 @@ pub async fn follow(client: &Client, query: TraceQuery, json_out: bool) -> Resul
             }
         }
     }
+}
+
+/// `curvine-cli trace`: a traced command's tree, a live stream, or the
+/// recent events of every node (a list, one request's tree, Chrome JSON).
+pub async fn run(cx: &Ctx<'_>, global: Global, args: TraceArgs) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let err = |e: FsError| fail("trace", "", e);
+    let query = args.query().map_err(err)?;
+    if let Some(words) = args.command_words().map_err(err)? {
+        return run_command(cx, global, &args, query, words).await;
+    }
+    if args.follow {
+        return follow(client, query, json_out).await.map_err(err);
+    }
+    let nodes = client.trace_events(query, Vec::new()).await.map_err(err)?;
+    let events = merge(&nodes);
+    if let Some(file) = &args.chrome {
+        write_chrome(file, &events)?;
+        eprintln!("wrote {} events to {file}", events.len());
+    }
+    if json_out {
+        print_json(&events.iter().map(event_json).collect::<Vec<_>>());
+    } else if args.tree.is_some() {
+        if events.is_empty() {
+            return Err(fail(
+                "trace",
+                args.tree.as_deref().unwrap_or_default(),
+                FsError::NotFound(
+                    "no events of this trace on any node (the rings keep only recent events)"
+                        .into(),
+                ),
+            ));
+        }
+        for line in tree_lines(&events) {
+            println!("{line}");
+        }
+    } else if args.chrome.is_none() {
+        for e in &events {
+            print_line(e);
+        }
+    }
+    Ok(())
+}
+
+/// Runs a command (`trace -- COMMAND` or `--run`) with tracing forced,
+/// then prints its tree to stderr; the command's own outcome is returned.
+async fn run_command(
+    cx: &Ctx<'_>,
+    global: Global,
+    args: &TraceArgs,
+    mut query: TraceQuery,
+    words: Vec<String>,
+) -> Result<(), Failure> {
+    let Ctx { client, json_out } = *cx;
+    let err = |e: FsError| fail("trace", "", e);
+    // The command runs with the same global options, traced.
+    let inner = Cli::try_parse_from(std::iter::once("curvine-cli".to_string()).chain(words))
+        .map_err(|e| Failure {
+            what: "trace --run".into(),
+            error: e.to_string().trim().to_string(),
+            code: 2,
+        })?;
+    if matches!(
+        inner.command,
+        Command::Trace(_) | Command::Fuse(_) | Command::Conf(_)
+    ) {
+        return Err(fail(
+            "trace",
+            "",
+            FsError::InvalidArgument("only commands that talk to the cluster can be traced".into()),
+        ));
+    }
+    // Options given inside the command win over the outer ones; `-c`
+    // settings add to them.
+    let mut overrides = global.overrides;
+    overrides.extend(inner.global.overrides);
+    let inner = Cli {
+        global: Global {
+            conf: inner.global.conf.or(global.conf),
+            cluster: inner.global.cluster.or(global.cluster),
+            overrides,
+            json: false,
+        },
+        command: inner.command,
+    };
+    let ctx = curvine_messages::trace::TraceCtx::root();
+    // The task-local context makes the data port's requests join too.
+    let outcome =
+        curvine_client::trace_scope(Some(ctx), Box::pin(run_traced(inner, Some(ctx)))).await;
+    // Casts sent by the command may still be on their way.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    query.trace = Some(ctx.trace);
+    let nodes = client.trace_events(query, Vec::new()).await.map_err(err)?;
+    let events = merge(&nodes);
+    if let Some(file) = &args.chrome {
+        write_chrome(file, &events)?;
+    }
+    eprintln!("trace {}", curvine_messages::trace::format_id(ctx.trace));
+    if json_out {
+        print_json(&events.iter().map(event_json).collect::<Vec<_>>());
+    } else {
+        for line in tree_lines(&events) {
+            eprintln!("{line}");
+        }
+    }
+    outcome
+}
+
+fn write_chrome(file: &str, events: &[TraceEvent]) -> Result<(), Failure> {
+    let text = serde_json::to_string(&chrome_json(events)).unwrap_or_default();
+    std::fs::write(file, text).map_err(|e| fail("trace --chrome", file, FsError::Io(e.to_string())))
 }
 
 #[cfg(test)]
