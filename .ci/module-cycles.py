@@ -4,12 +4,15 @@
 usage: module-cycles.py SRC_DIR...
 
 Each file under SRC_DIR is a module (`a/b.rs` and `a/b/mod.rs` are `a::b`;
-`lib.rs` and `main.rs` are the crate root, which is left out). A module
-depends on another when it names it by path: `crate::a::b`, `super::x`,
-`self::x`, or a child module by its bare name. A module always depends on
-its own children (it declares them); a child that names its parent (or
-anything defined in it) closes a cycle. Prints each cycle found and exits 1
-when there is one.
+`lib.rs` and `main.rs` are the crate root). A module depends on another
+when it names it by path: `crate::a::b`, `super::x`, `self::x`, or a child
+module by its bare name. The check is made at every level of the module
+tree: the modules that share a parent (the crate's top-level modules, the
+children of `service`, ...) must depend on each other without a cycle,
+where a module stands for itself and everything below it. A module naming
+its own parent or its own children (a type defined in `mod.rs` with its
+`impl` blocks in child modules) is inside one unit and not a cycle. Prints
+each cycle found and exits 1 when there is one.
 """
 import os
 import re
@@ -118,23 +121,42 @@ def cycles(graph):
     return found
 
 
+def levels(deps):
+    """Per parent module, the graph between its children (each standing
+    for its whole subtree)."""
+    out = {}
+    for m, targets in deps.items():
+        for t in targets:
+            common = 0
+            while common < min(len(m), len(t)) and m[common] == t[common]:
+                common += 1
+            if common == len(m) or common == len(t):
+                continue  # an ancestor or a descendant: the same unit
+            parent = m[:common]
+            a, b = m[: common + 1], t[: common + 1]
+            out.setdefault(parent, {}).setdefault(a, set()).add(b)
+    return out
+
+
 def main():
     bad = 0
     for src in sys.argv[1:]:
         mods = modules(src)
-        graph = {}
+        deps = {}
         for mod, path in mods.items():
             if mod == ():
                 continue
             with open(path, encoding="utf-8") as f:
-                graph[mod] = edges(mods, mod, strip(f.read()))
-        for comp in cycles(graph):
-            bad = 1
-            names = sorted("::".join(m) for m in comp)
-            print(f"{src}: import cycle between modules: {', '.join(names)}")
-            for m in sorted(comp):
-                inside = sorted("::".join(t) for t in graph[m] if t in comp)
-                print(f"  {'::'.join(m)} -> {', '.join(inside)}")
+                deps[mod] = edges(mods, mod, strip(f.read()))
+        for parent, graph in sorted(levels(deps).items()):
+            for comp in cycles(graph):
+                bad = 1
+                where = "::".join(parent) or "the crate root"
+                names = sorted("::".join(m) for m in comp)
+                print(f"{src}: import cycle under {where}: {', '.join(names)}")
+                for m in sorted(comp):
+                    inside = sorted("::".join(t) for t in graph[m] if t in comp)
+                    print(f"  {'::'.join(m)} -> {', '.join(inside)}")
     sys.exit(bad)
 
 

@@ -5,10 +5,10 @@ use std::io::{IsTerminal, Read, Write};
 use clap::Subcommand;
 use serde_json::json;
 
-use curvine_messages::block::{check_block_size, FileSpec, TierKind};
-use curvine_messages::{Attr, FileKind, FsError};
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
+use curvine_messages::block::{check_block_size, FileSpec, TierKind};
+use curvine_messages::{Attr, FileKind, FsError};
 
 use crate::run::Ctx;
 use crate::{fail, Failure};

@@ -1,9 +1,9 @@
 //! UFS mounts and load jobs: mount, umount, load, load-status and
 //! cancel-load.
 
+use curvine_client::Client;
 use curvine_messages::path::normalize;
 use curvine_messages::FsError;
-use curvine_client::Client;
 
 use crate::args::MountArgs;
 use crate::output::{job_json, job_line, mount_json, mount_line, print_json, print_list};

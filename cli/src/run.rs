@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
+use curvine_client::Client;
 use curvine_conf::{Config, Loader};
 use curvine_messages::path::normalize;
 use curvine_messages::FsError;
-use curvine_client::Client;
 
 use crate::args::{Command, ConfCommand};
 use crate::{admin, conf, fs, mount, report, trace};

@@ -404,7 +404,7 @@ impl ProcessCluster {
     pub fn wait_up(&self, n: usize) {
         for node in self.nodes.iter().filter(|n| n.is_running()) {
             wait_for(
-                &format!("node {} to see {n} nodes up", node.node_id),
+                format!("node {} to see {n} nodes up", node.node_id),
                 Duration::from_secs(30),
                 || (node.members_up() == n).then_some(()),
             );
@@ -417,7 +417,7 @@ impl ProcessCluster {
     pub fn wait_down(&self, id: &str) {
         for node in self.nodes.iter().filter(|n| n.is_running()) {
             wait_for(
-                &format!("node {} to see {id} down", node.node_id),
+                format!("node {} to see {id} down", node.node_id),
                 Duration::from_secs(30),
                 || (node.member_state(id).as_deref() == Some("down")).then_some(()),
             );
