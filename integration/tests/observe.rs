@@ -211,6 +211,9 @@ fn actors_and_metrics_of_a_three_node_cluster() {
             "membership",
             "ufs-loader",
             "trace-recorder",
+            "tier-evictors",
+            "client-port",
+            "re-replicator",
         ] {
             assert!(all.iter().any(|n| n == role), "{role} missing: {all:?}");
         }

@@ -547,8 +547,9 @@ pub enum BlockMsg {
     Stats { reply: Reply<Vec<TierStats>> },
     /// Periodic work: access times, freed blocks, orphans, stale reservations.
     Tick,
-    /// Start a tier's evictor again after it failed.
-    RestartEvictor { tier: u8 },
+    /// A tier's evictor failed (its supervisor restarts it): the moves
+    /// in progress are undone.
+    EvictorFailed { tier: u8 },
 }
 
 impl ractor::Message for BlockMsg {}
@@ -566,7 +567,7 @@ impl BlockMsg {
             BlockMsg::Free { .. } => "free",
             BlockMsg::Stats { .. } => "stats",
             BlockMsg::Tick => "tick",
-            BlockMsg::RestartEvictor { .. } => "restart_evictor",
+            BlockMsg::EvictorFailed { .. } => "evictor_failed",
         }
     }
 }

@@ -96,57 +96,7 @@ impl Actor for Gateway {
                 direct,
                 msg,
                 trace,
-            } => {
-                let view = &state.view;
-                let span = trace.and_then(|(ctx, sent_ns)| {
-                    view.tracer.start(
-                        Some(ctx),
-                        sent_ns,
-                        "gateway",
-                        myself.get_id(),
-                        "PeerMsg::Shard",
-                    )
-                });
-                let fail = |msg: ShardMsg, e: FsError, span: Option<Span>| {
-                    if let Some(span) = span {
-                        span.end(Outcome::Error(e.kind_name().to_string()));
-                    }
-                    msg.fail(e);
-                };
-                if !direct && !view.serves(shard) {
-                    let owner = view.map().owner(shard).unwrap_or("nobody").to_string();
-                    let e = FsError::Unavailable(format!(
-                        "shard {shard} is not served by node {} (its map, version {}, names {owner})",
-                        view.node_id,
-                        view.map().version
-                    ));
-                    fail(msg, e, span);
-                    return Ok(());
-                }
-                match view.local().get(shard) {
-                    Ok(actor) => {
-                        // The gateway's span ends when it has handed the
-                        // request to the shard, which continues the trace.
-                        let ctx = span.as_ref().map(|s| s.ctx());
-                        view.metrics.shard_sent(shard);
-                        match actor.send_message(Traced::new(msg, ctx)) {
-                            Ok(()) => {
-                                if let Some(span) = span {
-                                    span.end(Outcome::Ok);
-                                }
-                            }
-                            Err(ractor::MessagingErr::SendErr(m)) => {
-                                view.metrics.shard(shard).unsent();
-                                let e =
-                                    FsError::Unavailable(format!("shard {shard} is restarting"));
-                                fail(m.msg, e, span);
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                    Err(e) => fail(msg, e, span),
-                }
-            }
+            } => forward_to_shard(&myself, state, shard, direct, msg, trace),
             PeerMsg::Trace { query, reply } => {
                 let recorder = state.recorder.clone();
                 answer_later(reply, async move { recorder.query(query).await });
@@ -216,5 +166,67 @@ impl Actor for Gateway {
             }
         }
         Ok(())
+    }
+}
+
+/// Hands a shard request from another node to the shard's actor here,
+/// with its reply port (the gateway never waits on it), as a span of the
+/// sender's trace; refuses it when this node does not serve the shard
+/// (unless `direct`: a request for this node's copy, as a shard move makes).
+fn forward_to_shard(
+    myself: &ActorRef<PeerMsg>,
+    state: &GatewayArgs,
+    shard: curvine_messages::ShardId,
+    direct: bool,
+    msg: ShardMsg,
+    trace: Option<(curvine_messages::trace::TraceCtx, i64)>,
+) {
+    let view = &state.view;
+    let span = trace.and_then(|(ctx, sent_ns)| {
+        view.tracer.start(
+            Some(ctx),
+            sent_ns,
+            "gateway",
+            myself.get_id(),
+            "PeerMsg::Shard",
+        )
+    });
+    let fail = |msg: ShardMsg, e: FsError, span: Option<Span>| {
+        if let Some(span) = span {
+            span.end(Outcome::Error(e.kind_name().to_string()));
+        }
+        msg.fail(e);
+    };
+    if !direct && !view.serves(shard) {
+        let owner = view.map().owner(shard).unwrap_or("nobody").to_string();
+        let e = FsError::Unavailable(format!(
+            "shard {shard} is not served by node {} (its map, version {}, names {owner})",
+            view.node_id,
+            view.map().version
+        ));
+        fail(msg, e, span);
+        return;
+    }
+    match view.local().get(shard) {
+        Ok(actor) => {
+            // The gateway's span ends when it has handed the
+            // request to the shard, which continues the trace.
+            let ctx = span.as_ref().map(|s| s.ctx());
+            view.metrics.shard_sent(shard);
+            match actor.send_message(Traced::new(msg, ctx)) {
+                Ok(()) => {
+                    if let Some(span) = span {
+                        span.end(Outcome::Ok);
+                    }
+                }
+                Err(ractor::MessagingErr::SendErr(m)) => {
+                    view.metrics.shard(shard).unsent();
+                    let e = FsError::Unavailable(format!("shard {shard} is restarting"));
+                    fail(m.msg, e, span);
+                }
+                Err(_) => {}
+            }
+        }
+        Err(e) => fail(msg, e, span),
     }
 }

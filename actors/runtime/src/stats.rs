@@ -288,6 +288,14 @@ impl Metrics {
         ids.insert(id, stats.clone());
     }
 
+    /// Called by a supervisor for a child it started: names `stats` by the
+    /// child's id unless the child did so itself in `pre_start`.
+    pub fn child_started(&self, id: ActorId, stats: &Arc<ActorStats>) {
+        if !self.0.ids.read().contains_key(&id) {
+            self.started(id, stats);
+        }
+    }
+
     /// The statistics of namespace shard `shard` (its senders are counted).
     pub fn shard(&self, shard: ShardId) -> Arc<ActorStats> {
         if let Some(s) = self.0.shards.read().get(shard as usize) {

@@ -469,6 +469,8 @@ impl Supervisor {
             .start(name, myself.get_cell(), &state.args.metrics)
             .await
             .map_err(|e| format!("{} failed to start: {e}", child.role()))?;
+        let stats = state.args.metrics.actor(child.role(), child.counts_sends());
+        state.args.metrics.child_started(cell.get_id(), &stats);
         state.running[index] = Some(cell);
         Ok(())
     }

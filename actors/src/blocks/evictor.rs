@@ -25,6 +25,7 @@ pub enum EvictMsg {
 
 impl ractor::Message for EvictMsg {}
 
+#[derive(Clone)]
 pub struct EvictArgs {
     pub tier: u8,
     pub store: Arc<BlockStore>,

@@ -5,31 +5,40 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use ractor::{ActorRef, RpcReplyPort};
+
+use crate::supervisor::Slot;
 
 use curvine_messages::block::BlockMsg;
 use curvine_messages::{now_ns, FsError, FsResult};
 
-/// The node's current BlockManager. Its supervisor replaces the reference
-/// when it restarts the actor, so holders never call a dead actor for long.
-#[derive(Clone, Default)]
+/// The node's current BlockManager: its slot in the supervision tree,
+/// which the supervisor points at each incarnation, so holders never call
+/// a dead actor for long.
+#[derive(Clone)]
 pub struct BlockManagerRef {
-    actor: Arc<Mutex<Option<ActorRef<BlockMsg>>>>,
+    actor: Slot<BlockMsg>,
     /// The node's tracer, for the spans of traced calls.
     pub tracer: Arc<std::sync::OnceLock<crate::trace::Tracer>>,
 }
 
+impl Default for BlockManagerRef {
+    fn default() -> Self {
+        BlockManagerRef {
+            actor: Slot::new("block manager"),
+            tracer: Default::default(),
+        }
+    }
+}
+
 impl BlockManagerRef {
-    pub fn set(&self, actor: Option<ActorRef<BlockMsg>>) {
-        *self.actor.lock() = actor;
+    /// The slot its supervisor keeps pointed at the block manager.
+    pub fn slot(&self) -> Slot<BlockMsg> {
+        self.actor.clone()
     }
 
     pub fn get(&self) -> FsResult<ActorRef<BlockMsg>> {
-        self.actor
-            .lock()
-            .clone()
-            .ok_or_else(|| FsError::Unavailable("the block manager is restarting".into()))
+        self.actor.get()
     }
 
     /// Calls the block manager, retrying briefly while it restarts.

@@ -1,7 +1,8 @@
 //! The `BlockManager` actor: every change to the node's blocks (reserving
 //! room for a write, committing, aborting, removing, moving between tiers)
-//! goes through it; it ticks the background sweeps and supervises a
-//! TierEvictor per tier.
+//! goes through it; it ticks the background sweeps and supervises its
+//! tiers' evictors (a supervisor `tier-evictors` with a TierEvictor per
+//! tier, which escalates to the block manager when they keep failing).
 
 use std::collections::HashMap;
 use std::fs;
@@ -10,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use curvine_messages::block::{
     block_crc, units, BlockId, BlockMsg, BlockRecord, FreeSummary, MovePlan, Reservation, TierKind,
@@ -23,6 +24,7 @@ use super::sweep::{sweep_freed, sweep_orphans};
 use super::{human, io_err};
 use crate::namespace::Namespace;
 use crate::stats::ActorStats;
+use crate::supervisor::{ActorChild, RestartPolicy, Slot, Supervisor, SupervisorArgs};
 
 /// Settings of the block manager and its evictors.
 #[derive(Debug, Clone)]
@@ -40,6 +42,8 @@ pub struct BlockArgs {
     pub store: Arc<BlockStore>,
     pub namespace: Arc<Namespace>,
     pub conf: BlockConf,
+    /// How the evictors are restarted.
+    pub policy: RestartPolicy,
 }
 
 struct Reserved {
@@ -56,7 +60,10 @@ pub struct BlockState {
     reservations: HashMap<BlockId, Reserved>,
     /// Blocks being moved: target tier and bytes reserved there.
     moving: HashMap<BlockId, (usize, u64)>,
-    evictors: Vec<ActorRef<EvictMsg>>,
+    /// Each tier's evictor, as its supervisor keeps it.
+    evictors: Vec<Slot<EvictMsg>>,
+    /// The evictors' supervisor.
+    evictor_sup: ActorCell,
     /// A sweep of freed blocks or orphans is running.
     sweeping: Arc<std::sync::atomic::AtomicBool>,
     last_orphan_check: Instant,
@@ -114,7 +121,7 @@ impl BlockState {
             },
         );
         if store.usage(tier) > self.args.conf.high_watermark {
-            if let Some(e) = self.evictors.get(tier) {
+            if let Some(e) = self.evictors.get(tier).and_then(Slot::current) {
                 let _ = e.cast(EvictMsg::Check);
             }
         }
@@ -360,10 +367,7 @@ impl Actor for BlockManager {
                 "removed temporary block files of writes cut off by a block manager restart"
             );
         }
-        let mut evictors = Vec::new();
-        for tier in 0..args.store.tier_count() {
-            evictors.push(spawn_evictor(&myself, &args, tier as u8).await?);
-        }
+        let (evictors, evictor_sup) = start_evictors(&myself, &args).await?;
         myself.send_interval(args.conf.tick, || BlockMsg::Tick);
         // Collect freed blocks and check for orphans right away after a start.
         let _ = myself.cast(BlockMsg::Tick);
@@ -373,6 +377,7 @@ impl Actor for BlockManager {
             reservations: HashMap::new(),
             moving: HashMap::new(),
             evictors,
+            evictor_sup,
             sweeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             last_orphan_check: Instant::now() - Duration::from_secs(3600 * 24 * 365),
         })
@@ -449,78 +454,84 @@ impl Actor for BlockManager {
             }
             BlockMsg::Stats { reply } => answer(reply, Ok(state.store().stats())),
             BlockMsg::Tick => state.tick(&myself),
-            BlockMsg::RestartEvictor { tier } => {
-                let evictor = spawn_evictor(&myself, &state.args, tier).await?;
-                if let Some(slot) = state.evictors.get_mut(tier as usize) {
-                    *slot = evictor;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A failed evictor is started again after a pause; the blocks it was
-    /// moving stay where they were (a move only switches after its copy).
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<BlockMsg>,
-        event: ractor::SupervisionEvent,
-        state: &mut BlockState,
-    ) -> Result<(), ActorProcessingErr> {
-        let failed = match &event {
-            ractor::SupervisionEvent::ActorFailed(cell, error) => Some((cell, error.to_string())),
-            ractor::SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                Some((cell, reason.clone().unwrap_or_else(|| "stopped".into())))
-            }
-            _ => None,
-        };
-        if let Some((cell, error)) = failed {
-            let tier = state
-                .evictors
-                .iter()
-                .position(|e| e.get_id() == cell.get_id());
-            if let Some(tier) = tier {
-                tracing::error!(tier, error = %error, "tier evictor failed; restarting it");
-                let role = format!(
-                    "evictor-{}",
-                    state.store().tier_kind(tier).to_string().to_lowercase()
-                );
-                let evictor = state.args.namespace.cluster().metrics.actor(&role, false);
-                evictor.failed();
-                evictor.restarted();
+            BlockMsg::EvictorFailed { tier } => {
+                // The blocks it was moving stay where they were (a move
+                // only switches after its copy).
+                tracing::warn!(tier, "tier evictor failed; its moves are undone");
                 let moving: Vec<BlockId> = state.moving.keys().copied().collect();
                 for block in moving {
                     if let Some((to, _)) = state.moving.get(&block).copied() {
                         let _ = state.finish_move(block, to, false);
                     }
                 }
-                let tier = tier as u8;
-                myself.send_after(Duration::from_secs(1), move || BlockMsg::RestartEvictor {
-                    tier,
-                });
             }
         }
         Ok(())
     }
+
+    /// The evictors' supervisor only stops when it gave up: so does the
+    /// block manager (its own supervisor restarts it, evictors and all).
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<BlockMsg>,
+        event: SupervisionEvent,
+        state: &mut BlockState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, error)
+                if cell.get_id() == state.evictor_sup.get_id() =>
+            {
+                Err(format!("the tier evictors keep failing: {error}").into())
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason)
+                if cell.get_id() == state.evictor_sup.get_id() =>
+            {
+                Err(format!("the tier evictors stopped: {}", reason.unwrap_or_default()).into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
-async fn spawn_evictor(
+/// Starts the supervisor of the tiers' evictors (role `tier-evictors`, a
+/// child `evictor-<tier>` per tier) linked to the block manager; an
+/// evictor that fails has its moves undone (`EvictorFailed`).
+async fn start_evictors(
     myself: &ActorRef<BlockMsg>,
     args: &BlockArgs,
-    tier: u8,
-) -> Result<ActorRef<EvictMsg>, ActorProcessingErr> {
-    let (evictor, _) = Actor::spawn_linked(
-        None,
-        TierEvictor,
-        EvictArgs {
+) -> Result<(Vec<Slot<EvictMsg>>, ActorCell), ActorProcessingErr> {
+    let metrics = args.namespace.cluster().metrics.clone();
+    let mut sup = SupervisorArgs::new("tier-evictors", args.policy.clone(), metrics.clone());
+    let mut slots = Vec::new();
+    for tier in 0..args.store.tier_count() {
+        let tier = tier as u8;
+        let role = format!(
+            "evictor-{}",
+            args.store
+                .tier_kind(tier as usize)
+                .to_string()
+                .to_lowercase()
+        );
+        let slot = Slot::new("tier evictor");
+        let evict_args = EvictArgs {
             tier,
             store: args.store.clone(),
             manager: myself.clone(),
             conf: args.conf.clone(),
-            metrics: args.namespace.cluster().metrics.clone(),
-        },
-        myself.get_cell(),
-    )
-    .await?;
-    Ok(evictor)
+            metrics: metrics.clone(),
+        };
+        let manager = myself.clone();
+        let child = ActorChild::new(role, move || (TierEvictor, evict_args.clone()))
+            .with_slot(slot.clone())
+            .on_stop(move |failure| {
+                if failure.is_some() {
+                    let _ = manager.cast(BlockMsg::EvictorFailed { tier });
+                }
+            });
+        sup = sup.child(child.boxed());
+        slots.push(slot);
+    }
+    let name = myself.get_name().map(|n| format!("{n}/tier-evictors"));
+    let (sup, _) = Actor::spawn_linked(name, Supervisor, sup, myself.get_cell()).await?;
+    Ok((slots, sup.get_cell()))
 }

@@ -346,6 +346,7 @@ fn tree_parts(
                 orphan_grace: config.data.orphan_grace.0,
                 tick: Duration::from_secs(1),
             },
+            policy: RestartPolicy::from(&config.supervisor),
         },
         block_ref: handles.block_ref.clone(),
         data: (

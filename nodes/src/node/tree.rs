@@ -7,7 +7,7 @@
 //! node
 //!  ├─ trace-recorder
 //!  ├─ shard-host ─ shard-{N}
-//!  ├─ block-manager ─ evictor-{tier}
+//!  ├─ block-manager ─ tier-evictors ─ evictor-{tier}
 //!  ├─ data-server        the data port's accept loop (task)
 //!  ├─ gateway
 //!  ├─ membership
@@ -66,8 +66,6 @@ pub struct TreeParts {
 pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
     let shard_host = ShardHost::supervisor(p.host);
     let recorder = (p.tracer.clone(), p.metrics.clone());
-    let block_ref = p.block_ref.clone();
-    let unset = p.block_ref.clone();
     let blocks = p.blocks;
     let (data_listener, data_ctx) = p.data;
     let gateway = p.gateway;
@@ -83,8 +81,7 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
         .child(ActorChild::new("shard-host", move || (Supervisor, shard_host.clone())).boxed())
         .child(
             ActorChild::new("block-manager", move || (BlockManager, blocks.clone()))
-                .on_start(move |actor| block_ref.set(Some(actor.clone())))
-                .on_stop(move |_| unset.set(None))
+                .with_slot(p.block_ref.slot())
                 .boxed(),
         )
         .child(
