@@ -4,6 +4,7 @@
 //! This crate depends on no storage engine, FUSE or HTTP crate; it only knows
 //! how values look and how they are encoded.
 
+pub mod attr;
 pub mod block;
 pub mod cluster;
 pub mod codec;
@@ -18,5 +19,6 @@ pub mod trace;
 pub mod types;
 pub mod wal;
 
+pub use attr::{Attr, AttrV1, AttrV2};
 pub use error::{FsError, FsResult};
 pub use types::*;

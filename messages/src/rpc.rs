@@ -10,11 +10,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::attr::Attr;
 use crate::block::{
     BlockId, BlockInfo, DataNode, FileSpec, FreeSummary, ReadBlock, TierKind, TierStats, Token,
 };
 use crate::error::{FsError, FsResult};
-use crate::types::{Attr, SetAttr, ShardStats, XattrMode};
+use crate::types::{SetAttr, ShardStats, XattrMode};
 
 /// The node's answer to a client's hello. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
