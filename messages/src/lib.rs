@@ -9,6 +9,7 @@ pub mod block;
 pub mod cluster;
 pub mod codec;
 pub mod error;
+pub mod members;
 pub mod mount;
 pub mod path;
 pub mod remote;

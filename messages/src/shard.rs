@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::attr::Attr;
 use crate::block::{BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease};
-use crate::cluster::ClusterMap;
 use crate::codec::Versioned;
 use crate::error::FsError;
 use crate::error::FsResult;
+use crate::members::ClusterMap;
 use crate::mount::{JournalEntry, MountTable, UfsFile, UfsOp, UfsState};
 use crate::types::{
     DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
