@@ -13,6 +13,7 @@ use heed::types::Bytes;
 use heed::{Database, RoTxn, RwTxn, WithoutTls};
 
 pub use curvine_messages::wal::Change;
+use curvine_messages::FsError;
 
 /// A shard table's LMDB database.
 pub type Db = Database<'static, Bytes, Bytes>;
@@ -22,6 +23,16 @@ pub const TABLE_NAMES: [&str; 11] = [
     "meta", "inodes", "dentries", "xattrs", "intents", "ops", "locks", "blocks", "owners",
     "pending", "freed",
 ];
+
+/// Converts an LMDB error into the error a caller sees.
+pub fn lmdb_err(e: heed::Error) -> FsError {
+    match e {
+        heed::Error::Mdb(heed::MdbError::MapFull) => {
+            FsError::NoSpace("shard metadata store is full (raise meta.map_size)".into())
+        }
+        other => FsError::Io(format!("metadata store: {other}")),
+    }
+}
 
 /// A table of a metadata environment: its database and its number.
 #[derive(Clone, Copy)]

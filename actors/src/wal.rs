@@ -95,7 +95,7 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> FsError {
 }
 
 fn lmdb(e: heed::Error) -> FsError {
-    crate::store::lmdb_err(e)
+    crate::txn::lmdb_err(e)
 }
 
 fn logs() -> &'static Mutex<HashMap<PathBuf, Arc<Mutex<Wal>>>> {

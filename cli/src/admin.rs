@@ -2,8 +2,8 @@
 //! rebalance and decommission.
 
 use crate::args::AdminCommand;
+use crate::ctx::Ctx;
 use crate::output::{format_scrub, print_json};
-use crate::run::Ctx;
 use crate::{fail, Failure};
 
 pub async fn run(cx: &Ctx<'_>, command: AdminCommand) -> Result<(), Failure> {

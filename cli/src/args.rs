@@ -1,10 +1,7 @@
 //! The commands and their arguments as clap parses them (the global
-//! options are in main.rs, the data commands in data.rs, `trace`'s
-//! arguments in trace.rs).
+//! options are in main.rs).
 
 use clap::{Args, Subcommand};
-
-use crate::{data, trace};
 
 #[derive(Subcommand)]
 pub enum Command {
@@ -60,7 +57,7 @@ pub enum Command {
     /// events merged by time (filters below), a live stream (--follow), the
     /// causal tree of one request (--tree ID), Chrome trace JSON (--chrome),
     /// or one command traced end to end: `curvine-cli trace -- fs cat /x`.
-    Trace(trace::TraceArgs),
+    Trace(TraceArgs),
     /// Each node's supervision tree: every actor with its mailbox depth
     /// (where senders are counted), messages handled, failures, restarts
     /// and uptime.
@@ -210,7 +207,7 @@ pub enum FsCommand {
     #[command(subcommand)]
     Xattr(XattrCommand),
     #[command(flatten)]
-    Data(data::DataCommand),
+    Data(DataCommand),
 }
 
 #[derive(Subcommand)]
@@ -236,4 +233,114 @@ pub enum XattrCommand {
     List { path: String },
     /// Remove an attribute.
     Rm { path: String, name: String },
+}
+
+#[derive(Subcommand)]
+pub enum DataCommand {
+    /// Copy a local file (or stdin with -) into the cluster.
+    Put {
+        local: String,
+        path: String,
+        /// Replace an existing file.
+        #[arg(short = 'f', long)]
+        force: bool,
+        /// Block size of the new file (e.g. 64MiB; a multiple of 64KiB).
+        #[arg(long)]
+        block_size: Option<String>,
+        /// Replicas of each block.
+        #[arg(long)]
+        replicas: Option<u16>,
+        /// Tier to store the blocks in: MEM, SSD or HDD.
+        #[arg(long)]
+        storage: Option<String>,
+    },
+    /// Copy a file out of the cluster (to stdout with -).
+    Get { path: String, local: String },
+    /// Print files.
+    Cat {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Print the first bytes of a file.
+    Head {
+        /// Bytes to print.
+        #[arg(short = 'b', long, default_value_t = 1024)]
+        bytes: u64,
+        path: String,
+    },
+    /// Print the last bytes of a file.
+    Tail {
+        /// Bytes to print.
+        #[arg(short = 'b', long, default_value_t = 1024)]
+        bytes: u64,
+        path: String,
+    },
+    /// Copy a file within the cluster.
+    Cp {
+        src: String,
+        dst: String,
+        /// Replace an existing file.
+        #[arg(short = 'f', long)]
+        force: bool,
+    },
+    /// Bytes used by files under each path.
+    Du {
+        /// Sizes like 1.5GiB.
+        #[arg(short = 'H', long = "human")]
+        human: bool,
+        #[arg(default_value = "/")]
+        paths: Vec<String>,
+    },
+    /// Capacity and use of every node's tiers.
+    Df {
+        /// Sizes like 1.5GiB.
+        #[arg(short = 'H', long = "human")]
+        human: bool,
+    },
+    /// Drop cached blocks of a file or tree that have another copy
+    /// (a replica or the under-file-system); the only copy is never dropped.
+    Free { path: String },
+    /// Blocks of a file: ids, sizes, checksums, nodes and tiers.
+    Blocks { path: String },
+}
+
+#[derive(Args)]
+pub struct TraceArgs {
+    /// Stream new events from all nodes until interrupted.
+    #[arg(long)]
+    pub follow: bool,
+    /// Only events of actors whose name contains this (e.g. shard, gateway).
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only events of this node (its id, as `report` shows it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only events of this trace.
+    #[arg(long, value_name = "ID")]
+    pub trace_id: Option<String>,
+    /// Only messages whose kind contains this (e.g. Create, ShardMsg).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only messages that took at least this long, queueing included (e.g. 10ms).
+    #[arg(long, value_name = "DURATION")]
+    pub slower_than: Option<String>,
+    /// Only events that ended within this long before now (e.g. 5m).
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Print the causal tree of one request across nodes.
+    #[arg(long, value_name = "TRACE_ID")]
+    pub tree: Option<String>,
+    /// Write the events as Chrome trace-event JSON (opens in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    pub chrome: Option<String>,
+    /// At most this many events per node (the latest ones).
+    #[arg(long, default_value_t = 1000)]
+    pub limit: u32,
+    /// Run this command with tracing forced and print its tree, e.g.
+    /// --run "fs cat /x" (or give the command after `--`).
+    #[arg(long, value_name = "COMMAND", allow_hyphen_values = true)]
+    pub run: Option<String>,
+    /// The command to trace, after `--`: `curvine-cli trace -- fs cat /x`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }

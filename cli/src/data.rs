@@ -2,7 +2,6 @@
 
 use std::io::{IsTerminal, Read, Write};
 
-use clap::Subcommand;
 use serde_json::json;
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
@@ -10,82 +9,14 @@ use curvine_client::Client;
 use curvine_messages::block::{check_block_size, FileSpec, TierKind};
 use curvine_messages::{Attr, FileKind, FsError};
 
-use crate::run::Ctx;
+use crate::args::DataCommand;
+use crate::ctx::Ctx;
 use crate::{fail, Failure};
 
 /// Bytes moved per read or write call by the data commands.
 const BUF: usize = 1 << 20;
 /// Files at least this large get a progress bar on a terminal.
 const PROGRESS_FROM: u64 = 8 << 20;
-
-#[derive(Subcommand)]
-pub enum DataCommand {
-    /// Copy a local file (or stdin with -) into the cluster.
-    Put {
-        local: String,
-        path: String,
-        /// Replace an existing file.
-        #[arg(short = 'f', long)]
-        force: bool,
-        /// Block size of the new file (e.g. 64MiB; a multiple of 64KiB).
-        #[arg(long)]
-        block_size: Option<String>,
-        /// Replicas of each block.
-        #[arg(long)]
-        replicas: Option<u16>,
-        /// Tier to store the blocks in: MEM, SSD or HDD.
-        #[arg(long)]
-        storage: Option<String>,
-    },
-    /// Copy a file out of the cluster (to stdout with -).
-    Get { path: String, local: String },
-    /// Print files.
-    Cat {
-        #[arg(required = true)]
-        paths: Vec<String>,
-    },
-    /// Print the first bytes of a file.
-    Head {
-        /// Bytes to print.
-        #[arg(short = 'b', long, default_value_t = 1024)]
-        bytes: u64,
-        path: String,
-    },
-    /// Print the last bytes of a file.
-    Tail {
-        /// Bytes to print.
-        #[arg(short = 'b', long, default_value_t = 1024)]
-        bytes: u64,
-        path: String,
-    },
-    /// Copy a file within the cluster.
-    Cp {
-        src: String,
-        dst: String,
-        /// Replace an existing file.
-        #[arg(short = 'f', long)]
-        force: bool,
-    },
-    /// Bytes used by files under each path.
-    Du {
-        /// Sizes like 1.5GiB.
-        #[arg(short = 'H', long = "human")]
-        human: bool,
-        #[arg(default_value = "/")]
-        paths: Vec<String>,
-    },
-    /// Capacity and use of every node's tiers.
-    Df {
-        /// Sizes like 1.5GiB.
-        #[arg(short = 'H', long = "human")]
-        human: bool,
-    },
-    /// Drop cached blocks of a file or tree that have another copy
-    /// (a replica or the under-file-system); the only copy is never dropped.
-    Free { path: String },
-    /// Blocks of a file: ids, sizes, checksums, nodes and tiers.
-    Blocks { path: String },
-}
 
 fn human(bytes: u64) -> String {
     curvine_messages::human_bytes(bytes)

@@ -8,9 +8,9 @@ use serde_json::json;
 use curvine_messages::{FileKind, FsError, XattrMode};
 
 use crate::args::{FsCommand, XattrCommand};
+use crate::ctx::Ctx;
 use crate::data;
 use crate::output::{attr_json, format_time, mode_string, print_entries, show_value};
-use crate::run::Ctx;
 use crate::{fail, Failure};
 
 pub async fn run(cx: &Ctx<'_>, command: FsCommand) -> Result<(), Failure> {

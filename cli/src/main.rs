@@ -1,21 +1,28 @@
 //! `curvine-cli`: the command line of a curvine cluster.
+//!
+//! This file parses the command line and runs it: the configuration, the
+//! connection to the cluster, and the dispatch to the command groups (a
+//! module each). The dispatch is here, at the crate root, because `trace`
+//! runs a command through it ([`run_traced`]).
 
 mod admin;
 mod args;
 mod conf;
+mod ctx;
 mod data;
 mod fs;
 mod mount;
 mod output;
 mod report;
-mod run;
 mod trace;
 
 use clap::{Args, Parser};
 
+use curvine_client::Client;
 use curvine_messages::FsError;
 
-use crate::args::Command;
+use crate::args::{Command, ConfCommand};
+use crate::ctx::{config, mount_properties, Ctx};
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +68,66 @@ pub(crate) fn fail(op: &str, path: &str, e: FsError) -> Failure {
     }
 }
 
+async fn run(cli: Cli) -> Result<(), Failure> {
+    run_traced(cli, None).await
+}
+
+/// Runs a command; with `trace`, every request it sends joins that trace.
+async fn run_traced(
+    cli: Cli,
+    trace: Option<curvine_messages::trace::TraceCtx>,
+) -> Result<(), Failure> {
+    let setup = |e: String| Failure {
+        what: "config".into(),
+        error: e,
+        code: 2,
+    };
+    let (loader, config) = config(&cli.global).map_err(setup)?;
+    let json_out = cli.global.json;
+    let command = match cli.command {
+        Command::Conf(ConfCommand::Show) => {
+            conf::show(&loader, json_out);
+            return Ok(());
+        }
+        other => other,
+    };
+    let client = Client::connect(&curvine_client::client::client_conf(&config))
+        .await
+        .map_err(|e| Failure {
+            what: format!("connect {}", config.client.cluster.join(",")),
+            error: e.to_string(),
+            code: 1,
+        })?;
+    let client = match trace {
+        Some(t) => client.traced(t),
+        None => client,
+    };
+    let cx = Ctx {
+        client: &client,
+        json_out,
+    };
+    match command {
+        Command::Conf(_) | Command::Fuse(_) => unreachable!("handled above"),
+        Command::Mount(args) => {
+            let props = mount_properties(&cli.global.overrides);
+            mount::mount(&cx, args, props).await
+        }
+        Command::Load {
+            path,
+            wait,
+            no_overwrite,
+        } => mount::load(&cx, path, wait, no_overwrite).await,
+        Command::LoadStatus { id, watch } => mount::load_status(&cx, id, watch).await,
+        Command::CancelLoad { id } => mount::cancel_load(&cx, &id).await,
+        Command::Umount { path } => mount::umount(&cx, &path).await,
+        Command::Actors { node } => report::actors(&cx, node).await,
+        Command::Report => report::report(&cx).await,
+        Command::Admin(command) => admin::run(&cx, command).await,
+        Command::Fs(command) => fs::run(&cx, command).await,
+        Command::Trace(args) => trace::run(&cx, cli.global, args).await,
+    }
+}
+
 fn main() {
     // `curvine-cli ... | head` ends quietly, as other tools do.
     // SAFETY: setting a signal disposition before any thread starts.
@@ -92,7 +159,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(f) = runtime.block_on(run::run(cli)) {
+    if let Err(f) = runtime.block_on(run(cli)) {
         if f.code == 0 {
             return;
         }

@@ -6,8 +6,8 @@ use curvine_messages::path::normalize;
 use curvine_messages::FsError;
 
 use crate::args::MountArgs;
+use crate::ctx::Ctx;
 use crate::output::{job_json, job_line, mount_json, mount_line, print_json, print_list};
-use crate::run::Ctx;
 use crate::{fail, Failure};
 
 pub async fn mount(

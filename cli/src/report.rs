@@ -1,8 +1,8 @@
 //! `report` (the cluster's nodes, tiers and shards) and `actors` (each
 //! node's supervision tree).
 
+use crate::ctx::Ctx;
 use crate::output::{format_actor_trees, print_json, since};
-use crate::run::Ctx;
 use crate::{fail, Failure};
 
 pub async fn actors(cx: &Ctx<'_>, node: Option<String>) -> Result<(), Failure> {

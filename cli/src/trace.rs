@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::Parser;
 use serde_json::json;
 
 use curvine_client::Client;
@@ -14,51 +14,10 @@ use curvine_messages::rpc::NodeTrace;
 use curvine_messages::trace::{format_id, parse_id, Outcome, TraceEvent, TraceQuery};
 use curvine_messages::{now_ns, FsError};
 
-use crate::args::Command;
+use crate::args::{Command, TraceArgs};
+use crate::ctx::Ctx;
 use crate::output::print_json;
-use crate::run::{run_traced, Ctx};
-use crate::{fail, Cli, Failure, Global};
-
-#[derive(Args)]
-pub struct TraceArgs {
-    /// Stream new events from all nodes until interrupted.
-    #[arg(long)]
-    pub follow: bool,
-    /// Only events of actors whose name contains this (e.g. shard, gateway).
-    #[arg(long)]
-    pub actor: Option<String>,
-    /// Only events of this node (its id, as `report` shows it).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// Only events of this trace.
-    #[arg(long, value_name = "ID")]
-    pub trace_id: Option<String>,
-    /// Only messages whose kind contains this (e.g. Create, ShardMsg).
-    #[arg(long)]
-    pub kind: Option<String>,
-    /// Only messages that took at least this long, queueing included (e.g. 10ms).
-    #[arg(long, value_name = "DURATION")]
-    pub slower_than: Option<String>,
-    /// Only events that ended within this long before now (e.g. 5m).
-    #[arg(long, value_name = "DURATION")]
-    pub since: Option<String>,
-    /// Print the causal tree of one request across nodes.
-    #[arg(long, value_name = "TRACE_ID")]
-    pub tree: Option<String>,
-    /// Write the events as Chrome trace-event JSON (opens in Perfetto).
-    #[arg(long, value_name = "FILE")]
-    pub chrome: Option<String>,
-    /// At most this many events per node (the latest ones).
-    #[arg(long, default_value_t = 1000)]
-    pub limit: u32,
-    /// Run this command with tracing forced and print its tree, e.g.
-    /// --run "fs cat /x" (or give the command after `--`).
-    #[arg(long, value_name = "COMMAND", allow_hyphen_values = true)]
-    pub run: Option<String>,
-    /// The command to trace, after `--`: `curvine-cli trace -- fs cat /x`.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
-}
+use crate::{fail, run_traced, Cli, Failure, Global};
 
 fn bad(flag: &str, e: impl std::fmt::Display) -> FsError {
     FsError::InvalidArgument(format!("--{flag}: {e}"))

@@ -23,6 +23,29 @@ use curvine_messages::{Attr, FileKind, FsError, FsResult};
 /// FUSE's inode number of the mount's root.
 pub const ROOT: u64 = 1;
 
+/// Attributes of nothing (a negative entry's).
+pub(crate) fn empty_attr() -> Attr {
+    Attr {
+        ino: 0,
+        kind: FileKind::File,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        nlink: 0,
+        symlink: None,
+        block_size: 0,
+        replicas: 0,
+        parent: 0,
+        storage: None,
+        writing: None,
+        ufs: None,
+    }
+}
+
 struct Node {
     parent: u64,
     name: String,
@@ -367,7 +390,7 @@ mod tests {
             mode: 0o755,
             nlink: 1,
             replicas: 1,
-            ..crate::fs::empty_attr()
+            ..empty_attr()
         }
     }
 

@@ -8,7 +8,6 @@ pub mod metrics;
 pub mod mountpoint;
 pub mod session;
 pub mod traces;
-mod write;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

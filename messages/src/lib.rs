@@ -4,10 +4,12 @@
 //! This crate depends on no storage engine, FUSE or HTTP crate; it only knows
 //! how values look and how they are encoded.
 
+pub mod attr;
 pub mod block;
 pub mod cluster;
 pub mod codec;
 pub mod error;
+pub mod members;
 pub mod mount;
 pub mod path;
 pub mod remote;
@@ -18,5 +20,6 @@ pub mod trace;
 pub mod types;
 pub mod wal;
 
+pub use attr::{Attr, AttrV1, AttrV2};
 pub use error::{FsError, FsResult};
 pub use types::*;

@@ -10,11 +10,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::attr::Attr;
 use crate::block::{
     BlockId, BlockInfo, DataNode, FileSpec, FreeSummary, ReadBlock, TierKind, TierStats, Token,
 };
 use crate::error::{FsError, FsResult};
-use crate::types::{Attr, SetAttr, ShardStats, XattrMode};
+use crate::types::{SetAttr, ShardStats, XattrMode};
 
 /// The node's answer to a client's hello. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,7 +386,7 @@ pub struct ClusterReport {
     pub shard_count: u32,
     pub nodes: Vec<NodeReport>,
     /// The cluster map as the answering node knows it.
-    pub map: crate::cluster::ClusterMap,
+    pub map: crate::members::ClusterMap,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -500,7 +501,7 @@ calls! {
     OpenRead => ReadOpen, ReadOpen;
     FreePath => FreeSummary, Freed;
     Blocks => FileBlocks, FileBlocks;
-    Members => Vec<crate::cluster::MemberView>, Members;
+    Members => Vec<crate::members::MemberView>, Members;
     MoveShard => ShardMove, Moved;
     Rebalance => Vec<ShardMove>, Moves;
     Decommission => DecommissionReport, Decommissioned;
@@ -605,7 +606,7 @@ pub enum Response {
     ReadOpen(ReadOpen),
     Freed(FreeSummary),
     FileBlocks(FileBlocks),
-    Members(Vec<crate::cluster::MemberView>),
+    Members(Vec<crate::members::MemberView>),
     Moved(ShardMove),
     Moves(Vec<ShardMove>),
     Decommissioned(DecommissionReport),

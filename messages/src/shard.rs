@@ -11,14 +11,15 @@
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 
+use crate::attr::Attr;
 use crate::block::{BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease};
-use crate::cluster::ClusterMap;
 use crate::codec::Versioned;
 use crate::error::FsError;
 use crate::error::FsResult;
+use crate::members::ClusterMap;
 use crate::mount::{JournalEntry, MountTable, UfsFile, UfsOp, UfsState};
 use crate::types::{
-    Attr, DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
+    DirEntry, FileKind, Ino, NewInode, OpId, SetAttr, ShardId, ShardStats, XattrMode,
 };
 
 /// A cross-shard operation recorded in its coordinating shard.
@@ -175,10 +176,12 @@ impl Versioned for Attr {
     const WHAT: &'static str = "inode record";
     fn migrate(version: u8, payload: &[u8]) -> Result<Self, crate::codec::CodecError> {
         match version {
-            1 => crate::codec::from_bytes::<crate::types::AttrV1>(Self::WHAT, payload)
-                .map(Attr::from),
-            2 => crate::codec::from_bytes::<crate::types::AttrV2>(Self::WHAT, payload)
-                .map(Attr::from),
+            1 => {
+                crate::codec::from_bytes::<crate::attr::AttrV1>(Self::WHAT, payload).map(Attr::from)
+            }
+            2 => {
+                crate::codec::from_bytes::<crate::attr::AttrV2>(Self::WHAT, payload).map(Attr::from)
+            }
             other => Err(crate::codec::CodecError::UnknownVersion {
                 what: Self::WHAT,
                 found: other,

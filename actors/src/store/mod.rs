@@ -56,6 +56,7 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{Env, RoTxn, WithoutTls};
 
+pub use crate::txn::lmdb_err;
 use crate::txn::{Table, WriteTxn};
 
 use curvine_messages::codec::{decode_versioned, encode_versioned, Versioned};
@@ -65,16 +66,6 @@ use curvine_messages::{
 };
 
 use keys::{ino_from, key_ino};
-
-/// Converts an LMDB error into the error a caller sees.
-pub fn lmdb_err(e: heed::Error) -> FsError {
-    match e {
-        heed::Error::Mdb(heed::MdbError::MapFull) => {
-            FsError::NoSpace("shard metadata store is full (raise meta.map_size)".into())
-        }
-        other => FsError::Io(format!("metadata store: {other}")),
-    }
-}
 
 fn decode<T: Versioned>(bytes: &[u8]) -> FsResult<T> {
     decode_versioned(bytes).map_err(FsError::from)

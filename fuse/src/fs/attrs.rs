@@ -11,12 +11,13 @@ use fuser::{
 use curvine_messages::rpc;
 use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, TimeSet};
 
-use crate::write;
+use crate::inodes::empty_attr;
 
 use super::perms::Caller;
-use super::replies::{empty_attr, errno, name_str};
-use super::state::Fs;
+use super::replies::{errno, name_str};
+use super::write;
 use super::CurvineFs;
+use super::Fs;
 
 pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
     match t {

@@ -12,8 +12,8 @@ use curvine_messages::{FileKind, FsResult};
 
 use crate::inodes::{HIDDEN_PREFIX, ROOT};
 
-use super::state::{Fs, Handle};
 use super::CurvineFs;
+use super::{Fs, Handle};
 
 pub(super) struct DirState {
     loaded: bool,

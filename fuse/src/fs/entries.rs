@@ -14,8 +14,8 @@ use curvine_messages::FsResult;
 
 use super::perms::Caller;
 use super::replies::{name_str, ErrorReply};
-use super::state::Fs;
 use super::CurvineFs;
+use super::Fs;
 
 /// A request to make an entry (mknod, mkdir, symlink, create), its
 /// arguments copied from the kernel's.

@@ -14,11 +14,10 @@ use fuser::{
 use curvine_client::io::{FileReader, FileWriter};
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
 
-use crate::write::{self, Writer};
-
 use super::replies::errno;
-use super::state::{Fs, Handle};
+use super::write::{self, Writer};
 use super::CurvineFs;
+use super::{Fs, Handle};
 
 impl Fs {
     /// A read answered at once from a block file the handle's reader has

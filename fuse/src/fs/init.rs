@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use fuser::{InitFlags, KernelConfig};
 
-use super::state::Fs;
+use super::Fs;
 
 /// Agrees the session's settings with the kernel.
 pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {

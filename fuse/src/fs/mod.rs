@@ -8,7 +8,7 @@
 //!
 //! Invariants:
 //! - Every request gets exactly one reply.
-//! - Writes of a file go through its writer task (see [`crate::write`]);
+//! - Writes of a file go through its writer task (see [`write`](self::write));
 //!   reads of a file with uncommitted writes too.
 //! - Attributes the kernel gets of a file open for writing here include the
 //!   writes not yet committed (size, mtime).
@@ -21,13 +21,16 @@
 //! `names` (unlink, rmdir, rename), `files` (open, read, write, flush,
 //! release), `passthrough`, `dirs` (opendir, readdir, readdirplus),
 //! `xattrs`, `perms` (access, the chmod/chown/utimens rules), `init`; the
-//! mount's state is `state` ([`Fs`]), and `replies` turns errors and
-//! attributes into the kernel's terms.
+//! mount's state is [`Fs`] (declared here, kept by `state`), `write` runs
+//! the writer tasks of files open for writing, and `replies` turns errors
+//! and attributes into the kernel's terms.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, FileHandle, Filesystem, INodeNo, KernelConfig, LockOwner, OpenFlags,
@@ -36,7 +39,14 @@ use fuser::{
     WriteFlags,
 };
 
+use parking_lot::Mutex;
+
+use curvine_client::io::FileReader;
+use curvine_client::Client;
+use curvine_conf::FuseConf;
 use curvine_messages::SetAttr;
+
+use crate::inodes::Inodes;
 
 macro_rules! try_reply {
     ($reply:expr, $e:expr) => {
@@ -60,15 +70,62 @@ mod passthrough;
 mod perms;
 mod replies;
 mod state;
+mod write;
 mod xattrs;
 
-/// Attributes of nothing, for the inode table's tests.
-#[cfg(test)]
-pub(crate) use replies::empty_attr;
 pub use replies::{errno, io_error};
-pub use state::Fs;
 
+use dirs::DirHandleState;
 use entries::NewRequest;
+use write::Writer;
+
+struct FileHandleState {
+    ino: u64,
+    writer: Option<Arc<Writer>>,
+    /// The handle's reader and the inode generation it was opened at.
+    reader: tokio::sync::Mutex<Option<(FileReader, u64)>>,
+    /// Kept while the kernel reads the file through passthrough.
+    backing: Option<Arc<fuser::BackingId>>,
+}
+
+enum Handle {
+    File(Box<FileHandleState>),
+    Dir(DirHandleState),
+}
+
+/// The mount's state, shared by the fuser threads and the tasks.
+pub struct Fs {
+    pub client: Client,
+    pub conf: FuseConf,
+    pub inodes: Inodes,
+    rt: tokio::runtime::Handle,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    /// Writer tasks by FUSE inode.
+    writers: Mutex<HashMap<u64, Arc<Writer>>>,
+    /// Commits made through this mount by inode: readers opened before the
+    /// latest reopen.
+    generations: Mutex<HashMap<u64, u64>>,
+    /// Handles open per inode (files unlinked while open stay readable).
+    open: Mutex<HashMap<u64, u32>>,
+    statfs: Mutex<Option<(Instant, (u64, u64))>>,
+    entry_ttl: Duration,
+    attr_ttl: Duration,
+    negative_ttl: Duration,
+    /// Passthrough was agreed with the kernel.
+    passthrough: std::sync::atomic::AtomicBool,
+    /// Tells the kernel when attributes it cached changed here.
+    notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Extended attributes found absent, with when (see `xattr_absent`).
+    absent_xattrs: Mutex<HashMap<(u64, String), Instant>>,
+    /// Locks of opens deciding on passthrough, by inode.
+    open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Passthrough handles open per inode, and the backing file they share
+    /// (the kernel wants every open of such an inode to use it).
+    passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
+    /// Sampled requests' traces.
+    pub traces: Arc<crate::traces::FuseTraces>,
+}
 
 /// fuser's entry point: each method copies what it needs and answers from a task.
 pub struct CurvineFs(pub Arc<Fs>);

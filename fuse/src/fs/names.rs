@@ -12,8 +12,8 @@ use curvine_messages::{FileKind, FsError, FsResult};
 use crate::inodes::HIDDEN_PREFIX;
 
 use super::replies::name_str;
-use super::state::Fs;
 use super::CurvineFs;
+use super::Fs;
 
 impl Fs {
     /// Removes a file, or hides it while it is open here.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fuser::ReplyOpen;
 
-use super::state::Fs;
+use super::Fs;
 
 impl Fs {
     /// The lock under which opens of an inode choose passthrough or not.

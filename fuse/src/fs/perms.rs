@@ -5,8 +5,8 @@ use fuser::{AccessFlags, Errno, INodeNo, ReplyEmpty, Request};
 
 use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, TimeSet};
 
-use super::state::Fs;
 use super::CurvineFs;
+use super::Fs;
 
 /// Supplementary groups of a process (for chown and utimens rules).
 fn groups_of(pid: u32) -> Vec<u32> {

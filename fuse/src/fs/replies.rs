@@ -8,7 +8,7 @@ use fuser::{Errno, FileAttr, FileType, Generation, INodeNo, ReplyCreate, ReplyEn
 
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
 
-use super::state::Fs;
+use super::Fs;
 
 /// The errno of an error.
 pub fn errno(e: &FsError) -> Errno {
@@ -70,29 +70,6 @@ impl ErrorReply for ReplyEntry {
 impl ErrorReply for ReplyCreate {
     fn error(self, err: Errno) {
         ReplyCreate::error(self, err)
-    }
-}
-
-/// Attributes of nothing (a negative entry's).
-pub(crate) fn empty_attr() -> Attr {
-    Attr {
-        ino: 0,
-        kind: FileKind::File,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        atime_ns: 0,
-        mtime_ns: 0,
-        ctime_ns: 0,
-        nlink: 0,
-        symlink: None,
-        block_size: 0,
-        replicas: 0,
-        parent: 0,
-        storage: None,
-        writing: None,
-        ufs: None,
     }
 }
 

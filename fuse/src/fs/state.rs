@@ -1,73 +1,24 @@
-//! The mount's state (`Fs`), shared by the fuser threads and the tasks: the
-//! inode table, open handles, writer tasks, open counts and commit
-//! generations per inode, the kernel's TTLs.
+//! The mount's state (`Fs`, declared in the parent module with its handle
+//! types), shared by the fuser threads and the tasks: the inode table, open
+//! handles, writer tasks, open counts and commit generations per inode, the
+//! kernel's TTLs.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use fuser::INodeNo;
 use parking_lot::Mutex;
 
-use curvine_client::io::FileReader;
 use curvine_client::Client;
 use curvine_conf::FuseConf;
 use curvine_messages::{Attr, FsError, FsResult};
 
 use crate::inodes::Inodes;
-use crate::write::{self, Writer};
 
-use super::dirs::DirHandleState;
-
-pub(super) struct FileHandleState {
-    pub(super) ino: u64,
-    pub(super) writer: Option<Arc<Writer>>,
-    /// The handle's reader and the inode generation it was opened at.
-    pub(super) reader: tokio::sync::Mutex<Option<(FileReader, u64)>>,
-    /// Kept while the kernel reads the file through passthrough.
-    pub(super) backing: Option<Arc<fuser::BackingId>>,
-}
-
-pub(super) enum Handle {
-    File(Box<FileHandleState>),
-    Dir(DirHandleState),
-}
-
-/// The mount's state, shared by the fuser threads and the tasks.
-pub struct Fs {
-    pub client: Client,
-    pub conf: FuseConf,
-    pub inodes: Inodes,
-    pub(super) rt: tokio::runtime::Handle,
-    pub(super) handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    next_fh: AtomicU64,
-    /// Writer tasks by FUSE inode.
-    pub(super) writers: Mutex<HashMap<u64, Arc<Writer>>>,
-    /// Commits made through this mount by inode: readers opened before the
-    /// latest reopen.
-    generations: Mutex<HashMap<u64, u64>>,
-    /// Handles open per inode (files unlinked while open stay readable).
-    pub(super) open: Mutex<HashMap<u64, u32>>,
-    pub(super) statfs: Mutex<Option<(Instant, (u64, u64))>>,
-    pub(super) entry_ttl: Duration,
-    pub(super) attr_ttl: Duration,
-    pub(super) negative_ttl: Duration,
-    /// Passthrough was agreed with the kernel.
-    pub(super) passthrough: std::sync::atomic::AtomicBool,
-    /// Tells the kernel when attributes it cached changed here.
-    notifier: std::sync::OnceLock<fuser::Notifier>,
-    /// Extended attributes found absent, with when (see `xattr_absent`).
-    pub(super) absent_xattrs: Mutex<HashMap<(u64, String), Instant>>,
-    /// Locks of opens deciding on passthrough, by inode.
-    pub(super) open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
-    /// Passthrough handles open per inode, and the backing file they share
-    /// (the kernel wants every open of such an inode to use it).
-    pub(super) passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
-    /// Sampled requests' traces.
-    pub traces: Arc<crate::traces::FuseTraces>,
-}
+use super::write::{self, Writer};
+use super::{FileHandleState, Fs, Handle};
 
 impl Fs {
     pub fn new(

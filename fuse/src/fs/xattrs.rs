@@ -10,8 +10,8 @@ use fuser::{Errno, INodeNo, ReplyEmpty, ReplyXattr};
 use curvine_messages::{FsError, XattrMode};
 
 use super::replies::{errno, name_str};
-use super::state::Fs;
 use super::CurvineFs;
+use super::Fs;
 
 impl Fs {
     /// Whether an extended attribute was found absent within the TTL.

@@ -29,7 +29,8 @@ use tokio::sync::{mpsc, oneshot};
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr};
 
-use crate::fs::{errno, io_error, Fs};
+use super::replies::{errno, io_error};
+use super::Fs;
 
 /// Bytes composed and written at once when a staged file is committed.
 const COMMIT_CHUNK: u64 = 1 << 20;
