@@ -63,6 +63,16 @@ impl std::fmt::Display for WithLog<'_> {
     }
 }
 
+/// A description made only when shown, e.g. from what a [`wait_for`] check
+/// saw last (kept in a `RefCell` that both closures borrow) or from logs.
+pub struct Lazily<F>(pub F);
+
+impl<F: Fn() -> String> std::fmt::Display for Lazily<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&(self.0)())
+    }
+}
+
 /// [`wait_for`] in an async test: `check` is polled without blocking the runtime.
 pub async fn wait_for_async<T, F, Fut>(
     what: impl std::fmt::Display,

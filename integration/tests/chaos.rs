@@ -10,6 +10,7 @@
 //! replayed); `CHAOS_KILLS` scales the number of kills (default 1: 12 + 10
 //! + 6).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_integration::{random_bytes, runtime, settle, NodeProcess, ProcessCluster, TestS3};
+use curvine_integration::{
+    random_bytes, runtime, settle, wait_for, wait_for_async, Lazily, NodeProcess, ProcessCluster,
+    TestS3,
+};
 use curvine_messages::block::FileSpec;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -216,26 +220,29 @@ fn large_writes_and_evictions_survive_kills() {
                 live.insert(format!("{:016x}", b.info.id));
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        // The block files on disk and what is not in any file, last seen.
+        let seen = RefCell::new((0, Vec::new()));
+        let what = Lazily(|| {
+            let (on_disk, extra) = &*seen.borrow();
+            format!(
+                "only the blocks in files on disk: {on_disk} block files on disk, {} blocks in files; not in any file: {extra:?}\n{}",
+                live.len(),
+                node.log_text()
+            )
+        });
+        wait_for_async(what, Duration::from_secs(60), || {
             let mut on_disk = block_files(&mem);
             on_disk.extend(block_files(&ssd));
             let extra: Vec<_> = on_disk
                 .iter()
                 .filter(|p| !live.contains(&p.file_name().unwrap().to_string_lossy().to_string()))
+                .cloned()
                 .collect();
-            if on_disk.len() == live.len() && extra.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} block files on disk, {} blocks in files; not in any file: {extra:?}\n{}",
-                on_disk.len(),
-                live.len(),
-                node.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            let done = on_disk.len() == live.len() && extra.is_empty();
+            *seen.borrow_mut() = (on_disk.len(), extra);
+            std::future::ready(done.then_some(()))
+        })
+        .await;
     });
     let out = node.cli_ok(&["admin", "fsck"]);
     assert!(out.contains("namespace is consistent"), "{out}");
@@ -358,18 +365,16 @@ fn a_load_job_finishes_after_kills_of_its_node() {
         node.start_again();
     }
     assert!(mid_job > 0, "every kill came after the job had finished");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
+    let seen = RefCell::new(serde_json::Value::Null);
+    let what = Lazily(|| format!("the job to finish: {}", seen.borrow()));
+    let status = wait_for(what, Duration::from_secs(120), || {
         let status = json(&node.cli_ok(&["--json", "load-status", &id]));
         if status["state"] == "done" || status["state"] == "failed" {
-            break status;
+            return Some(status);
         }
-        assert!(
-            Instant::now() < deadline,
-            "the job did not finish: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        *seen.borrow_mut() = status;
+        None
+    });
     assert_eq!(status["state"], "done", "{status}");
     assert_eq!(status["files_failed"], 0, "{status}");
     assert_eq!(

@@ -2,6 +2,7 @@
 //! and blocks across nodes, shard moves under load, a node killed and
 //! restarted, replicas, decommission, refused cookies and clusters.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_integration::{NodeProcess, ProcessCluster, FAST_CLUSTER};
+use curvine_integration::{wait_for, Lazily, NodeProcess, ProcessCluster, WithLog, FAST_CLUSTER};
 use curvine_messages::block::FileSpec;
 use curvine_messages::FsError;
 
@@ -59,6 +60,16 @@ fn shard_map(node: &NodeProcess) -> Vec<String> {
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect()
+}
+
+/// A child process that is killed when dropped, also by a failed wait.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Node ids holding each block of `path`.
@@ -336,15 +347,14 @@ fn replicas_keep_data_readable_and_are_restored() {
         assert!(get(&c, "/two").await.unwrap() == bytes);
     });
     // After cluster.rereplicate_after every block has two live copies again.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let seen = RefCell::new(Vec::new());
+    let what = Lazily(|| format!("re-replication: {:?}", seen.borrow()));
+    wait_for(what, Duration::from_secs(30), || {
         let locs = block_nodes(&cluster.nodes[0], "/two");
-        if locs.iter().all(|l| l.len() == 2 && !l.contains(&dead)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not re-replicated: {locs:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        let done = locs.iter().all(|l| l.len() == 2 && !l.contains(&dead));
+        *seen.borrow_mut() = locs;
+        done.then_some(())
+    });
     // Now a second node may die too.
     let locs = block_nodes(&cluster.nodes[0], "/two");
     let second = if locs[0][0] == cluster.nodes[2].node_id {
@@ -388,30 +398,26 @@ fn a_decommissioned_node_hands_over_shards_and_blocks() {
     cluster.nodes[2].terminate();
     // A node that left does not come back by accident.
     let log = dir.path().join("left-again.log");
-    let mut again = std::process::Command::new(curvine_integration::bin("curvine-node"))
-        .args(["start", "--data-dir"])
-        .arg(&cluster.nodes[2].data_dir)
-        .args([
-            "--listen",
-            "127.0.0.3:0",
-            "-c",
-            "node.cluster_listen=127.0.0.3:0",
-        ])
-        .env_remove("CURVINE_CONF")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = again.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = again.kill();
-            panic!("a decommissioned node started again");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut again = KillOnDrop(
+        std::process::Command::new(curvine_integration::bin("curvine-node"))
+            .args(["start", "--data-dir"])
+            .arg(&cluster.nodes[2].data_dir)
+            .args([
+                "--listen",
+                "127.0.0.3:0",
+                "-c",
+                "node.cluster_listen=127.0.0.3:0",
+            ])
+            .env_remove("CURVINE_CONF")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_for(
+        "a decommissioned node to exit: it started again",
+        Duration::from_secs(20),
+        || again.0.try_wait().unwrap(),
+    );
     assert!(!status.success());
     let err = std::fs::read_to_string(&log).unwrap();
     assert!(err.contains("was decommissioned"), "{err}");
@@ -454,14 +460,17 @@ fn a_wrong_cookie_or_another_cluster_is_refused_on_both_sides() {
         err.contains("refused this node during authentication"),
         "{err}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cluster.nodes[0]
-        .log_text()
-        .contains("different cluster cookies")
-    {
-        assert!(Instant::now() < deadline, "{}", cluster.nodes[0].log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let founder = &cluster.nodes[0];
+    wait_for(
+        WithLog("the founder to log different cookies".into(), &founder.log),
+        Duration::from_secs(10),
+        || {
+            founder
+                .log_text()
+                .contains("different cluster cookies")
+                .then_some(())
+        },
+    );
     // A node formatted for another cluster (same cookie) is refused too.
     let other_dir = dir.path().join("other");
     let mut other = NodeProcess::start_on(&other_dir, "127.0.0.6", FAST_CLUSTER);
@@ -469,22 +478,18 @@ fn a_wrong_cookie_or_another_cluster_is_refused_on_both_sides() {
     let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
     args.extend_from_slice(&["--seeds", &seed]);
     let other = NodeProcess::start_on(&other_dir, "127.0.0.6", &args);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(cluster.nodes[0]
-        .log_text()
-        .contains("refusing a node of another cluster")
-        && other
-            .log_text()
-            .contains("refusing a node of another cluster"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "founder:\n{}\nother:\n{}",
-            cluster.nodes[0].log_text(),
+    let what = Lazily(|| {
+        format!(
+            "both sides to refuse the other cluster; founder:\n{}\nother:\n{}",
+            founder.log_text(),
             other.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        )
+    });
+    wait_for(what, Duration::from_secs(10), || {
+        let refusing =
+            |n: &NodeProcess| n.log_text().contains("refusing a node of another cluster");
+        (refusing(founder) && refusing(&other)).then_some(())
+    });
     assert_eq!(cluster.nodes[0].members_up(), 1);
     assert_eq!(other.members_up(), 1);
 }
@@ -528,15 +533,11 @@ fn a_node_that_failed_after_joining_finds_its_cluster_without_seeds() {
     // Started again without seeds, it is a member of the founder's cluster.
     let args: Vec<&str> = FAST_CLUSTER.to_vec();
     let late = NodeProcess::start_on(&data_dir, "127.0.0.7", &args);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while late.members_up() != 2 || founder.members_up() != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the node did not find its cluster again:\n{}",
-            late.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(
+        WithLog("the node to find its cluster again".into(), &late.log),
+        Duration::from_secs(30),
+        || (late.members_up() == 2 && founder.members_up() == 2).then_some(()),
+    );
     let path = "/after-failed-start";
     runtime().block_on(async {
         let bytes = data(100_000, 3);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
 use curvine_conf::ClientConf;
-use curvine_integration::NodeProcess;
+use curvine_integration::{wait_for_async, NodeProcess};
 use curvine_messages::block::{FileSpec, CHECKSUM_UNIT, MAX_CHUNK};
 use curvine_messages::FsError;
 use rand::{Rng, SeedableRng};
@@ -240,7 +240,12 @@ fn overwrite_append_truncate_are_copy_on_write() {
                 .unwrap();
             live += fb.blocks.len() as u64;
         }
-        wait_for(|| async { node_blocks(&c_any(&node).await).await == live }).await;
+        wait_for_async(
+            format!("the node to keep only the {live} live blocks"),
+            Duration::from_secs(30),
+            || async { (node_blocks(&c_any(&node).await).await == live).then_some(()) },
+        )
+        .await;
         assert!(blocks >= live);
     });
 }
@@ -257,18 +262,6 @@ async fn node_blocks(c: &Client) -> u64 {
         .flat_map(|n| &n.tiers)
         .map(|t| t.blocks)
         .sum()
-}
-
-async fn wait_for<F, Fut>(mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "condition not reached in 30s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[test]
@@ -391,11 +384,15 @@ fn a_tiny_mem_tier_demotes_to_disk_while_data_is_read() {
                 );
             }
         }
-        wait_for(|| async {
-            let report = c.report().await.unwrap();
-            let t = &report.nodes[0].tiers;
-            t[0].used as f64 <= 0.9 * t[0].capacity as f64 && t[1].blocks > 0
-        })
+        wait_for_async(
+            "blocks demoted until the first tier is at most 90% full",
+            Duration::from_secs(30),
+            || async {
+                let report = c.report().await.unwrap();
+                let t = &report.nodes[0].tiers;
+                (t[0].used as f64 <= 0.9 * t[0].capacity as f64 && t[1].blocks > 0).then_some(())
+            },
+        )
         .await;
         let report = c.report().await.unwrap();
         let total: u64 = report.nodes[0].tiers.iter().map(|t| t.blocks).sum();
@@ -681,7 +678,12 @@ fn a_node_killed_during_writes_keeps_acknowledged_files() {
         for (path, _) in &done {
             live += c.blocks(path).await.unwrap().blocks.len() as u64;
         }
-        wait_for(|| async { node_blocks(&c).await == live }).await;
+        wait_for_async(
+            format!("the node to keep only the {live} blocks of the acknowledged files"),
+            Duration::from_secs(30),
+            || async { (node_blocks(&c).await == live).then_some(()) },
+        )
+        .await;
     });
 }
 

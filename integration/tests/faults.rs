@@ -6,14 +6,16 @@
 //! directory that turns read-only fails writes with a clear error while
 //! reads and metadata keep working.
 
+use std::cell::RefCell;
 use std::io::{Seek, SeekFrom, Write};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use curvine_client::io::{FileWriter, WriteOptions};
 use curvine_client::Client;
 use curvine_integration::{
-    random_bytes, read_file, runtime, write_file, NodeProcess, ProcessCluster, TestS3,
+    random_bytes, read_file, runtime, wait_for, wait_for_async, write_file, Lazily, NodeProcess,
+    ProcessCluster, TestS3,
 };
 
 const BS: u64 = 1 << 20;
@@ -147,8 +149,9 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
             .starts_with("dropped this copy")),
         "{repaired}"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let seen = RefCell::new(serde_json::Value::Null);
+    let what = Lazily(|| format!("the replicas to be restored: {}", seen.borrow()));
+    wait_for(what, Duration::from_secs(30), || {
         // Both nodes list the block again, and node 0 holds a file for it
         // (a node names the block files of its own copies only).
         let v = json(&n0.cli_ok(&["--json", "fs", "blocks", "/two"]));
@@ -158,12 +161,9 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
             .unwrap()
             .iter()
             .any(|r| r["node_id"] == n0.node_id.as_str() && !r["path"].is_null());
-        if locs == 2 && here {
-            break;
-        }
-        assert!(Instant::now() < deadline, "replicas not restored: {v}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        *seen.borrow_mut() = v;
+        (locs == 2 && here).then_some(())
+    });
     let (again, _) = scrub(n1, &[]);
     let left = problems_of(&again, &n0.node_id);
     assert_eq!(left.len(), 1, "{again}");
@@ -281,9 +281,10 @@ fn a_read_only_tier_fails_writes_clearly_and_keeps_serving() {
     });
     assert!(mount(&["-o", "remount,bind,rw", t]), "remount read-write");
     rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(20);
         let c2 = random_bytes(BS as usize, 6);
-        loop {
+        let seen = RefCell::new(String::new());
+        let what = Lazily(|| format!("writes to come back: {}", seen.borrow()));
+        wait_for_async(what, Duration::from_secs(20), || async {
             let opts = WriteOptions::create();
             let ok = async {
                 let mut w = FileWriter::open(&c, "/c", &opts).await?;
@@ -291,15 +292,10 @@ fn a_read_only_tier_fails_writes_clearly_and_keeps_serving() {
                 w.close().await
             }
             .await;
-            if ok.is_ok() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "writes did not come back: {ok:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            *seen.borrow_mut() = format!("{ok:?}");
+            ok.ok()
+        })
+        .await;
         assert!(read_file(&c, "/c").await.unwrap() == c2);
     });
 }

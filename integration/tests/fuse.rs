@@ -1,6 +1,7 @@
 //! The FUSE mount on real processes: a node, `curvine-fuse` mounted on a
 //! local directory, and ordinary system calls and tools against it.
 
+use std::cell::RefCell;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -11,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{random_bytes, runtime, FuseMount, NodeProcess};
+use curvine_integration::{random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess};
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     match r {
@@ -459,18 +460,14 @@ fn an_unlinked_open_file_stays_readable() {
     assert_eq!(s, "still here");
     drop(r);
     // After the last close nothing is left in the namespace.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("an empty namespace; left behind: {}", seen.borrow()));
+    wait_for(what, Duration::from_secs(10), || {
         let listing = node.cli_ok(&["fs", "ls", "/"]);
-        if listing.trim().is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "left behind: {listing}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let empty = listing.trim().is_empty();
+        *seen.borrow_mut() = listing;
+        empty.then_some(())
+    });
 }
 
 #[test]
@@ -580,21 +577,17 @@ fn daemon_mount_and_umount_from_the_cli() {
     node.cli_ok(&["fuse", "umount", mnt.to_str().unwrap()]);
     assert!(!curvine_fuse::mountpoint::is_mounted(&mnt));
     // The daemon exits by itself after the unmount.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let ps = run(Command::new("ps").args(["-eo", "args"]));
-        if !ps
-            .lines()
-            .any(|l| l.contains("fuse mount") && l.contains(mnt.to_str().unwrap()))
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the mount process is still running"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(
+        "the mount process to exit: it is still running",
+        Duration::from_secs(10),
+        || {
+            let ps = run(Command::new("ps").args(["-eo", "args"]));
+            let running = ps
+                .lines()
+                .any(|l| l.contains("fuse mount") && l.contains(mnt.to_str().unwrap()));
+            (!running).then_some(())
+        },
+    );
     // Bad input: a missing mount point and a file as fs_path.
     let bad = node.cli(&[
         "fuse",

@@ -3,14 +3,16 @@
 //! FUSE mount parse as Prometheus text and carry what the cluster did; the
 //! dashboard renders real cluster data in a real headless Chromium.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_integration::{
-    http_get, http_get_with, random_bytes, runtime, FuseMount, NodeProcess, ProcessCluster, TestS3,
+    http_get, http_get_with, random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess,
+    ProcessCluster, TestS3,
 };
 
 fn json(out: &str) -> serde_json::Value {
@@ -367,15 +369,15 @@ fn fuse_mount_serves_its_metrics_and_traces_its_requests() {
 
     // The mount's spans reach the node; the mkdir's trace is one tree from
     // the mount's span through the node's request to the shards.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mkdir = loop {
-        let events = json(&node.cli_ok(&["--json", "trace", "--actor", "fuse", "--kind", "mkdir"]));
-        if let Some(e) = events.as_array().unwrap().first() {
-            break e.clone();
-        }
-        assert!(Instant::now() < deadline, "no fuse span reached the node");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mkdir = wait_for(
+        "a fuse span to reach the node",
+        Duration::from_secs(20),
+        || {
+            let events =
+                json(&node.cli_ok(&["--json", "trace", "--actor", "fuse", "--kind", "mkdir"]));
+            events.as_array().unwrap().first().cloned()
+        },
+    );
     assert_eq!(mkdir["outcome"], "ok", "{mkdir}");
     let id = mkdir["trace"].as_str().unwrap();
     let tree = json(&node.cli_ok(&["--json", "trace", "--tree", id]));
@@ -464,23 +466,21 @@ fn dashboard_renders_the_cluster_in_chromium() {
     let url = format!("http://{}/", n0.http_addr);
     let profile = dir.path().join("chromium");
     // The page fills itself from the API: wait until it has.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let dom = loop {
+    // Chromium's stderr and the page, last seen.
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("the dashboard to render the cluster: {}", seen.borrow()));
+    let dom = wait_for(what, Duration::from_secs(60), || {
         let out = chromium(
             &profile,
             &["--virtual-time-budget=10000", "--dump-dom", &url],
         );
         let dom = String::from_utf8_lossy(&out.stdout).to_string();
         if dom.contains(&job_id) && dom.contains("data-loaded") {
-            break dom;
+            return Some(dom);
         }
-        assert!(
-            Instant::now() < deadline,
-            "the dashboard did not render the cluster: {}\n{dom}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+        *seen.borrow_mut() = format!("{}\n{dom}", String::from_utf8_lossy(&out.stderr));
+        None
+    });
     for want in [
         n0.node_id.as_str(),
         cluster.nodes[1].node_id.as_str(),

@@ -5,10 +5,13 @@
 //!
 //! Needs root and `ip netns`; skipped (with a message) where they are missing.
 
+use std::cell::RefCell;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use curvine_integration::{read_file, write_file, NodeProcess, FAST_CLUSTER};
+use curvine_integration::{
+    read_file, wait_for, wait_for_async, write_file, Lazily, NodeProcess, FAST_CLUSTER,
+};
 
 /// A network namespace joined to the host by a veth pair.
 struct Netns {
@@ -85,14 +88,6 @@ fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
     node.cli_ok(args)
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     let tag = format!("{}", std::process::id() % 100_000);
@@ -107,8 +102,8 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
     let cut = NodeProcess::start_wrapped(&dir.path().join("c"), "10.77.0.2", &joined, &wrapper);
-    wait_for("three nodes up", || {
-        a.members_up() == 3 && cut.members_up() == 3
+    wait_for("three nodes up", Duration::from_secs(30), || {
+        (a.members_up() == 3 && cut.members_up() == 3).then_some(())
     });
     cli_ok(&a, &["admin", "rebalance"]);
     let map: serde_json::Value =
@@ -169,18 +164,18 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
         assert!(read_file(&c, "/p0/both").await.unwrap() == bytes);
         // What was acknowledged during the partition is kept after it.
         ns.link(true);
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let up = c
-                .report()
-                .await
-                .map(|r| r.nodes.iter().filter(|n| n.state == "up").count());
-            if up.unwrap_or(0) == 3 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the cut node did not come back");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_for_async(
+            "the cut node to come back",
+            Duration::from_secs(40),
+            || async {
+                let up = c
+                    .report()
+                    .await
+                    .map(|r| r.nodes.iter().filter(|n| n.state == "up").count());
+                (up.unwrap_or(0) == 3).then_some(())
+            },
+        )
+        .await;
         for d in &served {
             c.stat(&format!("{d}/during")).await.unwrap();
         }
@@ -194,17 +189,18 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     });
     // Operations cut off mid-way finish (or roll back) once the shards
     // meet again; then nothing dangles.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("fsck to pass: {}\n{}", seen.borrow(), a.log_text()));
+    wait_for(what, Duration::from_secs(30), || {
         let out = a.cli(&["admin", "fsck"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
             assert!(text.contains("namespace is consistent"), "{text}");
-            break;
+            return Some(());
         }
-        assert!(Instant::now() < deadline, "{text}\n{}", a.log_text());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        *seen.borrow_mut() = text;
+        None
+    });
     drop(b);
 }
 
@@ -230,8 +226,8 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
     joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
     let far = NodeProcess::start_wrapped(&dir.path().join("far"), "10.77.0.2", &joined, &wrapper);
-    wait_for("two nodes up", || {
-        a.members_up() == 2 && far.members_up() == 2
+    wait_for("two nodes up", Duration::from_secs(30), || {
+        (a.members_up() == 2 && far.members_up() == 2).then_some(())
     });
     cli_ok(&a, &["admin", "rebalance"]);
     // A slow link that loses packets: the host end shapes to 20 Mbit/s with
@@ -350,7 +346,9 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
         String::from_utf8_lossy(&inside.stderr)
     );
     ns.link(true);
-    wait_for("both nodes up again", || a.members_up() == 2);
+    wait_for("both nodes up again", Duration::from_secs(30), || {
+        (a.members_up() == 2).then_some(())
+    });
     let out = cli_ok(&a, &["fs", "ls", &far_dir]);
     assert_eq!(out.lines().filter(|l| *l == "once").count(), 1, "{out}");
 }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use curvine_client::Client;
 use curvine_conf::ClientConf;
 use curvine_integration::{
-    bin, make_certs, random_bytes, read_file, runtime, tls_args, write_file, FuseMount,
-    NodeProcess, ProcessCluster, FAST_CLUSTER,
+    bin, make_certs, random_bytes, read_file, runtime, tls_args, wait_for, write_file, FuseMount,
+    NodeProcess, ProcessCluster, WithLog, FAST_CLUSTER,
 };
 
 const HOSTS: &[&str] = &[
@@ -31,16 +31,10 @@ const HOSTS: &[&str] = &[
 
 /// Waits until `log` of a node contains `text`.
 fn wait_log(node: &NodeProcess, text: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !node.log_text().contains(text) {
-        assert!(
-            Instant::now() < deadline,
-            "node {} never logged {text:?}:\n{}",
-            node.node_id,
-            node.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let what = format!("node {} to log {text:?}", node.node_id);
+    wait_for(WithLog(what, &node.log), Duration::from_secs(20), || {
+        node.log_text().contains(text).then_some(())
+    });
 }
 
 /// A TCP relay in front of `target` that keeps every byte it passes on,
@@ -252,15 +246,14 @@ fn a_tls_cluster_serves_over_tls_only() {
     third_args.extend(["--seeds".to_string(), n0.cluster_addr.clone()]);
     let started = Instant::now();
     let n2 = NodeProcess::start_on(&dir.path().join("c/n2"), "127.0.0.3", &strs(&third_args));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while n2.members_up() != 3 {
-        assert!(
-            Instant::now() < deadline,
-            "a third node did not join beside an idle connection in 30s:\n{}",
-            n2.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(
+        WithLog(
+            "a third node to join beside an idle connection".into(),
+            &n2.log,
+        ),
+        Duration::from_secs(30),
+        || (n2.members_up() == 3).then_some(()),
+    );
     println!("third node joined in {:?}", started.elapsed());
 
     // A node with a certificate of another CA cannot join: both sides

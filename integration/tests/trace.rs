@@ -2,12 +2,13 @@
 //! nodes yields one connected tree; the ring keeps its bound under load;
 //! filters, following and Chrome JSON; malformed queries get clear errors.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::process::Stdio;
 use std::time::Duration;
 
-use curvine_integration::{random_bytes, NodeProcess, ProcessCluster, TestS3};
+use curvine_integration::{random_bytes, wait_for, Lazily, NodeProcess, ProcessCluster, TestS3};
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
@@ -385,8 +386,9 @@ fn ufs_work_joins_the_trace_of_its_request() {
     let local = dir.path().join("f");
     std::fs::write(&local, random_bytes(100_000, 3)).unwrap();
     let id = traced(n0, &format!("fs put {} /p/f", local.display()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let seen = RefCell::new(Vec::new());
+    let what = Lazily(|| format!("an upload span to join the trace: {:#?}", seen.borrow()));
+    wait_for(what, Duration::from_secs(30), || {
         let events = tree(n0, &id);
         let persist = events
             .iter()
@@ -401,12 +403,9 @@ fn ufs_work_joins_the_trace_of_its_request() {
             assert!(events.iter().any(|e| e["actor"] == "ufs"
                 && e["kind"] == "write"
                 && e["parent"] == persist["span"]));
-            break;
+            return Some(());
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no upload span joined the trace: {events:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        *seen.borrow_mut() = events;
+        None
+    });
 }

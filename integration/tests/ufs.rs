@@ -2,10 +2,13 @@
 //! cache_mode read-through and write-through, objects changing underneath,
 //! mount errors, and secrets kept out of every output.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{random_bytes, runtime, NodeProcess, TestS3};
+use curvine_integration::{
+    random_bytes, runtime, wait_for, wait_for_async, Lazily, NodeProcess, TestS3,
+};
 use curvine_messages::FsError;
 
 fn node(dir: &std::path::Path) -> NodeProcess {
@@ -315,24 +318,35 @@ fn mounts_are_checked_and_secrets_never_shown() {
 
 /// Polls `fs stat --json` until the file's UFS state is `want`.
 fn wait_state(node: &NodeProcess, path: &str, want: &str, within: Duration) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + within;
-    loop {
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("{path} to become {want}: {}", seen.borrow()));
+    wait_for(what, within, || {
         let out = node.cli(&["--json", "fs", "stat", path]);
-        if out.status.success() {
-            let v: serde_json::Value =
-                serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
-            if v["ufs"]["state"] == want {
-                return v;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{path} never became {want}: {v}"
-            );
-        } else {
-            assert!(std::time::Instant::now() < deadline, "stat {path}: {out:?}");
+        if !out.status.success() {
+            *seen.borrow_mut() = format!("stat {path}: {out:?}");
+            return None;
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let v: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        if v["ufs"]["state"] == want {
+            return Some(v);
+        }
+        *seen.borrow_mut() = v.to_string();
+        None
+    })
+}
+
+/// Polls `fs blocks` until the file is cached in `n` blocks.
+fn wait_blocks(node: &NodeProcess, path: &str, n: usize, within: Duration) {
+    let want = format!("in {n} blocks");
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("`fs blocks {path}` to say {want:?}: {}", seen.borrow()));
+    wait_for(what, within, || {
+        let listing = node.cli_ok(&["fs", "blocks", path]);
+        let done = listing.contains(&want);
+        *seen.borrow_mut() = listing;
+        done.then_some(())
+    });
 }
 
 #[test]
@@ -371,49 +385,28 @@ fn fs_mode_writes_at_cache_speed_and_persists_in_order() {
     node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/fs/gone"]);
     wait_state(&node, "/fs/gone", "persisted", Duration::from_secs(20));
     runtime().block_on(async {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
+        let seen = RefCell::new(String::new());
+        let what = Lazily(|| format!("the rename to be replayed: {}", seen.borrow()));
+        wait_for_async(what, Duration::from_secs(20), || async {
             let old = ufs.stat("d/file").await.unwrap();
             let new = ufs.stat("moved").await.unwrap();
-            if old.is_none() && new.is_some() {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "rename not replayed: {old:?} {new:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            let done = old.is_none() && new.is_some();
+            *seen.borrow_mut() = format!("{old:?} {new:?}");
+            done.then_some(())
+        })
+        .await;
         assert!(ufs.read_all("moved").await.unwrap() == content);
         assert_eq!(ufs.read_all("gone").await.unwrap(), b"second life");
     });
 
     // A persisted file whose cached blocks were dropped reads back from the UFS.
     node.cli_ok(&["fs", "free", "/fs/moved"]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !node
-        .cli_ok(&["fs", "blocks", "/fs/moved"])
-        .contains("in 0 blocks")
-    {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_blocks(&node, "/fs/moved", 0, Duration::from_secs(10));
     let got = dir.path().join("got");
     node.cli_ok(&["fs", "get", "/fs/moved", got.to_str().unwrap()]);
     assert!(std::fs::read(&got).unwrap() == content);
     // The blocks read are cached again (recorded just after they were sent).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !node
-        .cli_ok(&["fs", "blocks", "/fs/moved"])
-        .contains("in 4 blocks")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            node.cli_ok(&["fs", "blocks", "/fs/moved"])
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_blocks(&node, "/fs/moved", 4, Duration::from_secs(10));
     node.cli_ok(&["fs", "rm", "-r", "/fs/d"]);
 }
 
@@ -506,21 +499,28 @@ fn fill_bucket(ufs: &curvine_actors::ufs::Ufs, n: usize, big: usize) -> Vec<(Str
 
 /// Polls `load-status` until the job ends; returns its JSON.
 fn wait_job(node: &NodeProcess, id: &str, within: Duration) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + within;
-    loop {
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("job {id} to end: {}", seen.borrow()));
+    wait_for(what, within, || {
         let out = node.cli(&["--json", "load-status", id]);
         if out.status.success() {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             if ["done", "failed", "cancelled"].contains(&v["state"].as_str().unwrap_or("")) {
-                return v;
+                return Some(v);
             }
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "job {id} did not end: {out:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        *seen.borrow_mut() = format!("{out:?}");
+        None
+    })
+}
+
+/// Waits until the job has loaded `files` files.
+fn wait_progress(node: &NodeProcess, id: &str, files: u64) {
+    wait_for(
+        format!("job {id} to load {files} files: it makes no progress"),
+        Duration::from_secs(60),
+        || (job_progress(node, id) >= files).then_some(()),
+    );
 }
 
 fn job_progress(node: &NodeProcess, id: &str) -> u64 {
@@ -544,14 +544,7 @@ fn load_spreads_over_the_nodes_and_survives_a_killed_node() {
     let job: serde_json::Value = serde_json::from_str(started.trim()).unwrap();
     let id = job["id"].as_str().unwrap().to_string();
     // Kill a node while the job runs.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while job_progress(&cluster.nodes[0], &id) < 100 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job makes no progress"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_progress(&cluster.nodes[0], &id, 100);
     cluster.nodes[2].kill();
     let n0 = &cluster.nodes[0];
     let done = wait_job(n0, &id, Duration::from_secs(120));
@@ -618,14 +611,7 @@ fn a_load_job_resumes_after_its_node_restarts_and_reports_failures() {
         .as_str()
         .unwrap()
         .to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while job_progress(&node, &id) < 20 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job makes no progress"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_progress(&node, &id, 20);
     node.kill();
     node.restart(&[]);
     let done = wait_job(&node, &id, Duration::from_secs(120));
@@ -693,26 +679,9 @@ fn cached_data_expires_after_the_mount_ttl() {
     mount(&node, &s3, &loc, "/t", &["--ttl", "2s"]);
     let got = dir.path().join("got");
     node.cli_ok(&["fs", "get", "/t/f", got.to_str().unwrap()]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !node
-        .cli_ok(&["fs", "blocks", "/t/f"])
-        .contains("in 1 blocks")
-    {
-        assert!(std::time::Instant::now() < deadline, "never cached");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_blocks(&node, "/t/f", 1, Duration::from_secs(10));
     // Dropped after the ttl; the file stays and reads from the UFS again.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !node
-        .cli_ok(&["fs", "blocks", "/t/f"])
-        .contains("in 0 blocks")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "cached data never expired"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_blocks(&node, "/t/f", 0, Duration::from_secs(20));
     node.cli_ok(&["fs", "get", "/t/f", got.to_str().unwrap()]);
     assert!(std::fs::read(&got).unwrap() == data);
 }
