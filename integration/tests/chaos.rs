@@ -156,7 +156,24 @@ fn large_writes_and_evictions_survive_kills() {
                 }
             }));
         }
+        // The kill lands at a random moment after the round acknowledged
+        // a few files (or its writers all stopped): how much a round writes
+        // in a given time depends on the machine's load, and the rounds
+        // must add up to enough files to check.
         std::thread::sleep(Duration::from_millis(rng.gen_range(150..700)));
+        let prefix = format!("/w{round}-");
+        wait_for(
+            format!("round {round} to acknowledge 2 files"),
+            Duration::from_secs(60),
+            || {
+                let done = acked
+                    .lock()
+                    .keys()
+                    .filter(|p| p.starts_with(&prefix))
+                    .count();
+                (done >= 2 || writers.iter().all(|w| w.is_finished())).then_some(())
+            },
+        );
         node.kill();
         stop.store(true, Ordering::Relaxed);
         rt.block_on(async {
