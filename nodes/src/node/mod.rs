@@ -255,20 +255,26 @@ async fn start_with(
     .map_err(|e| StartError::Actors(e.to_string()))?;
     refresh_mounts(core.mounts.clone(), core.namespace.clone());
     let http = match ports.http {
-        Some(l) => Some(
-            crate::http::serve_node(
-                l,
-                service,
-                subsystems.reports.clone(),
-                core.view.clone(),
-                &config.http.token,
-            )
-            .map_err(|e| StartError::Listen {
-                addr: "http.listen".into(),
-                reason: e.to_string(),
-            })?,
-        ),
-        None => None,
+        Some(l) => crate::http::serve_node(
+            l,
+            service,
+            subsystems.reports.clone(),
+            core.view.clone(),
+            &config.http.token,
+        )
+        .map(Some)
+        .map_err(|e| StartError::Listen {
+            addr: "http.listen".into(),
+            reason: e.to_string(),
+        }),
+        None => Ok(None),
+    };
+    let http = match http {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = supervisor.stop_and_wait(None, None).await;
+            return Err(e);
+        }
     };
     let node = RunningNode {
         data_dir,
@@ -282,9 +288,15 @@ async fn start_with(
         http,
         cluster_server: cluster.server,
     };
-    node.ready()
-        .write(&node.data_dir.path)
-        .map_err(|e| StartError::Actors(format!("cannot write the ready file: {e}")))?;
+    if let Err(e) = node.ready().write(&node.data_dir.path) {
+        let e = StartError::Actors(format!(
+            "cannot write {} in {}: {e}",
+            ready::READY_FILE,
+            node.data_dir.path.display()
+        ));
+        node.stop().await;
+        return Err(e);
+    }
     Ok(node)
 }
 
