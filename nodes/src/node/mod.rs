@@ -254,29 +254,7 @@ async fn start_with(
     .await
     .map_err(|e| StartError::Actors(e.to_string()))?;
     refresh_mounts(core.mounts.clone(), core.namespace.clone());
-    let http = match ports.http {
-        Some(l) => crate::http::serve_node(
-            l,
-            service,
-            subsystems.reports.clone(),
-            core.view.clone(),
-            &config.http.token,
-        )
-        .map(Some)
-        .map_err(|e| StartError::Listen {
-            addr: "http.listen".into(),
-            reason: e.to_string(),
-        }),
-        None => Ok(None),
-    };
-    let http = match http {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = supervisor.stop_and_wait(None, None).await;
-            return Err(e);
-        }
-    };
-    let node = RunningNode {
+    let mut node = RunningNode {
         data_dir,
         supervisor,
         supervisor_done,
@@ -285,19 +263,47 @@ async fn start_with(
         rpc_addr: ports.client_addr,
         cluster_addr: cluster.addr,
         data_addr: ports.data_addr,
-        http,
+        http: None,
         cluster_server: cluster.server,
     };
-    if let Err(e) = node.ready().write(&node.data_dir.path) {
-        let e = StartError::Actors(format!(
-            "cannot write {} in {}: {e}",
-            ready::READY_FILE,
-            node.data_dir.path.display()
-        ));
-        node.stop().await;
-        return Err(e);
+    // What fails from here stops what started.
+    let reports = subsystems.reports.clone();
+    let finished = serve_http(ports.http, service, reports, &node.view, config).and_then(|http| {
+        node.http = http;
+        node.ready().write(&node.data_dir.path).map_err(|e| {
+            StartError::Actors(format!(
+                "cannot write {} in {}: {e}",
+                ready::READY_FILE,
+                node.data_dir.path.display()
+            ))
+        })
+    });
+    match finished {
+        Ok(_) => Ok(node),
+        Err(e) => {
+            node.stop().await;
+            Err(e)
+        }
     }
-    Ok(node)
+}
+
+/// The HTTP port on its socket, when there is one.
+fn serve_http(
+    listener: Option<TcpListener>,
+    service: Arc<Service>,
+    reports: Arc<crate::service::reports::Reports>,
+    view: &Arc<ClusterView>,
+    config: &Config,
+) -> Result<Option<HttpHandle>, StartError> {
+    let Some(listener) = listener else {
+        return Ok(None);
+    };
+    crate::http::serve_node(listener, service, reports, view.clone(), &config.http.token)
+        .map(Some)
+        .map_err(|e| StartError::Listen {
+            addr: "http.listen".into(),
+            reason: e.to_string(),
+        })
 }
 
 /// The children of the node's supervision tree, from what the start made.
