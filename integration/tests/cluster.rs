@@ -629,3 +629,52 @@ fn a_client_moves_to_another_node_when_its_node_dies() {
         other.stat("/after").await.unwrap();
     });
 }
+
+/// The listening sockets of this machine bound to `port` (from
+/// /proc/net/tcp and tcp6), as "address:port" in hex as the kernel writes it.
+fn listeners_on(port: u16) -> Vec<String> {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    // State 0A is LISTEN.
+                    (f.len() > 3 && f[3] == "0A" && f[1].ends_with(&want)).then(|| f[1].to_string())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn two_nodes_on_one_host_share_a_cluster_port_number_on_their_own_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = NodeProcess::start_on(&dir.path().join("a"), "127.0.0.11", FAST_CLUSTER);
+    let port: u16 = first
+        .cluster_addr
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a cluster port");
+    // Only 127.0.0.11 listens on that port: 0100007F reversed is
+    // 127.0.0.1, 0B00007F is 127.0.0.11.
+    assert_eq!(
+        listeners_on(port),
+        vec![format!("0B00007F:{port:04X}")],
+        "the cluster port must be bound to the --listen host only"
+    );
+    // A second node on 127.0.0.12 takes the same port number and joins.
+    let cluster_listen = format!("node.cluster_listen=127.0.0.12:{port}");
+    let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
+    args.extend_from_slice(&["-c", &cluster_listen, "--seeds", &first.cluster_addr]);
+    let second = NodeProcess::start_on(&dir.path().join("b"), "127.0.0.12", &args);
+    assert_eq!(second.cluster_addr, format!("127.0.0.12:{port}"));
+    wait_for(
+        WithLog("both nodes to see each other".into(), &second.log),
+        Duration::from_secs(30),
+        || (first.members_up() == 2 && second.members_up() == 2).then_some(()),
+    );
+}

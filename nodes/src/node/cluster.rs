@@ -27,7 +27,8 @@ pub struct ClusterPort {
 
 /// Opens the cluster port. With port 0 a free one is picked, again if
 /// another process takes it between the probe and the bind. Plain,
-/// ractor_cluster's listener serves it, on every interface. With TLS this
+/// ractor_cluster's listener serves it on the configured host only (all
+/// interfaces only for `0.0.0.0` or `[::]`). With TLS this
 /// node accepts it on the configured address (each handshake in a task of
 /// its own with a timeout, where ractor_cluster's listener would wait on
 /// one handshake before it accepts the next connection) and hands finished
@@ -45,6 +46,10 @@ pub async fn open(
         attempt += 1;
         let addr = resolve_port(&configured)?;
         let (host, port) = split_addr(&addr);
+        let bind_ip = listen_ip(&host).map_err(|reason| StartError::Cluster {
+            addr: addr.clone(),
+            reason,
+        })?;
         let cluster_error = |e: &dyn std::fmt::Display| StartError::Cluster {
             addr: addr.clone(),
             reason: e.to_string(),
@@ -80,7 +85,8 @@ pub async fn open(
                 host,
                 None,
                 Some(ractor_cluster::node::NodeConnectionMode::Transitive),
-            ),
+            )
+            .with_listen_addr(bind_ip),
         };
         let server = match Actor::spawn(None, server, ()).await {
             Ok((server, _)) => server,
@@ -143,8 +149,12 @@ fn resolve_port(addr: &str) -> Result<String, StartError> {
     if port != 0 {
         return Ok(addr.to_string());
     }
-    // Free on every interface, as the listener binds them all.
-    let probe = std::net::TcpListener::bind(("0.0.0.0", 0)).map_err(|e| StartError::Cluster {
+    // Free on the interface the listener binds.
+    let ip = listen_ip(&host).map_err(|reason| StartError::Cluster {
+        addr: addr.to_string(),
+        reason,
+    })?;
+    let probe = std::net::TcpListener::bind((ip, 0)).map_err(|e| StartError::Cluster {
         addr: addr.to_string(),
         reason: e.to_string(),
     })?;
@@ -156,6 +166,23 @@ fn resolve_port(addr: &str) -> Result<String, StartError> {
         })?
         .port();
     Ok(format!("{host}:{port}"))
+}
+
+/// The address the cluster listener binds for `host`: the host's own
+/// address (a name is resolved; the first address counts), so a node given
+/// `127.0.0.2:8996` listens there and nowhere else.
+fn listen_ip(host: &str) -> Result<std::net::IpAddr, String> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse() {
+        return Ok(ip);
+    }
+    use std::net::ToSocketAddrs;
+    (bare, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve the host {host}: {e}"))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("the host {host} has no address"))
 }
 
 fn split_addr(addr: &str) -> (String, u16) {
