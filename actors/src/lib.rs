@@ -15,6 +15,7 @@ pub mod host;
 pub mod membership;
 pub mod mounts;
 pub mod namespace;
+pub mod replica;
 pub mod shard;
 pub mod store;
 pub mod token;

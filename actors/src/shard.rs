@@ -547,7 +547,7 @@ impl Actor for NamespaceShard {
         let store = args.store;
         let stats = args.metrics.shard(store.shard);
         args.metrics.started(myself.get_id(), &stats);
-        let writer = Writer::for_env(store.env(), args.group_commit_max, args.commit_delay);
+        let writer = Writer::for_store(&store, args.group_commit_max, args.commit_delay);
         let before = now_ns() - args.op_record_ttl.as_nanos() as i64;
         let shard = store.shard;
         let sweeper = store.clone();

@@ -22,10 +22,18 @@
 //! disk, and then applies every record of the epoch, in one transaction
 //! (which cannot reuse the snapshot's pages either).
 //!
+//! Every shard is a Raft group (`replica`) and this log is the Raft log of
+//! the groups of its environment: a record holds what each group wrote in
+//! one group commit (new entries, whose payload is the [`Change`]s, and its
+//! hard state). Recovery applies each group's entries past the applied
+//! index its [`GroupState`] in LMDB records.
+//!
 //! File layout: two header slots (written alternately; the valid one with
 //! the highest epoch counts), then records: `len u32 | crc32c u32 | epoch
-//! u64 | seq u64 | payload` (postcard `Vec<Change>`, crc over epoch, seq and
-//! payload). The first record that is short, fails its crc or carries
+//! u64 | seq u64 | payload` (crc over epoch, seq and payload). The payload
+//! is a postcard [`LogRecord`] in logs whose header says `CRVNWAL2`, and a
+//! postcard `Vec<Change>` in logs of the release before (`CRVNWAL1`), which
+//! are still recovered. The first record that is short, fails its crc or carries
 //! another epoch or sequence number ends the log. The file is preallocated
 //! with zeros and synced, so an fdatasync of a record writes no file-system
 //! metadata.
@@ -42,9 +50,13 @@ use heed::{Env, RoTxn, WithoutTls};
 use curvine_messages::block::Crc32c;
 use curvine_messages::{FsError, FsResult};
 
+use curvine_messages::wal::{GroupId, GroupState, LogRecord};
+
 use crate::txn::{Change, Db, TABLE_NAMES};
 
-const MAGIC: &[u8; 8] = b"CRVNWAL1";
+const MAGIC: &[u8; 8] = b"CRVNWAL2";
+/// The header of a log whose records are bare `Vec<Change>`s.
+const MAGIC_V1: &[u8; 8] = b"CRVNWAL1";
 /// Fixed part of a header slot; the meta pages follow it.
 const SLOT_FIXED: usize = 64;
 /// Largest LMDB page size a slot holds two of.
@@ -115,12 +127,21 @@ pub fn of(env: &'static Env<WithoutTls>) -> Option<Arc<Mutex<Wal>>> {
 /// What recovery found in a log: the epoch whose records are to be applied.
 pub struct Recovery {
     epoch: u64,
+    v1: bool,
 }
 
-/// A header slot: its epoch and the two meta pages.
+/// A header slot: its epoch, the two meta pages, and whether its records
+/// are of the first format.
 struct Header {
     epoch: u64,
     metas: Vec<u8>,
+    v1: bool,
+}
+
+/// A record as recovery reads it.
+enum Record {
+    V1(Vec<Change>),
+    V2(LogRecord),
 }
 
 /// crc32c over `parts` in order.
@@ -135,9 +156,11 @@ fn crc(parts: &[&[u8]]) -> u32 {
 fn read_header(log: &File, at: u64) -> Option<Header> {
     let mut fixed = [0u8; SLOT_FIXED];
     log.read_exact_at(&mut fixed, at).ok()?;
-    if &fixed[..8] != MAGIC {
-        return None;
-    }
+    let v1 = match &fixed[..8] {
+        m if m == MAGIC => false,
+        m if m == MAGIC_V1 => true,
+        _ => return None,
+    };
     let epoch = u64::from_le_bytes(fixed[8..16].try_into().ok()?);
     let page_size = u32::from_le_bytes(fixed[16..20].try_into().ok()?) as usize;
     let sum = u32::from_le_bytes(fixed[20..24].try_into().ok()?);
@@ -146,7 +169,7 @@ fn read_header(log: &File, at: u64) -> Option<Header> {
     }
     let mut metas = vec![0u8; 2 * page_size];
     log.read_exact_at(&mut metas, at + SLOT_FIXED as u64).ok()?;
-    (crc(&[&fixed[8..20], &metas]) == sum).then_some(Header { epoch, metas })
+    (crc(&[&fixed[8..20], &metas]) == sum).then_some(Header { epoch, metas, v1 })
 }
 
 /// The valid header with the highest epoch.
@@ -182,11 +205,12 @@ pub fn restore_base(dir: &Path) -> FsResult<Option<Recovery>> {
     data.sync_data().map_err(|e| io("sync", &data_path, e))?;
     Ok(Some(Recovery {
         epoch: header.epoch,
+        v1: header.v1,
     }))
 }
 
 /// Reads the records of `epoch` in order.
-fn read_records(log: &File, path: &Path, epoch: u64) -> FsResult<Vec<Vec<Change>>> {
+fn read_records(log: &File, path: &Path, epoch: u64, v1: bool) -> FsResult<Vec<Record>> {
     let len = log.metadata().map_err(|e| io("stat", path, e))?.len();
     let mut at = RECORDS_AT;
     let mut seq = 1u64;
@@ -213,13 +237,17 @@ fn read_records(log: &File, path: &Path, epoch: u64) -> FsResult<Vec<Vec<Change>
         }
         // A record that passed its checksum but does not decode was written
         // by another release: refusing to start beats dropping changes.
-        let changes: Vec<Change> = postcard::from_bytes(&payload).map_err(|e| {
+        let corrupt = |e: postcard::Error| {
             FsError::Corrupt(format!(
                 "metadata log {}: record {seq} of epoch {epoch} does not decode ({e}); it was written by another release",
                 path.display()
             ))
-        })?;
-        out.push(changes);
+        };
+        out.push(if v1 {
+            Record::V1(postcard::from_bytes(&payload).map_err(corrupt)?)
+        } else {
+            Record::V2(postcard::from_bytes(&payload).map_err(corrupt)?)
+        });
         at += RECORD_HEAD as u64 + n;
         seq += 1;
     }
@@ -268,20 +296,10 @@ impl Wal {
         let path = dir.join(LOG_NAME);
         if let Some(rec) = recovery {
             let log = File::open(&path).map_err(|e| io("open", &path, e))?;
-            let records = read_records(&log, &path, rec.epoch)?;
+            let records = read_records(&log, &path, rec.epoch, rec.v1)?;
             if !records.is_empty() {
-                // One transaction: it cannot reuse a page of the restored
-                // snapshot, so a crash before the next checkpoint finds
-                // that snapshot intact again.
-                let dbs = databases(env)?;
-                let mut wtxn = env.write_txn().map_err(lmdb)?;
-                let mut count = 0;
-                for changes in &records {
-                    crate::txn::apply(&mut wtxn, &dbs, changes).map_err(lmdb)?;
-                    count += changes.len();
-                }
-                wtxn.commit().map_err(lmdb)?;
-                tracing::info!(env = %dir.display(), records = records.len(), changes = count, "applied the metadata log");
+                let (records, count) = apply_records(env, &records)?;
+                tracing::info!(env = %dir.display(), records, changes = count, "applied the metadata log");
             }
             env.force_sync().map_err(lmdb)?;
         }
@@ -361,13 +379,14 @@ impl Wal {
         }
     }
 
-    /// Makes `changes` durable (one record), before they are committed.
-    pub fn append(&mut self, changes: &[Change]) -> FsResult<()> {
+    /// Makes what the groups wrote durable (one record), before LMDB
+    /// commits it.
+    pub fn append(&mut self, record: &LogRecord) -> FsResult<()> {
         self.check()?;
-        if changes.is_empty() {
+        if record.groups.is_empty() {
             return Ok(());
         }
-        let payload = postcard::to_allocvec(changes)
+        let payload = postcard::to_allocvec(record)
             .map_err(|e| FsError::Io(format!("encoding a metadata log record: {e}")))?;
         let need = (RECORD_HEAD + payload.len()) as u64;
         if self.offset + need > self.len {
@@ -479,6 +498,42 @@ impl Wal {
         );
         Ok(())
     }
+}
+
+/// Applies the records of a log to the environment restored on its
+/// checkpoint, in one transaction: it cannot reuse a page of the restored
+/// snapshot, so a crash before the next checkpoint finds that snapshot
+/// intact again. Returns how many records and changes it applied.
+fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<(usize, usize)> {
+    let dbs = databases(env)?;
+    let mut wtxn = env.write_txn().map_err(lmdb)?;
+    let mut count = 0;
+    let mut states: HashMap<GroupId, GroupState> = HashMap::new();
+    for record in records {
+        match record {
+            Record::V1(changes) => {
+                crate::txn::apply(&mut wtxn, &dbs, changes).map_err(lmdb)?;
+                count += changes.len();
+            }
+            Record::V2(record) => {
+                for write in &record.groups {
+                    let state = match states.entry(write.group) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                            crate::replica::read_group_state(dbs[0], &wtxn, write.group)?
+                                .unwrap_or_default(),
+                        ),
+                    };
+                    count += crate::replica::replay(&dbs, &mut wtxn, write, state)?;
+                }
+            }
+        }
+    }
+    for (group, state) in &states {
+        crate::replica::write_group_state(dbs[0], &mut wtxn, *group, state)?;
+    }
+    wtxn.commit().map_err(lmdb)?;
+    Ok((records.len(), count))
 }
 
 /// Extends `file` from `from` to `to` bytes with zeros, and syncs it.

@@ -16,7 +16,7 @@
 //! fdatasync, while one that extends the file costs an ext4 journal commit
 //! as well (measured here: 2.5k against 4.0k fdatasync/s).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -26,27 +26,36 @@ use std::time::{Duration, Instant};
 
 use heed::{Env, WithoutTls};
 
-use curvine_messages::{now_ns, FsError, FsResult};
+use curvine_messages::wal::Change;
+use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
-use crate::store::lmdb_err;
+use crate::replica::Groups;
+use crate::store::{lmdb_err, ShardStore};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
 
 /// Called once the transaction a mutation ran in has committed (`Ok`) or failed.
 type Completion = Box<dyn FnOnce(FsResult<()>) + Send>;
-/// A mutation: runs inside a nested transaction; says whether it succeeded
-/// and what to do after the commit.
-type Job = Box<dyn FnOnce(&mut WriteTxn<'_>) -> (bool, Completion) + Send>;
+/// A mutation: runs inside a nested transaction (or is refused with the
+/// error, unrun); says whether it succeeded and what to do after the commit.
+type Run = Box<dyn FnOnce(Result<&mut WriteTxn<'_>, FsError>) -> (bool, Completion) + Send>;
+
+/// A mutation of one shard.
+struct Job {
+    shard: ShardId,
+    run: Run,
+}
 
 struct Inner {
     tx: mpsc::Sender<Job>,
 }
 
-/// Handle to an environment's write thread. The thread commits what is
-/// queued and exits when the last handle is dropped.
+/// Handle to an environment's write thread, for one shard. The thread
+/// commits what is queued and exits when the last handle is dropped.
 #[derive(Clone)]
 pub struct Writer {
     inner: Arc<Inner>,
+    shard: ShardId,
 }
 
 fn running() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
@@ -55,20 +64,19 @@ fn running() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
 }
 
 impl Writer {
-    /// The write thread of `env`, started on first use and shared by every
-    /// shard whose databases live in `env`.
-    pub fn for_env(
-        env: &'static Env<WithoutTls>,
-        group_max: usize,
-        commit_delay: Duration,
-    ) -> Writer {
+    /// The write thread of `store`'s environment, started on first use and
+    /// shared by every shard whose databases live in that environment.
+    pub fn for_store(store: &ShardStore, group_max: usize, commit_delay: Duration) -> Writer {
+        let env = store.env();
+        let shard = store.shard;
         let mut map = running()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let path = env.path().to_path_buf();
         if let Some(inner) = map.get(&path).and_then(Weak::upgrade) {
-            return Writer { inner };
+            return Writer { inner, shard };
         }
+        let groups = Groups::new(store.replica_id, store.tables());
         let (tx, rx) = mpsc::channel::<Job>();
         let name = format!(
             "lmdb-writer-{}",
@@ -76,11 +84,11 @@ impl Writer {
         );
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(env, rx, group_max.max(1), commit_delay))
+            .spawn(move || run(env, groups, rx, group_max.max(1), commit_delay))
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx });
         map.insert(path, Arc::downgrade(&inner));
-        Writer { inner }
+        Writer { inner, shard }
     }
 
     /// Queues a mutation; `reply` gets its result once it is durable.
@@ -103,13 +111,16 @@ impl Writer {
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
         let queued_ns = span.as_ref().map_or(0, |_| now_ns());
-        let job: Job = Box::new(move |txn| {
+        let run: Run = Box::new(move |txn| {
             let start_ns = span.as_ref().map_or(0, |_| now_ns());
-            let result = catch_unwind(AssertUnwindSafe(|| mutation(txn))).unwrap_or_else(|_| {
-                Err(FsError::Io(
-                    "internal error: metadata mutation panicked".into(),
-                ))
-            });
+            let result = match txn {
+                Ok(txn) => catch_unwind(AssertUnwindSafe(|| mutation(txn))).unwrap_or_else(|_| {
+                    Err(FsError::Io(
+                        "internal error: metadata mutation panicked".into(),
+                    ))
+                }),
+                Err(refused) => Err(refused),
+            };
             let ok = result.is_ok();
             let completion: Completion = Box::new(move |commit: FsResult<()>| {
                 let result = match commit {
@@ -134,12 +145,16 @@ impl Writer {
         });
         // If the thread is gone the job is dropped with its reply, and the
         // caller sees the shard as unavailable instead of waiting forever.
-        let _ = self.inner.tx.send(job);
+        let _ = self.inner.tx.send(Job {
+            shard: self.shard,
+            run,
+        });
     }
 }
 
 fn run(
     env: &'static Env<WithoutTls>,
+    mut groups: Groups,
     rx: mpsc::Receiver<Job>,
     group_max: usize,
     commit_delay: Duration,
@@ -171,47 +186,105 @@ fn run(
             }
         }
         last_batch = batch.len();
-        let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
-        let commit = (|| -> FsResult<()> {
-            let mut txn = env.write_txn().map_err(lmdb_err)?;
-            let mut changes = Vec::new();
-            for job in batch.drain(..) {
-                let nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
-                let mut nested = WriteTxn::new(nested);
-                let (ok, completion) = job(&mut nested);
-                if ok {
-                    changes.extend(nested.commit().map_err(lmdb_err)?);
-                } else {
-                    nested.abort();
-                }
-                completions.push(completion);
-            }
-            let Some(wal) = &wal else {
-                return txn.commit().map_err(lmdb_err);
-            };
-            // The record is durable before LMDB commits: a reader never
-            // sees a change that a crash could take back.
-            let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
-            wal.append(&changes)?;
-            txn.commit().map_err(lmdb_err)?;
-            // The group is durable whatever a checkpoint says.
-            if let Err(e) = wal.after_commit() {
-                tracing::error!(env = %env.path().display(), error = %e, "metadata checkpoint failed");
-            }
-            Ok(())
-        })();
+        let commit = commit_batch(env, &wal, &mut groups, &mut batch);
         if let Err(e) = &commit {
             tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");
         }
         // Jobs never started (the transaction failed early) are dropped: their
         // reply ports close and callers see the shard as unavailable.
         drop(batch);
-        for completion in completions {
-            completion(commit.clone());
-        }
         space.keep_ahead();
     }
     tracing::debug!(env = %env.path().display(), "metadata writer stopped");
+}
+
+/// One group commit: runs the jobs of `batch` (each in a nested
+/// transaction), proposes what each shard's jobs changed as one entry of its
+/// group, makes the groups' new entries durable as one record of the log
+/// (or, without a log, with LMDB's own synced commit), commits LMDB, and
+/// answers each job once its shard committed what the job saw.
+fn commit_batch(
+    env: &'static Env<WithoutTls>,
+    wal: &Option<Arc<Mutex<crate::wal::Wal>>>,
+    groups: &mut Groups,
+    batch: &mut Vec<Job>,
+) -> FsResult<()> {
+    let mut txn = env.write_txn().map_err(lmdb_err)?;
+    let mut changes: BTreeMap<ShardId, Vec<Change>> = BTreeMap::new();
+    let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(batch.len());
+    let ran = (|| -> FsResult<()> {
+        for job in batch.drain(..) {
+            let completion = match groups.check_leader(&txn, job.shard) {
+                Ok(()) => {
+                    let nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
+                    let mut nested = WriteTxn::new(nested);
+                    let (ok, completion) = (job.run)(Ok(&mut nested));
+                    if ok {
+                        let made = nested.commit().map_err(lmdb_err)?;
+                        if !made.is_empty() {
+                            changes.entry(job.shard).or_default().extend(made);
+                        }
+                    } else {
+                        nested.abort();
+                    }
+                    completion
+                }
+                Err(refused) => (job.run)(Err(refused)).1,
+            };
+            completions.push((job.shard, completion));
+        }
+        Ok(())
+    })();
+    if let Err(e) = ran {
+        for (_, completion) in completions {
+            completion(Err(e.clone()));
+        }
+        return Err(e);
+    }
+    // From the first proposal on, the groups' logs and LMDB must move
+    // together: a failure stops every change until the node restarts (and
+    // recovers both from the log).
+    let proposed = (|| -> FsResult<_> {
+        for (shard, made) in &changes {
+            groups.propose(*shard, made)?;
+        }
+        Ok(())
+    })();
+    for (shard, completion) in completions {
+        groups.wait(shard, completion);
+    }
+    if let Err(e) = proposed {
+        groups.stop(&e);
+        return Err(e);
+    }
+    let persisted = (|| -> FsResult<_> {
+        let pending = groups.collect(&mut txn)?;
+        match wal {
+            None => txn.commit().map_err(lmdb_err)?,
+            Some(wal) => {
+                // The record is durable before LMDB commits: a reader never
+                // sees a change that a crash could take back.
+                let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
+                wal.append(&pending.record)?;
+                txn.commit().map_err(lmdb_err)?;
+                // The group is durable whatever a checkpoint says.
+                if let Err(e) = wal.after_commit() {
+                    tracing::error!(env = %env.path().display(), error = %e, "metadata checkpoint failed");
+                }
+            }
+        }
+        Ok(pending)
+    })();
+    match persisted {
+        Ok(pending) => {
+            groups.persisted(pending);
+            Ok(())
+        }
+        Err(e) => {
+            groups.stop(&e);
+            Err(e)
+        }
+    }
 }
 
 /// Zero-filled space kept ahead of LMDB's last page.

@@ -30,6 +30,7 @@ fn options() -> StoreOptions {
         wal: true,
         wal_size: 1 << 20,
         checkpoint_interval: Duration::from_millis(500),
+        replica_id: 1,
     }
 }
 
@@ -642,7 +643,7 @@ fn stats_and_scan_see_only_their_shard(f: Fixture) {
 #[test]
 fn group_commit_isolates_failing_and_panicking_mutations() {
     let f = fixture(true);
-    let writer = Writer::for_env(f.shards[0].env(), 64, Duration::from_micros(200));
+    let writer = Writer::for_store(&f.shards[0], 64, Duration::from_micros(200));
     let (tx, rx) = std::sync::mpsc::channel::<(usize, FsResult<()>)>();
     for i in 0..40usize {
         let store = f.shards[0].clone();

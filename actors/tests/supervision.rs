@@ -21,6 +21,7 @@ fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
         wal: true,
         wal_size: 1 << 20,
         checkpoint_interval: std::time::Duration::from_millis(500),
+        replica_id: 1,
     };
     (0..2u16)
         .map(|shard| {

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use curvine_actors::replica::read_group_state;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::writer::Writer;
 use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
@@ -27,6 +28,7 @@ fn options(wal: bool) -> StoreOptions {
         // No checkpoint after the ones opening makes: every change of the
         // test lives in the log and in pages written without sync.
         checkpoint_interval: Duration::from_secs(3600),
+        replica_id: 1,
     }
 }
 
@@ -70,7 +72,7 @@ fn wal_child() {
     println!("ready");
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
-    let writer = Writer::for_env(stores[0].env(), 512, Duration::from_micros(200));
+    let writer = Writer::for_store(&stores[0], 512, Duration::from_micros(200));
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     // Waves of 16 concurrent creates (so commits carry groups), with a
     // rename and an unlink now and then, until killed.
@@ -201,6 +203,39 @@ fn acknowledged_changes_survive_a_kill() {
     let (names, _) = write_and_kill(dir.path(), 400);
     let stores = open(dir.path(), true);
     assert_all_there(&stores, &names);
+    // The shard's Raft group resumes where its log ended: recovery recorded
+    // the last entry it applied, and the group elects itself again in a
+    // later term before it takes more.
+    let group = |s: &ShardStore| {
+        let txn = s.read_txn().unwrap();
+        read_group_state(s.tables()[0], &txn, s.shard)
+            .unwrap()
+            .expect("shard 0's group state")
+    };
+    let recovered = group(&stores[0]);
+    assert!(
+        recovered.applied_index > names.len() as u64 / 16,
+        "{recovered:?} after {} acknowledged creates",
+        names.len()
+    );
+    let writer = Writer::for_store(&stores[0], 512, Duration::from_micros(200));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let store = stores[0].clone();
+    writer.submit(
+        move |w| store.create(w, ROOT_INO, "after-restart", &file(), None),
+        move |r| tx.send(r.is_ok()).unwrap(),
+    );
+    assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    let resumed = group(&stores[0]);
+    assert!(
+        resumed.hard_state.term > recovered.hard_state.term,
+        "{resumed:?}"
+    );
+    assert!(
+        resumed.applied_index >= recovered.applied_index + 2,
+        "{resumed:?}"
+    );
+    assert_all_there(&stores, &["after-restart".to_string()]);
 }
 
 #[test]

@@ -102,6 +102,7 @@ impl BlockStore {
             wal: false,
             wal_size: 0,
             checkpoint_interval: std::time::Duration::ZERO,
+            replica_id: 1,
             map_size: 4 << 30,
             max_readers: 254,
             sync_commit: true,

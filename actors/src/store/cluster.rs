@@ -147,6 +147,7 @@ mod tests {
             wal: false,
             wal_size: 0,
             checkpoint_interval: std::time::Duration::ZERO,
+            replica_id: 1,
         };
         ShardStore::open(&dir.join(format!("s{shard}")), &identity, &options).unwrap()
     }

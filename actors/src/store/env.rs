@@ -107,6 +107,7 @@ impl ShardStore {
             meta_key: meta_key(identity.shard),
             shard_count: identity.shard_count,
             cluster_id: identity.cluster_id.clone(),
+            replica_id: options.replica_id,
             env,
             meta: Table::new(dbs[0], 0),
             inodes: Table::new(dbs[1], 1),

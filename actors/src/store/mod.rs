@@ -90,6 +90,9 @@ pub struct StoreOptions {
     pub wal: bool,
     pub wal_size: u64,
     pub checkpoint_interval: std::time::Duration,
+    /// This node's member id in the shards' Raft groups
+    /// (`replica::member_id` of its node id).
+    pub replica_id: u64,
 }
 
 /// One shard's store. Cheap to share: reads run on any thread, writes on the
@@ -102,6 +105,8 @@ pub struct ShardStore {
     meta_key: Vec<u8>,
     pub shard_count: u32,
     pub cluster_id: String,
+    /// This node's member id in the shard's Raft group.
+    pub replica_id: u64,
     env: &'static Env<WithoutTls>,
     meta: Table,
     inodes: Table,
@@ -117,6 +122,27 @@ pub struct ShardStore {
 }
 
 impl ShardStore {
+    /// The environment's databases by table number (as logged changes
+    /// name them).
+    pub fn tables(&self) -> Vec<crate::txn::Db> {
+        [
+            self.meta,
+            self.inodes,
+            self.dentries,
+            self.xattrs,
+            self.intents,
+            self.ops,
+            self.locks,
+            self.blocks,
+            self.owners,
+            self.pending,
+            self.freed,
+        ]
+        .iter()
+        .map(|t| **t)
+        .collect()
+    }
+
     pub fn env(&self) -> &'static Env<WithoutTls> {
         self.env
     }

@@ -39,6 +39,7 @@ pub async fn open_meta(
         wal: config.meta.wal,
         wal_size: config.meta.wal_size.0,
         checkpoint_interval: config.meta.checkpoint_interval.0,
+        replica_id: curvine_actors::replica::member_id(&data_dir.identity.node_id),
     };
     let identities: Vec<ShardIdentity> = (0..identity.shard_count as ShardId)
         .map(|shard| ShardIdentity {
