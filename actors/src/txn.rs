@@ -51,6 +51,7 @@ impl Table {
     }
 
     pub fn put(&self, w: &mut WriteTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
+        w.keep_undo(self, key)?;
         self.db.put(&mut w.txn, key, value)?;
         w.changes.push(Change::Put {
             table: self.number,
@@ -61,6 +62,7 @@ impl Table {
     }
 
     pub fn delete(&self, w: &mut WriteTxn, key: &[u8]) -> heed::Result<bool> {
+        w.keep_undo(self, key)?;
         let found = self.db.delete(&mut w.txn, key)?;
         if found {
             w.changes.push(Change::Delete {
@@ -76,6 +78,16 @@ impl Table {
         w: &mut WriteTxn,
         range: &R,
     ) -> heed::Result<usize> {
+        if let Some(undo) = &mut w.undo {
+            for item in self.db.range(&w.txn, range)? {
+                let (key, value) = item?;
+                undo.push(Undo {
+                    table: self.number,
+                    key: key.to_vec(),
+                    old: Some(value.to_vec()),
+                });
+            }
+        }
         let deleted = self.db.delete_range(&mut w.txn, range)?;
         if deleted > 0 {
             w.changes.push(Change::DeleteRange {
@@ -104,11 +116,22 @@ fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
     }
 }
 
+/// What a key held before a write: put back to take the write back.
+#[derive(Debug, Clone)]
+pub struct Undo {
+    table: u8,
+    key: Vec<u8>,
+    old: Option<Vec<u8>>,
+}
+
 /// A write transaction (usually one mutation's nested transaction) and the
 /// changes made in it. Reads see its writes, as with any LMDB transaction.
 pub struct WriteTxn<'p> {
     txn: RwTxn<'p>,
     changes: Vec<Change>,
+    /// What each write replaced, when the writes may have to be taken back
+    /// (a leader's changes before their entry is committed).
+    undo: Option<Vec<Undo>>,
 }
 
 impl<'p> WriteTxn<'p> {
@@ -116,13 +139,41 @@ impl<'p> WriteTxn<'p> {
         WriteTxn {
             txn,
             changes: Vec::new(),
+            undo: None,
         }
+    }
+
+    /// A transaction that also keeps what each write replaced.
+    pub fn with_undo(txn: RwTxn<'p>) -> WriteTxn<'p> {
+        WriteTxn {
+            undo: Some(Vec::new()),
+            ..WriteTxn::new(txn)
+        }
+    }
+
+    fn keep_undo(&mut self, table: &Table, key: &[u8]) -> heed::Result<()> {
+        if let Some(undo) = &mut self.undo {
+            let old = table.db.get(&self.txn, key)?.map(<[u8]>::to_vec);
+            undo.push(Undo {
+                table: table.number,
+                key: key.to_vec(),
+                old,
+            });
+        }
+        Ok(())
     }
 
     /// Commits the transaction; returns what it changed.
     pub fn commit(self) -> heed::Result<Vec<Change>> {
         self.txn.commit()?;
         Ok(self.changes)
+    }
+
+    /// Commits the transaction; returns what it changed and how to take
+    /// it back (empty without [`Self::with_undo`]).
+    pub fn commit_with_undo(self) -> heed::Result<(Vec<Change>, Vec<Undo>)> {
+        self.txn.commit()?;
+        Ok((self.changes, self.undo.unwrap_or_default()))
     }
 
     /// Drops the transaction and everything it changed.
@@ -158,6 +209,23 @@ pub fn apply(txn: &mut RwTxn, dbs: &[Db], changes: &[Change]) -> heed::Result<()
             Change::DeleteRange { table, start, end } => {
                 let range = (as_ref(start), as_ref(end));
                 db(*table)?.delete_range(txn, &range)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes back writes in `txn`: each key gets what it held before, last
+/// write first.
+pub fn undo(txn: &mut RwTxn, dbs: &[Db], undo: &[Undo]) -> heed::Result<()> {
+    for u in undo.iter().rev() {
+        let Some(db) = dbs.get(u.table as usize) else {
+            continue;
+        };
+        match &u.old {
+            Some(value) => db.put(txn, &u.key, value)?,
+            None => {
+                db.delete(txn, &u.key)?;
             }
         }
     }

@@ -98,6 +98,11 @@ pub struct Wal {
     base_pages: usize,
     /// Set when a sync of the log failed: nothing more is acknowledged.
     broken: Option<String>,
+    /// What the groups have not applied (written with each checkpoint's
+    /// header), and whether a leader has uncommitted changes in LMDB (no
+    /// checkpoint may flush them then); kept by the writer.
+    carry: LogRecord,
+    speculating: bool,
     syncs: Arc<crate::stats::Histogram>,
     checkpoints: Arc<crate::stats::Histogram>,
 }
@@ -128,6 +133,7 @@ pub fn of(env: &'static Env<WithoutTls>) -> Option<Arc<Mutex<Wal>>> {
 pub struct Recovery {
     epoch: u64,
     v1: bool,
+    carry: Option<LogRecord>,
 }
 
 /// A header slot: its epoch, the two meta pages, and whether its records
@@ -136,6 +142,8 @@ struct Header {
     epoch: u64,
     metas: Vec<u8>,
     v1: bool,
+    /// What the groups had not applied at the checkpoint (format 2).
+    carry: Option<LogRecord>,
 }
 
 /// A record as recovery reads it.
@@ -169,7 +177,34 @@ fn read_header(log: &File, at: u64) -> Option<Header> {
     }
     let mut metas = vec![0u8; 2 * page_size];
     log.read_exact_at(&mut metas, at + SLOT_FIXED as u64).ok()?;
-    (crc(&[&fixed[8..20], &metas]) == sum).then_some(Header { epoch, metas, v1 })
+    if v1 {
+        return (crc(&[&fixed[8..20], &metas]) == sum).then_some(Header {
+            epoch,
+            metas,
+            v1,
+            carry: None,
+        });
+    }
+    let carry_len = u32::from_le_bytes(fixed[24..28].try_into().ok()?) as usize;
+    if SLOT_FIXED + 2 * page_size + carry_len > SLOT_LEN as usize {
+        return None;
+    }
+    let mut carry = vec![0u8; carry_len];
+    log.read_exact_at(&mut carry, at + (SLOT_FIXED + 2 * page_size) as u64)
+        .ok()?;
+    if crc(&[&fixed[8..20], &fixed[24..28], &metas, &carry]) != sum {
+        return None;
+    }
+    // A header whose checksum holds but whose carry does not decode was
+    // written by another release: it counts as no header (and the epoch's
+    // records then do not apply either).
+    let carry = postcard::from_bytes(&carry).ok()?;
+    Some(Header {
+        epoch,
+        metas,
+        v1,
+        carry: Some(carry),
+    })
 }
 
 /// The valid header with the highest epoch.
@@ -206,6 +241,7 @@ pub fn restore_base(dir: &Path) -> FsResult<Option<Recovery>> {
     Ok(Some(Recovery {
         epoch: header.epoch,
         v1: header.v1,
+        carry: header.carry,
     }))
 }
 
@@ -296,7 +332,10 @@ impl Wal {
         let path = dir.join(LOG_NAME);
         if let Some(rec) = recovery {
             let log = File::open(&path).map_err(|e| io("open", &path, e))?;
-            let records = read_records(&log, &path, rec.epoch, rec.v1)?;
+            let mut records = read_records(&log, &path, rec.epoch, rec.v1)?;
+            if let Some(carry) = rec.carry.filter(|c| !c.groups.is_empty()) {
+                records.insert(0, Record::V2(carry));
+            }
             if !records.is_empty() {
                 let (records, count) = apply_records(env, &records)?;
                 tracing::info!(env = %dir.display(), records, changes = count, "applied the metadata log");
@@ -346,6 +385,8 @@ impl Wal {
             base_at: Instant::now(),
             base_pages: 0,
             broken: None,
+            carry: LogRecord::default(),
+            speculating: false,
             syncs: crate::stats::process().histogram(
                 "curvine_meta_log_write_seconds",
                 "Time to write and sync one record of the metadata log (one group commit).",
@@ -390,10 +431,9 @@ impl Wal {
             .map_err(|e| FsError::Io(format!("encoding a metadata log record: {e}")))?;
         let need = (RECORD_HEAD + payload.len()) as u64;
         if self.offset + need > self.len {
-            // The last committed snapshot becomes the base; this group's
-            // record starts the new epoch.
-            self.checkpoint()?;
-            if self.offset + need > self.len {
+            // Checkpoints come after commits (`after_commit`), when the
+            // groups say what they have not applied: here the log grows.
+            {
                 let want = (self.offset + need) * 2;
                 preallocate(&self.log, self.len, want).map_err(|e| io("grow", &self.path(), e))?;
                 self.len = want;
@@ -427,6 +467,21 @@ impl Wal {
         Ok(())
     }
 
+    /// What the groups have not applied, and whether a leader has
+    /// uncommitted changes in LMDB (from the writer, after each pass).
+    pub fn set_groups(&mut self, carry: LogRecord, speculating: bool) {
+        self.carry = carry;
+        self.speculating = speculating;
+    }
+
+    /// Whether a checkpoint is due (the writer then lets its groups'
+    /// uncommitted changes commit before it runs more mutations).
+    pub fn checkpoint_due(&self) -> bool {
+        self.offset > RECORDS_AT
+            && (self.base_at.elapsed() >= self.opts.checkpoint_interval
+                || self.offset > self.len / 4 * 3)
+    }
+
     /// After a commit: checkpoints when one is due (LMDB's pages are left
     /// to the checkpoint: starting their writeback earlier made every log
     /// sync wait behind it, 8.8k against 9.5k creates/s here).
@@ -453,6 +508,16 @@ impl Wal {
     /// log's lock across their commits).
     pub fn checkpoint(&mut self) -> FsResult<()> {
         self.check()?;
+        if self.speculating {
+            return Ok(());
+        }
+        let carry = postcard::to_allocvec(&self.carry)
+            .map_err(|e| FsError::Io(format!("encoding the metadata log's carry: {e}")))?;
+        if SLOT_FIXED + 2 * self.page_size + carry.len() > SLOT_LEN as usize {
+            // The unapplied entries do not fit in a header: the log grows
+            // until they are applied.
+            return Ok(());
+        }
         let started = Instant::now();
         self.env.force_sync().map_err(lmdb)?;
         let synced = started.elapsed();
@@ -467,10 +532,12 @@ impl Wal {
         fixed[..8].copy_from_slice(MAGIC);
         fixed[8..16].copy_from_slice(&epoch.to_le_bytes());
         fixed[16..20].copy_from_slice(&(self.page_size as u32).to_le_bytes());
-        let crc = crc(&[&fixed[8..20], &metas]);
+        fixed[24..28].copy_from_slice(&(carry.len() as u32).to_le_bytes());
+        let crc = crc(&[&fixed[8..20], &fixed[24..28], &metas, &carry]);
         fixed[20..24].copy_from_slice(&crc.to_le_bytes());
         let mut slot = fixed.to_vec();
         slot.extend_from_slice(&metas);
+        slot.extend_from_slice(&carry);
         let at = (epoch % 2) * SLOT_LEN;
         let path = self.path();
         self.log
@@ -508,7 +575,7 @@ fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<
     let dbs = databases(env)?;
     let mut wtxn = env.write_txn().map_err(lmdb)?;
     let mut count = 0;
-    let mut states: HashMap<GroupId, GroupState> = HashMap::new();
+    let mut states: HashMap<GroupId, (GroupState, crate::replica::Tail)> = HashMap::new();
     for record in records {
         match record {
             Record::V1(changes) => {
@@ -517,20 +584,24 @@ fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<
             }
             Record::V2(record) => {
                 for write in &record.groups {
-                    let state = match states.entry(write.group) {
+                    let (state, tail) = match states.entry(write.group) {
                         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                        std::collections::hash_map::Entry::Vacant(v) => v.insert((
                             crate::replica::read_group_state(dbs[0], &wtxn, write.group)?
                                 .unwrap_or_default(),
-                        ),
+                            Default::default(),
+                        )),
                     };
-                    count += crate::replica::replay(&dbs, &mut wtxn, write, state)?;
+                    count += crate::replica::replay(&dbs, &mut wtxn, write, state, tail)?;
                 }
             }
         }
     }
-    for (group, state) in &states {
-        crate::replica::write_group_state(dbs[0], &mut wtxn, *group, state)?;
+    for (group, (state, tail)) in states {
+        crate::replica::write_group_state(dbs[0], &mut wtxn, group, &state)?;
+        if !tail.entries.is_empty() || tail.hard_state.is_some() {
+            crate::replica::leave_tail(env.path(), group, tail);
+        }
     }
     wtxn.commit().map_err(lmdb)?;
     Ok((records.len(), count))

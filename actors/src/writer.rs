@@ -29,7 +29,9 @@ use heed::{Env, WithoutTls};
 use curvine_messages::wal::Change;
 use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
-use crate::replica::Groups;
+use raft::eraftpb::ConfChangeV2;
+
+use crate::replica::{Done, GroupMessage, Groups, StatusBoard, Transport};
 use crate::store::{lmdb_err, ShardStore};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
@@ -46,9 +48,35 @@ struct Job {
     run: Run,
 }
 
-struct Inner {
-    tx: mpsc::Sender<Job>,
+/// What the write thread takes.
+enum Input {
+    Job(Job),
+    /// Raft messages from other members.
+    Raft(Vec<GroupMessage>),
+    /// A change of a group's members, proposed by its leader.
+    Members(ShardId, ConfChangeV2, Done),
 }
+
+struct Inner {
+    tx: mpsc::Sender<Input>,
+    status: StatusBoard,
+}
+
+/// Hands Raft messages from other members to an environment's write thread.
+#[derive(Clone)]
+pub struct Inbox {
+    tx: mpsc::Sender<Input>,
+}
+
+impl Inbox {
+    pub fn deliver(&self, messages: Vec<GroupMessage>) {
+        let _ = self.tx.send(Input::Raft(messages));
+    }
+}
+
+/// How often the groups' clocks tick: a leader's heartbeat every 3 ticks,
+/// an election after 10 to 20 ticks without one.
+pub const RAFT_TICK: Duration = Duration::from_millis(100);
 
 /// Handle to an environment's write thread, for one shard. The thread
 /// commits what is queued and exits when the last handle is dropped.
@@ -67,6 +95,17 @@ impl Writer {
     /// The write thread of `store`'s environment, started on first use and
     /// shared by every shard whose databases live in that environment.
     pub fn for_store(store: &ShardStore, group_max: usize, commit_delay: Duration) -> Writer {
+        Self::for_store_with(store, group_max, commit_delay, None)
+    }
+
+    /// [`Self::for_store`], with how the groups reach other members (used
+    /// when this call starts the thread).
+    pub fn for_store_with(
+        store: &ShardStore,
+        group_max: usize,
+        commit_delay: Duration,
+        transport: Option<Arc<dyn Transport>>,
+    ) -> Writer {
         let env = store.env();
         let shard = store.shard;
         let mut map = running()
@@ -76,8 +115,14 @@ impl Writer {
         if let Some(inner) = map.get(&path).and_then(Weak::upgrade) {
             return Writer { inner, shard };
         }
-        let groups = Groups::new(store.replica_id, store.tables());
-        let (tx, rx) = mpsc::channel::<Job>();
+        let groups = Groups::new(
+            store.replica_id,
+            store.tables(),
+            env.path().to_path_buf(),
+            transport,
+        );
+        let status = groups.status();
+        let (tx, rx) = mpsc::channel::<Input>();
         let name = format!(
             "lmdb-writer-{}",
             path.file_name().and_then(|n| n.to_str()).unwrap_or("env")
@@ -86,9 +131,27 @@ impl Writer {
             .name(name)
             .spawn(move || run(env, groups, rx, group_max.max(1), commit_delay))
             .expect("spawning a thread only fails when the OS is out of resources");
-        let inner = Arc::new(Inner { tx });
+        let inner = Arc::new(Inner { tx, status });
         map.insert(path, Arc::downgrade(&inner));
         Writer { inner, shard }
+    }
+
+    /// Where other members' Raft messages for this environment go.
+    pub fn inbox(&self) -> Inbox {
+        Inbox {
+            tx: self.inner.tx.clone(),
+        }
+    }
+
+    /// The environment's groups as of the last pass.
+    pub fn status(&self) -> StatusBoard {
+        self.inner.status.clone()
+    }
+
+    /// Proposes a change of this shard's members (this node must lead its
+    /// group); `done` is told whether the proposal was taken.
+    pub fn change_members(&self, change: ConfChangeV2, done: Done) {
+        let _ = self.inner.tx.send(Input::Members(self.shard, change, done));
     }
 
     /// Queues a mutation; `reply` gets its result once it is durable.
@@ -145,28 +208,49 @@ impl Writer {
         });
         // If the thread is gone the job is dropped with its reply, and the
         // caller sees the shard as unavailable instead of waiting forever.
-        let _ = self.inner.tx.send(Job {
+        let _ = self.inner.tx.send(Input::Job(Job {
             shard: self.shard,
             run,
-        });
+        }));
     }
 }
 
 fn run(
     env: &'static Env<WithoutTls>,
     mut groups: Groups,
-    rx: mpsc::Receiver<Job>,
+    rx: mpsc::Receiver<Input>,
     group_max: usize,
     commit_delay: Duration,
 ) {
     let mut space = Headroom::new(env);
     let wal = crate::wal::of(env);
+    if let Err(e) = env
+        .read_txn()
+        .map_err(lmdb_err)
+        .and_then(|txn| groups.load_stored(&txn))
+    {
+        tracing::error!(env = %env.path().display(), error = %e, "cannot load the shards' Raft groups");
+    }
     let mut last_batch = 0;
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < group_max {
+    let mut next_tick = Instant::now() + RAFT_TICK;
+    let mut pass = Pass::default();
+    loop {
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        let first = if groups.has_work() || !pass.jobs.is_empty() {
+            rx.try_recv().ok()
+        } else {
+            match rx.recv_timeout(wait) {
+                Ok(input) => Some(input),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        if let Some(input) = first {
+            pass.take(input);
+        }
+        while pass.jobs.len() < group_max {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(input) => pass.take(input),
                 Err(_) => break,
             }
         }
@@ -175,78 +259,150 @@ fn run(
         // them in this commit instead of the next (PostgreSQL's
         // commit_delay). A lone caller never waits.
         // It stops waiting once as many have come as shared the last commit.
-        if last_batch > 1 && !commit_delay.is_zero() {
+        if last_batch > 1 && !commit_delay.is_zero() && !pass.jobs.is_empty() {
             let deadline = Instant::now() + commit_delay;
-            while batch.len() < group_max.min(last_batch) {
+            while pass.jobs.len() < group_max.min(last_batch) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(left) {
-                    Ok(job) => batch.push(job),
+                    Ok(input) => pass.take(input),
                     Err(_) => break,
                 }
             }
         }
-        last_batch = batch.len();
-        let commit = commit_batch(env, &wal, &mut groups, &mut batch);
+        if Instant::now() >= next_tick {
+            groups.tick();
+            next_tick = Instant::now() + RAFT_TICK;
+        }
+        // A checkpoint is due while a leader's changes wait for their
+        // commit: new mutations wait until they are committed.
+        let hold = groups.speculating()
+            && wal
+                .as_ref()
+                .is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).checkpoint_due());
+        let jobs = if hold {
+            Vec::new()
+        } else {
+            std::mem::take(&mut pass.jobs)
+        };
+        let (messages, members) = (
+            std::mem::take(&mut pass.messages),
+            std::mem::take(&mut pass.members),
+        );
+        if jobs.is_empty() && messages.is_empty() && members.is_empty() && !groups.has_work() {
+            continue;
+        }
+        last_batch = jobs.len();
+        let commit = commit_batch(env, &wal, &mut groups, jobs, messages, members);
         if let Err(e) = &commit {
             tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");
         }
-        // Jobs never started (the transaction failed early) are dropped: their
-        // reply ports close and callers see the shard as unavailable.
-        drop(batch);
         space.keep_ahead();
     }
     tracing::debug!(env = %env.path().display(), "metadata writer stopped");
 }
 
-/// One group commit: runs the jobs of `batch` (each in a nested
-/// transaction), proposes what each shard's jobs changed as one entry of its
-/// group, makes the groups' new entries durable as one record of the log
-/// (or, without a log, with LMDB's own synced commit), commits LMDB, and
-/// answers each job once its shard committed what the job saw.
+/// What one pass of the write thread takes from its queue.
+#[derive(Default)]
+struct Pass {
+    jobs: Vec<Job>,
+    messages: Vec<GroupMessage>,
+    members: Vec<(ShardId, ConfChangeV2, Done)>,
+}
+
+impl Pass {
+    fn take(&mut self, input: Input) {
+        match input {
+            Input::Job(job) => self.jobs.push(job),
+            Input::Raft(messages) => self.messages.extend(messages),
+            Input::Members(shard, change, done) => self.members.push((shard, change, done)),
+        }
+    }
+}
+
+/// Runs each job in a nested transaction of `txn` (those of shards this
+/// node does not lead are refused unrun): what each shard's jobs changed,
+/// how to take it back, and each job's completion.
+#[allow(clippy::type_complexity)]
+fn run_jobs(
+    env: &'static Env<WithoutTls>,
+    txn: &mut heed::RwTxn<'_>,
+    groups: &mut Groups,
+    jobs: Vec<Job>,
+    completions: &mut Vec<(ShardId, Completion)>,
+) -> FsResult<BTreeMap<ShardId, (Vec<Change>, Vec<crate::txn::Undo>)>> {
+    let mut changes: BTreeMap<ShardId, (Vec<Change>, Vec<crate::txn::Undo>)> = BTreeMap::new();
+    for job in jobs {
+        let completion = match groups.check_leader(txn, job.shard) {
+            Ok(()) => {
+                let nested = env.nested_write_txn(txn).map_err(lmdb_err)?;
+                let mut nested = if groups.needs_undo(job.shard) {
+                    WriteTxn::with_undo(nested)
+                } else {
+                    WriteTxn::new(nested)
+                };
+                let (ok, completion) = (job.run)(Ok(&mut nested));
+                if ok {
+                    let (made, undo) = nested.commit_with_undo().map_err(lmdb_err)?;
+                    if !made.is_empty() {
+                        let entry = changes.entry(job.shard).or_default();
+                        entry.0.extend(made);
+                        entry.1.extend(undo);
+                    }
+                } else {
+                    nested.abort();
+                }
+                completion
+            }
+            Err(refused) => (job.run)(Err(refused)).1,
+        };
+        completions.push((job.shard, completion));
+    }
+    Ok(changes)
+}
+
+/// One pass: steps other members' messages, runs the jobs (each in a
+/// nested transaction), proposes what each shard's jobs changed as one
+/// entry of its group, makes the groups' new entries durable as one record
+/// of the log (or, without a log, with LMDB's own synced commit), commits
+/// LMDB, and answers each job once its shard committed what the job saw.
 fn commit_batch(
     env: &'static Env<WithoutTls>,
     wal: &Option<Arc<Mutex<crate::wal::Wal>>>,
     groups: &mut Groups,
-    batch: &mut Vec<Job>,
+    jobs: Vec<Job>,
+    messages: Vec<GroupMessage>,
+    members: Vec<(ShardId, ConfChangeV2, Done)>,
 ) -> FsResult<()> {
     let mut txn = env.write_txn().map_err(lmdb_err)?;
-    let mut changes: BTreeMap<ShardId, Vec<Change>> = BTreeMap::new();
-    let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(batch.len());
-    let ran = (|| -> FsResult<()> {
-        for job in batch.drain(..) {
-            let completion = match groups.check_leader(&txn, job.shard) {
-                Ok(()) => {
-                    let nested = env.nested_write_txn(&mut txn).map_err(lmdb_err)?;
-                    let mut nested = WriteTxn::new(nested);
-                    let (ok, completion) = (job.run)(Ok(&mut nested));
-                    if ok {
-                        let made = nested.commit().map_err(lmdb_err)?;
-                        if !made.is_empty() {
-                            changes.entry(job.shard).or_default().extend(made);
-                        }
-                    } else {
-                        nested.abort();
-                    }
-                    completion
-                }
-                Err(refused) => (job.run)(Err(refused)).1,
-            };
-            completions.push((job.shard, completion));
+    let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(jobs.len());
+    let ran = (|| -> FsResult<_> {
+        for m in messages {
+            groups.step(&txn, m)?;
         }
-        Ok(())
+        groups.follow_roles(&mut txn)?;
+        for (shard, change, done) in members {
+            let proposed = groups
+                .check_leader(&txn, shard)
+                .and_then(|()| groups.propose_members(shard, change));
+            done(proposed);
+        }
+        run_jobs(env, &mut txn, groups, jobs, &mut completions)
     })();
-    if let Err(e) = ran {
-        for (_, completion) in completions {
-            completion(Err(e.clone()));
+    let changes = match ran {
+        Ok(changes) => changes,
+        Err(e) => {
+            for (_, completion) in completions {
+                completion(Err(e.clone()));
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     // From the first proposal on, the groups' logs and LMDB must move
     // together: a failure stops every change until the node restarts (and
     // recovers both from the log).
     let proposed = (|| -> FsResult<_> {
-        for (shard, made) in &changes {
-            groups.propose(*shard, made)?;
+        for (shard, (made, undo)) in changes {
+            groups.propose(shard, &made, undo)?;
         }
         Ok(())
     })();
@@ -260,31 +416,31 @@ fn commit_batch(
     let persisted = (|| -> FsResult<_> {
         let pending = groups.collect(&mut txn)?;
         match wal {
-            None => txn.commit().map_err(lmdb_err)?,
+            None => {
+                txn.commit().map_err(lmdb_err)?;
+                groups.persisted(pending);
+            }
             Some(wal) => {
                 // The record is durable before LMDB commits: a reader never
                 // sees a change that a crash could take back.
                 let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
                 wal.append(&pending.record)?;
                 txn.commit().map_err(lmdb_err)?;
+                groups.persisted(pending);
+                wal.set_groups(groups.carry(), groups.speculating());
                 // The group is durable whatever a checkpoint says.
                 if let Err(e) = wal.after_commit() {
                     tracing::error!(env = %env.path().display(), error = %e, "metadata checkpoint failed");
                 }
             }
         }
-        Ok(pending)
+        Ok(())
     })();
-    match persisted {
-        Ok(pending) => {
-            groups.persisted(pending);
-            Ok(())
-        }
-        Err(e) => {
-            groups.stop(&e);
-            Err(e)
-        }
+    if let Err(e) = persisted {
+        groups.stop(&e);
+        return Err(e);
     }
+    Ok(())
 }
 
 /// Zero-filled space kept ahead of LMDB's last page.

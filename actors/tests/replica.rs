@@ -1,9 +1,16 @@
 //! The shards' Raft groups on real LMDB environments: a lone member leads
 //! its group and records every entry it applies; a member that does not
-//! lead runs no mutation.
+//! lead runs no mutation; three members in one process (a channel between
+//! their write threads for a network) elect a leader, replicate what it
+//! changes, and replace it when it is cut off, taking back what it had
+//! not committed.
 
-use std::sync::mpsc;
-use std::time::Duration;
+use std::collections::HashSet;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use curvine_actors::replica::{GroupMessage, Transport};
+use curvine_actors::writer::Inbox;
 
 use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
 
@@ -14,6 +21,10 @@ use curvine_messages::wal::GroupState;
 use curvine_messages::{FsError, FsResult};
 
 fn open(dir: &std::path::Path, shard: u16) -> ShardStore {
+    open_as(dir, shard, 7)
+}
+
+fn open_as(dir: &std::path::Path, shard: u16, replica_id: u64) -> ShardStore {
     let options = StoreOptions {
         map_size: 64 << 20,
         max_readers: 16,
@@ -21,7 +32,7 @@ fn open(dir: &std::path::Path, shard: u16) -> ShardStore {
         wal: true,
         wal_size: 1 << 20,
         checkpoint_interval: Duration::from_secs(3600),
-        replica_id: 7,
+        replica_id,
     };
     let identity = ShardIdentity {
         cluster_id: "replica".into(),
@@ -49,7 +60,7 @@ fn create(writer: &Writer, store: &std::sync::Arc<ShardStore>, name: &str) -> Fs
         },
         move |r| tx.send(r).unwrap(),
     );
-    rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    rx.recv_timeout(Duration::from_secs(20)).unwrap()
 }
 
 fn state(store: &ShardStore) -> GroupState {
@@ -113,4 +124,172 @@ fn member_ids_are_stable_and_never_zero() {
     assert_eq!(member_id("node-a"), member_id("node-a"));
     assert_ne!(member_id("node-a"), member_id("node-b"));
     assert_ne!(member_id(""), 0);
+}
+
+/// A network between members in one process; members in `cut` neither
+/// send nor receive.
+#[derive(Default)]
+struct Net {
+    inboxes: Mutex<Vec<(u64, Inbox)>>,
+    cut: Mutex<HashSet<u64>>,
+}
+
+struct Link {
+    from: u64,
+    net: Arc<Net>,
+}
+
+impl Transport for Link {
+    fn send(&self, to: u64, messages: Vec<GroupMessage>) {
+        let cut = self.net.cut.lock().unwrap();
+        if cut.contains(&self.from) || cut.contains(&to) {
+            return;
+        }
+        drop(cut);
+        let inboxes = self.net.inboxes.lock().unwrap();
+        if let Some((_, inbox)) = inboxes.iter().find(|(id, _)| *id == to) {
+            inbox.deliver(messages);
+        }
+    }
+}
+
+struct Member {
+    id: u64,
+    store: Arc<ShardStore>,
+    writer: Writer,
+}
+
+impl Member {
+    fn status(&self) -> curvine_actors::replica::GroupStatus {
+        self.writer
+            .status()
+            .lock()
+            .unwrap()
+            .get(&0)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        let txn = self.store.read_txn().unwrap();
+        self.store.lookup(&txn, ROOT_INO, name).is_ok()
+    }
+}
+
+/// Three members of shard 0's group, each with its own environment.
+fn three(dir: &std::path::Path, net: &Arc<Net>) -> Vec<Member> {
+    let ids = [11u64, 12, 13];
+    ids.iter()
+        .map(|&id| {
+            let store = Arc::new(open_as(&dir.join(format!("m{id}")), 0, id));
+            let mut txn = store.env().write_txn().unwrap();
+            let members = GroupState {
+                voters: ids.to_vec(),
+                ..GroupState::default()
+            };
+            write_group_state(store.tables()[0], &mut txn, 0, &members).unwrap();
+            txn.commit().unwrap();
+            let link: Arc<dyn Transport> = Arc::new(Link {
+                from: id,
+                net: net.clone(),
+            });
+            let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link));
+            net.inboxes.lock().unwrap().push((id, writer.inbox()));
+            Member { id, store, writer }
+        })
+        .collect()
+}
+
+fn wait_until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn leader(members: &[Member], except: Option<u64>) -> &Member {
+    wait_until("a serving leader", Duration::from_secs(15), || {
+        members
+            .iter()
+            .find(|m| Some(m.id) != except && m.status().serving)
+    })
+}
+
+#[test]
+fn three_members_elect_a_leader_and_replicate_its_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let members = three(dir.path(), &net);
+    let lead = leader(&members, None);
+    for i in 0..40 {
+        create(&lead.writer, &lead.store, &format!("f{i}")).unwrap();
+    }
+    for m in &members {
+        let missing = || -> Vec<usize> { (0..40).filter(|i| !m.has(&format!("f{i}"))).collect() };
+        wait_until(
+            "every member to apply the leader's entries",
+            Duration::from_secs(10),
+            || missing().is_empty().then_some(()),
+        );
+        let mut voters = m.status().voters;
+        voters.sort();
+        assert_eq!(voters, vec![11, 12, 13]);
+    }
+    // A member that does not lead runs no mutation.
+    let follower = members.iter().find(|m| m.id != lead.id).unwrap();
+    match create(&follower.writer, &follower.store, "on-a-follower") {
+        Err(FsError::Unavailable(why)) => assert!(why.contains("not the leader"), "{why}"),
+        other => panic!("a follower ran a mutation: {other:?}"),
+    }
+    assert!(!members.iter().any(|m| m.has("on-a-follower")));
+}
+
+#[test]
+fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let members = three(dir.path(), &net);
+    let old = leader(&members, None);
+    create(&old.writer, &old.store, "before").unwrap();
+    net.cut.lock().unwrap().insert(old.id);
+    // Changed on the cut-off leader: never committed, so never acknowledged.
+    let lost = create(&old.writer, &old.store, "uncommitted");
+    assert!(
+        matches!(lost, Err(FsError::Unavailable(_))),
+        "a change no majority has was acknowledged: {lost:?}"
+    );
+    let new = leader(&members, Some(old.id));
+    assert!(new.status().term > 0);
+    for i in 0..20 {
+        create(&new.writer, &new.store, &format!("after{i}")).unwrap();
+    }
+    // Healed, the old leader follows: it took back its own change and has
+    // the new leader's.
+    net.cut.lock().unwrap().clear();
+    wait_until(
+        "the old leader to catch up",
+        Duration::from_secs(15),
+        || (old.has("after19") && !old.status().serving).then_some(()),
+    );
+    for m in &members {
+        assert!(
+            m.has("before"),
+            "member {} lacks what was acknowledged",
+            m.id
+        );
+        assert!(
+            m.has("after19"),
+            "member {} lacks the new leader's change",
+            m.id
+        );
+        assert!(
+            !m.has("uncommitted"),
+            "member {} kept an uncommitted change",
+            m.id
+        );
+    }
 }
