@@ -25,13 +25,22 @@ fn open(dir: &std::path::Path, shard: u16) -> ShardStore {
 }
 
 fn open_as(dir: &std::path::Path, shard: u16, replica_id: u64) -> ShardStore {
+    open_with(dir, shard, replica_id, Duration::from_secs(3600))
+}
+
+fn open_with(
+    dir: &std::path::Path,
+    shard: u16,
+    replica_id: u64,
+    checkpoint_interval: Duration,
+) -> ShardStore {
     let options = StoreOptions {
         map_size: 64 << 20,
         max_readers: 16,
         sync_commit: false,
         wal: true,
         wal_size: 1 << 20,
-        checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_interval,
         replica_id,
     };
     let identity = ShardIdentity {
@@ -178,16 +187,32 @@ impl Member {
 
 /// Three members of shard 0's group, each with its own environment.
 fn three(dir: &std::path::Path, net: &Arc<Net>) -> Vec<Member> {
+    three_with(dir, net, Duration::from_secs(3600))
+}
+
+/// [`three`], checkpointing every `checkpoint_interval`; members that
+/// have a state (a restart) keep it.
+fn three_with(dir: &std::path::Path, net: &Arc<Net>, checkpoint_interval: Duration) -> Vec<Member> {
     let ids = [11u64, 12, 13];
     ids.iter()
         .map(|&id| {
-            let store = Arc::new(open_as(&dir.join(format!("m{id}")), 0, id));
+            let store = Arc::new(open_with(
+                &dir.join(format!("m{id}")),
+                0,
+                id,
+                checkpoint_interval,
+            ));
             let mut txn = store.env().write_txn().unwrap();
-            let members = GroupState {
-                voters: ids.to_vec(),
-                ..GroupState::default()
-            };
-            write_group_state(store.tables()[0], &mut txn, 0, &members).unwrap();
+            if read_group_state(store.tables()[0], &txn, 0)
+                .unwrap()
+                .is_none()
+            {
+                let members = GroupState {
+                    voters: ids.to_vec(),
+                    ..GroupState::default()
+                };
+                write_group_state(store.tables()[0], &mut txn, 0, &members).unwrap();
+            }
             txn.commit().unwrap();
             let link: Arc<dyn Transport> = Arc::new(Link {
                 from: id,
@@ -290,6 +315,76 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
             !m.has("uncommitted"),
             "member {} kept an uncommitted change",
             m.id
+        );
+    }
+}
+
+const CHILD_DIR: &str = "CURVINE_REPLICA_TEST_DIR";
+
+/// The writing process: three members checkpointing often; creates names
+/// on whichever member leads and prints each once it is acknowledged,
+/// until killed.
+#[test]
+#[ignore = "run by the test below as a child process"]
+fn replica_child() {
+    use std::io::Write;
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let net = Arc::new(Net::default());
+    let members = three_with(std::path::Path::new(&dir), &net, Duration::from_millis(30));
+    for k in 0u32.. {
+        let lead = leader(&members, None);
+        let name = format!("n{k:06}");
+        if create(&lead.writer, &lead.store, &name).is_ok() {
+            println!("acked {name}");
+            std::io::stdout().flush().unwrap();
+        }
+    }
+}
+
+#[test]
+fn acknowledged_entries_of_a_three_member_group_survive_a_kill_of_all_members() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "replica_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut names = Vec::new();
+    let mut line = String::new();
+    while names.len() < 300 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
+        if let Some(name) = line.trim().strip_prefix("acked ") {
+            names.push(name.to_string());
+        }
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    // Recovered from their logs, the members elect a leader again; every
+    // acknowledged name reaches every member, and more changes commit.
+    let net = Arc::new(Net::default());
+    let members = three(dir.path(), &net);
+    let lead = leader(&members, None);
+    create(&lead.writer, &lead.store, "after-restart").unwrap();
+    for m in &members {
+        wait_until(
+            "every member to hold every acknowledged name",
+            Duration::from_secs(20),
+            || (m.has("after-restart") && names.iter().all(|n| m.has(n))).then_some(()),
         );
     }
 }
