@@ -236,7 +236,13 @@ fn run(
     let mut pass = Pass::default();
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
-        let first = if groups.has_work() || !pass.jobs.is_empty() {
+        // A checkpoint is due while a leader's changes wait for their
+        // commit: new mutations wait until they are committed.
+        let hold = groups.speculating()
+            && wal
+                .as_ref()
+                .is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).checkpoint_due());
+        let first = if groups.has_work() || (!pass.jobs.is_empty() && !hold) {
             rx.try_recv().ok()
         } else {
             match rx.recv_timeout(wait) {
@@ -273,12 +279,6 @@ fn run(
             groups.tick();
             next_tick = Instant::now() + RAFT_TICK;
         }
-        // A checkpoint is due while a leader's changes wait for their
-        // commit: new mutations wait until they are committed.
-        let hold = groups.speculating()
-            && wal
-                .as_ref()
-                .is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).checkpoint_due());
         let jobs = if hold {
             Vec::new()
         } else {

@@ -285,6 +285,10 @@ pub struct UfsConf {
     /// How often fs_mode mounts are walked for files still waiting to be
     /// persisted (the journal normally persists them within a second).
     pub persist_sweep: Dur,
+    /// Copies, on distinct nodes, of each block of an fs_mode file not yet
+    /// persisted, made before its close returns (fewer when fewer nodes are
+    /// up with room).
+    pub pending_replicas: u16,
 }
 
 impl Default for UfsConf {
@@ -303,6 +307,7 @@ impl Default for UfsConf {
             persist_retry_delay: Dur(std::time::Duration::from_secs(1)),
             persist_max_delay: Dur(std::time::Duration::from_secs(300)),
             persist_sweep: Dur(std::time::Duration::from_secs(30)),
+            pending_replicas: 2,
         }
     }
 }

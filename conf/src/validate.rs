@@ -194,12 +194,13 @@ impl Config {
                 "expected a multiple of 64KiB from 64KiB to 2GiB",
             ));
         }
-        if !(1..=16).contains(&self.data.replicas) {
-            return Err(invalid(
-                "data.replicas",
-                self.data.replicas.to_string(),
-                "expected 1 to 16",
-            ));
+        for (key, value) in [
+            ("data.replicas", self.data.replicas),
+            ("ufs.pending_replicas", u32::from(self.ufs.pending_replicas)),
+        ] {
+            if !(1..=16).contains(&value) {
+                return Err(invalid(key, value.to_string(), "expected 1 to 16"));
+            }
         }
         let (low, high) = (self.data.low_watermark, self.data.high_watermark);
         if !(0.0 < low && low < high && high <= 1.0) {

@@ -685,3 +685,74 @@ fn cached_data_expires_after_the_mount_ttl() {
     node.cli_ok(&["fs", "get", "/t/f", got.to_str().unwrap()]);
     assert!(std::fs::read(&got).unwrap() == data);
 }
+
+#[test]
+fn an_fs_mode_file_closed_on_a_node_that_dies_before_its_upload_is_read_and_persisted() {
+    // A local directory as the UFS, shared by both nodes; a file where the
+    // upload needs a directory holds the upload back.
+    let dir = tempfile::tempdir().unwrap();
+    let ufs_dir = dir.path().join("ufs");
+    std::fs::create_dir_all(&ufs_dir).unwrap();
+    let mut cluster = curvine_integration::ProcessCluster::start(
+        dir.path(),
+        2,
+        &[
+            "-c",
+            "ufs.persist_retry_delay=200ms",
+            "-c",
+            "ufs.persist_max_delay=1s",
+            "-c",
+            "ufs.persist_sweep=1s",
+        ],
+    );
+    let loc = format!("file://{}", ufs_dir.display());
+    let founder = &cluster.nodes[0];
+    founder.cli_ok(&["mount", &loc, "/local", "--write-type", "fs_mode"]);
+    std::fs::write(ufs_dir.join("blocker"), b"not a directory").unwrap();
+    founder.cli_ok(&["fs", "mkdir", "/local/blocker"]);
+    // Written through the second node (which serves no shard: the founder
+    // keeps the namespace), so its first copy is there.
+    let bytes = random_bytes(3 << 20, 17);
+    let src = dir.path().join("src");
+    std::fs::write(&src, &bytes).unwrap();
+    let writer = &cluster.nodes[1];
+    writer.cli_ok(&["fs", "put", src.to_str().unwrap(), "/local/blocker/f"]);
+    wait_state(
+        founder,
+        "/local/blocker/f",
+        "failed",
+        Duration::from_secs(20),
+    );
+    // Before the close returned, every block had a copy on both nodes.
+    let both = [founder.node_id.clone(), writer.node_id.clone()];
+    runtime().block_on(async {
+        let c = founder.client().await;
+        let blocks = c.blocks("/local/blocker/f").await.unwrap().blocks;
+        assert!(!blocks.is_empty());
+        for b in &blocks {
+            assert!(
+                both.iter().all(|n| b.info.locs.contains(n)),
+                "block {:#x} of a file not yet persisted is on {:?} only",
+                b.info.id,
+                b.info.locs
+            );
+        }
+    });
+    // The writer's node dies before the upload: the file reads whole
+    // through the other node, and is persisted once the UFS takes it.
+    cluster.nodes[1].kill();
+    let founder = &cluster.nodes[0];
+    let got = runtime().block_on(async {
+        let c = founder.client().await;
+        curvine_integration::read_file(&c, "/local/blocker/f").await
+    });
+    assert!(got.unwrap() == bytes, "the file read back differs");
+    std::fs::remove_file(ufs_dir.join("blocker")).unwrap();
+    wait_state(
+        founder,
+        "/local/blocker/f",
+        "persisted",
+        Duration::from_secs(30),
+    );
+    assert!(std::fs::read(ufs_dir.join("blocker/f")).unwrap() == bytes);
+}

@@ -125,6 +125,8 @@ struct Group {
     /// Committed entries learnt after a pass persisted: applied first in
     /// the next pass.
     late: Vec<Entry>,
+    /// Whether the group did anything since its status was published.
+    touched: bool,
 }
 
 /// What the groups wrote in one pass, to make durable before they advance.
@@ -277,6 +279,7 @@ impl Groups {
             leading: false,
             term_start: 0,
             late: Vec::new(),
+            touched: true,
         };
         group.follow_role(shard);
         Ok(group)
@@ -374,7 +377,21 @@ impl Groups {
     /// Hands a message from another member to its group.
     pub fn step(&mut self, txn: &RoTxn<WithoutTls>, m: GroupMessage) -> FsResult<()> {
         let shard = m.group;
-        let group = self.group(txn, shard)?;
+        if !self.groups.contains_key(&shard) {
+            // Only a group this node is a member of (it has a state) takes
+            // messages; a lone group is never made up for a stranger's.
+            let Some(state) = read_group_state(self.dbs[0], txn, shard)? else {
+                tracing::debug!(
+                    shard,
+                    from = m.message.from,
+                    "a Raft message for a group this node is not a member of"
+                );
+                return Ok(());
+            };
+            let group = self.load(shard, Some(state))?;
+            self.groups.insert(shard, group);
+        }
+        let group = self.groups.get_mut(&shard).expect("loaded above");
         if let Err(e) = group.raw.step(m.message) {
             tracing::debug!(shard, error = %e, "a Raft message was not taken");
         }
@@ -427,6 +444,7 @@ impl Groups {
             let late = std::mem::take(&mut group.late);
             group.apply_committed(shard, &self.dbs, txn, &late)?;
             if group.raw.has_ready() {
+                group.touched = true;
                 let mut rd = group.raw.ready();
                 if !rd.snapshot().is_empty() {
                     // Snapshots are sent only when a member lacks entries
@@ -491,12 +509,24 @@ impl Groups {
             for message in light.take_messages() {
                 push(&mut self.outbox, shard, message);
             }
-            group.late.extend(light.take_committed_entries());
+            // Entries committed by this very persist are usually this
+            // leader's own, already in LMDB; others are applied next pass.
+            for e in light.take_committed_entries() {
+                if e.index > group.spec_index {
+                    group.late.push(e);
+                } else {
+                    group.undo.retain(|(i, _)| *i > e.index);
+                }
+            }
             group.raw.advance_apply();
         }
         for (&shard, group) in self.groups.iter_mut() {
-            group.answer(shard);
-            group.compact();
+            if !group.waiting.is_empty() {
+                group.answer(shard);
+            }
+            if group.touched {
+                group.compact();
+            }
         }
         self.publish();
         self.flush();
@@ -548,9 +578,13 @@ impl Groups {
         record
     }
 
-    fn publish(&self) {
+    /// Publishes the status of the groups that did something this pass.
+    fn publish(&mut self) {
         let mut board = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        for (&shard, group) in &self.groups {
+        for (&shard, group) in self.groups.iter_mut() {
+            if !std::mem::take(&mut group.touched) {
+                continue;
+            }
             let raft = &group.raw.raft;
             let conf = raft.prs().conf().to_conf_state();
             board.insert(

@@ -230,6 +230,7 @@ async fn start_with(
         ),
         // Names carry the node id: several nodes may share a process (tests).
         root: format!("node-{}", identity.node_id),
+        pending_replicas: config.ufs.pending_replicas,
     };
     let subsystems = Subsystems::build(&core);
     let service = Arc::new(Service::new(&core, &subsystems));

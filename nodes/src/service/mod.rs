@@ -87,6 +87,9 @@ pub struct Core {
     pub pool: DataPool,
     /// The registered name of the root of the node's supervision tree.
     pub root: String,
+    /// Copies of each block of an fs_mode file not yet persisted
+    /// (`ufs.pending_replicas`).
+    pub pending_replicas: u16,
 }
 
 /// Every subsystem of the node, built in dependency order.
@@ -121,6 +124,7 @@ impl Subsystems {
             core.manager.clone(),
             core.tokens.clone(),
             core.pool.clone(),
+            core.pending_replicas,
         ));
         let admin = Arc::new(Admin::new(
             ns.clone(),
@@ -343,12 +347,21 @@ impl Service {
         })
     }
 
-    /// Closes a written file; it returns once the replicas it asks for exist.
+    /// Closes a written file; it returns once the replicas it needs exist
+    /// (those it asks for, and `ufs.pending_replicas` while its content is
+    /// only in the cluster, fewer when fewer nodes are up with room).
     async fn complete_file(&self, r: CompleteFile) -> FsResult<Attr> {
+        let path = r.path.clone();
         let attr = self.paths.complete(r).await?;
-        if attr.replicas > 1 {
-            // A failure leaves the file whole with fewer copies (topped up later).
+        if self.replicas.wanted(&attr) > 1 {
             if let Err(e) = self.replicas.replicate_file(attr.ino).await {
+                if replicas::only_in_cluster(&attr) {
+                    // Its only copy would be on one node: not acknowledged.
+                    return Err(FsError::Unavailable(format!(
+                        "{path} is written but not yet in the UFS, and copying it to another node failed ({e}); it is not acknowledged"
+                    )));
+                }
+                // A failure leaves the file whole with fewer copies (topped up later).
                 tracing::warn!(ino = attr.ino, error = %e, "replicating a written file failed");
             }
         }

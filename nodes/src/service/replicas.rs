@@ -13,7 +13,7 @@ use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{Access, BlockInfo, BlockMsg};
 use curvine_messages::cluster::{MemberInfo, MemberState, PeerMsg, PullBlock};
-use curvine_messages::{FsError, FsResult, Ino, ShardId};
+use curvine_messages::{Attr, FsError, FsResult, Ino, ShardId};
 use curvine_wire::data::DataPool;
 
 pub struct Replicas {
@@ -24,6 +24,17 @@ pub struct Replicas {
     tokens: TokenKey,
     /// Connections to other nodes' data ports.
     pool: DataPool,
+    /// Copies of each block of an fs_mode file not yet persisted
+    /// (`ufs.pending_replicas`).
+    pending_replicas: u16,
+}
+
+/// Whether a file's content exists only in the cluster (written under an
+/// fs_mode mount and not yet persisted).
+pub fn only_in_cluster(attr: &Attr) -> bool {
+    attr.ufs
+        .as_ref()
+        .is_some_and(|u| u.persist.since_ns().is_some())
 }
 
 impl Replicas {
@@ -34,6 +45,7 @@ impl Replicas {
         manager: BlockManagerRef,
         tokens: TokenKey,
         pool: DataPool,
+        pending_replicas: u16,
     ) -> Replicas {
         Replicas {
             namespace,
@@ -42,6 +54,18 @@ impl Replicas {
             manager,
             tokens,
             pool,
+            pending_replicas,
+        }
+    }
+
+    /// The copies each block of a file needs now: its own replicas, and
+    /// `ufs.pending_replicas` while its content is only in the cluster.
+    pub fn wanted(&self, attr: &Attr) -> usize {
+        let own = attr.replicas.max(1);
+        if only_in_cluster(attr) {
+            own.max(self.pending_replicas) as usize
+        } else {
+            own as usize
         }
     }
 
@@ -164,10 +188,11 @@ impl Replicas {
         }
     }
 
-    /// Gives a file's blocks the replicas it asks for (after a write).
+    /// Gives a file's blocks the replicas it needs (after a write): those
+    /// it asks for, more while its content is only in the cluster.
     pub async fn replicate_file(&self, ino: Ino) -> FsResult<()> {
         let (attr, blocks) = self.namespace.file_blocks_ino(ino).await?;
-        let wanted = attr.replicas.max(1) as usize;
+        let wanted = self.wanted(&attr);
         // A few blocks at a time: copies of one file go to several nodes.
         for group in blocks.chunks(4) {
             let copies = group
@@ -339,7 +364,7 @@ struct Rereplicate {
 
 impl AsyncBlockFn for Rereplicate {
     async fn call(&mut self, this: &Replicas, ino: Ino, replicas: u16, block: BlockInfo) {
-        let wanted = replicas.max(1) as usize;
+        let mut wanted = replicas.max(1) as usize;
         let mut locs: Vec<String> = block
             .locs
             .iter()
@@ -347,6 +372,12 @@ impl AsyncBlockFn for Rereplicate {
             .cloned()
             .collect();
         let lost = locs.len() < block.locs.len();
+        if lost && wanted < this.pending_replicas as usize {
+            // A file not yet persisted keeps more copies than it asks for.
+            if let Ok(attr) = this.namespace.getattr(ino).await {
+                wanted = this.wanted(&attr);
+            }
+        }
         if locs.is_empty() || (!lost && locs.len() >= wanted) {
             return; // no survivor to copy from, or nothing to do
         }
