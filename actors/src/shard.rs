@@ -468,7 +468,26 @@ impl ShardState {
     /// import, drop, freeze).
     fn whole_shard(&mut self, message: ShardMsg) {
         match message {
-            ShardMsg::Stats { reply } => self.read(reply, |s, t| s.stats(t)),
+            ShardMsg::Stats { reply } => {
+                let group = self
+                    .writer
+                    .status()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&self.store.shard)
+                    .map(|g| curvine_messages::GroupReport {
+                        voters: g.voters.clone(),
+                        learners: g.learners.clone(),
+                        leader: g.leader,
+                        term: g.term,
+                        commit: g.commit,
+                        applied: g.applied,
+                    });
+                self.read(reply, move |s, t| {
+                    s.stats(t)
+                        .map(|stats| curvine_messages::ShardStats { group, ..stats })
+                })
+            }
             ShardMsg::Scan { reply } => self.read(reply, |s, t| s.scan(t)),
             ShardMsg::Export {
                 from,

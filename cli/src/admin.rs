@@ -34,21 +34,65 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
             report.shard_count,
             report.nodes.len()
         );
+        // Members are named by their node where the report knows it.
+        let member = |id: u64| -> String {
+            report
+                .nodes
+                .iter()
+                .find(|n| curvine_messages::wal::member_id(&n.node_id) == id)
+                .map(|n| n.node_id.clone())
+                .unwrap_or_else(|| {
+                    if id == 0 {
+                        "-".into()
+                    } else {
+                        format!("#{id:x}")
+                    }
+                })
+        };
         println!(
-            "{:>5}  {:<14} {:<12} {:>10}",
-            "shard", "node", "state", "inodes"
+            "{:>5}  {:<14} {:<12} {:>10}  {:<24} {:<14} {:>6} {:>10} {:>10} {:>5}",
+            "shard",
+            "node",
+            "state",
+            "inodes",
+            "replicas",
+            "leader",
+            "term",
+            "commit",
+            "applied",
+            "lag"
         );
         for (shard, node) in report.map.shards.iter().enumerate() {
-            let inodes = report
+            let stats = report
                 .nodes
                 .iter()
                 .filter(|n| &n.node_id == node)
                 .flat_map(|n| n.shards.iter())
-                .find(|s| s.shard as usize == shard)
+                .find(|s| s.shard as usize == shard);
+            let inodes = stats
                 .map(|s| s.inodes.to_string())
                 .unwrap_or_else(|| "-".into());
+            let (replicas, leader, term, commit, applied, lag) =
+                match stats.and_then(|s| s.group.as_ref()) {
+                    Some(g) => (
+                        g.voters
+                            .iter()
+                            .map(|v| member(*v))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        member(g.leader),
+                        g.term.to_string(),
+                        g.commit.to_string(),
+                        g.applied.to_string(),
+                        g.commit.saturating_sub(g.applied).to_string(),
+                    ),
+                    None => {
+                        let dash = || "-".to_string();
+                        (dash(), dash(), dash(), dash(), dash(), dash())
+                    }
+                };
             println!(
-                "{shard:>5}  {node:<14} {:<12} {inodes:>10}",
+                "{shard:>5}  {node:<14} {:<12} {inodes:>10}  {replicas:<24} {leader:<14} {term:>6} {commit:>10} {applied:>10} {lag:>5}",
                 states.get(node.as_str()).copied().unwrap_or("unknown")
             );
         }

@@ -113,6 +113,31 @@ fn namespace_commands_and_errors() {
         .sum();
     // root, data, train, images, b.jpg, latest, archive, a.jpg
     assert_eq!(inodes, 8);
+    // Each shard that took a change reports its Raft group: this node is
+    // its one member and leader, and has applied all it committed.
+    let groups: Vec<&serde_json::Value> = report["nodes"][0]["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.get("group").filter(|g| !g.is_null()))
+        .collect();
+    assert!(!groups.is_empty(), "{report}");
+    for g in &groups {
+        assert_eq!(g["voters"].as_array().unwrap().len(), 1, "{g}");
+        assert_eq!(g["leader"], g["voters"][0], "{g}");
+        assert!(g["term"].as_u64().unwrap() >= 1, "{g}");
+        assert_eq!(g["commit"], g["applied"], "{g}");
+    }
+    let text = ok(&node, &["admin", "shards"]);
+    assert!(
+        text.contains("leader") && text.contains("applied"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.matches(node.node_id.as_str()).count() == 3),
+        "no shard names its node as node, replica and leader:\n{text}"
+    );
 
     // Extended attributes.
     ok(

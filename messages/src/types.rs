@@ -124,6 +124,23 @@ pub struct ShardStats {
     pub env: String,
     /// Bytes that environment occupies on disk.
     pub env_bytes: u64,
+    /// The shard's Raft group as this node sees it (`None`: the group has
+    /// not run on this node since it started).
+    pub group: Option<GroupReport>,
+}
+
+/// A shard's Raft group as one of its members sees it. Members are
+/// member ids ([`crate::wal::member_id`] of a node id).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupReport {
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// The member leading the group (0: none known).
+    pub leader: u64,
+    pub term: u64,
+    /// The last entry known committed, and the last this member applied.
+    pub commit: u64,
+    pub applied: u64,
 }
 
 /// Longest extended attribute name, in bytes.

@@ -81,3 +81,13 @@ impl crate::codec::Versioned for GroupState {
     const VERSION: u8 = 1;
     const WHAT: &'static str = "shard group state";
 }
+
+/// A node's member id in every Raft group it is part of: a hash of its
+/// node id (never 0, which Raft reserves).
+pub fn member_id(node_id: &str) -> u64 {
+    // FNV-1a: stable across releases and platforms.
+    let h = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    h.max(1)
+}

@@ -150,15 +150,7 @@ pub fn decode_changes(group: GroupId, e: &LogEntry) -> FsResult<Vec<Change>> {
     })
 }
 
-/// A node's member id in every group it is part of: a hash of its node id
-/// (never 0, which raft-rs reserves).
-pub fn member_id(node_id: &str) -> u64 {
-    // FNV-1a: stable across releases and platforms.
-    let h = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    h.max(1)
-}
+pub use curvine_messages::wal::member_id;
 
 /// raft-rs logs through slog; its lines go to `tracing` (elections and
 /// membership at debug, problems at warn and error).

@@ -228,6 +228,7 @@ impl ShardStore {
             locks: self.count_own(self.locks, txn)?,
             env: self.env.path().display().to_string(),
             env_bytes: self.env.real_disk_size().unwrap_or(0),
+            group: None,
         })
     }
 
