@@ -55,6 +55,8 @@ enum Input {
     Raft(Vec<GroupMessage>),
     /// A change of a group's members, proposed by its leader.
     Members(ShardId, ConfChangeV2, Done),
+    /// A read barrier (`Groups::read_barrier`).
+    Read(ShardId, Done),
 }
 
 struct Inner {
@@ -146,6 +148,13 @@ impl Writer {
     /// The environment's groups as of the last pass.
     pub fn status(&self) -> StatusBoard {
         self.inner.status.clone()
+    }
+
+    /// Answers `done` once this node has confirmed with a quorum of the
+    /// shard's group that it leads, and applied all that was committed
+    /// then (reads after it are linearizable); refused elsewhere.
+    pub fn read_barrier(&self, done: Done) {
+        let _ = self.inner.tx.send(Input::Read(self.shard, done));
     }
 
     /// Proposes a change of this shard's members (this node must lead its
@@ -284,15 +293,16 @@ fn run(
         } else {
             std::mem::take(&mut pass.jobs)
         };
-        let (messages, members) = (
-            std::mem::take(&mut pass.messages),
-            std::mem::take(&mut pass.members),
-        );
-        if jobs.is_empty() && messages.is_empty() && members.is_empty() && !groups.has_work() {
+        let others = Others {
+            messages: std::mem::take(&mut pass.messages),
+            members: std::mem::take(&mut pass.members),
+            reads: std::mem::take(&mut pass.reads),
+        };
+        if jobs.is_empty() && others.is_empty() && !groups.has_work() {
             continue;
         }
         last_batch = jobs.len();
-        let commit = commit_batch(env, &wal, &mut groups, jobs, messages, members);
+        let commit = commit_batch(env, &wal, &mut groups, jobs, others);
         if let Err(e) = &commit {
             tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");
         }
@@ -301,12 +311,26 @@ fn run(
     tracing::debug!(env = %env.path().display(), "metadata writer stopped");
 }
 
+/// What a pass takes besides mutations.
+struct Others {
+    messages: Vec<GroupMessage>,
+    members: Vec<(ShardId, ConfChangeV2, Done)>,
+    reads: Vec<(ShardId, Done)>,
+}
+
+impl Others {
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.members.is_empty() && self.reads.is_empty()
+    }
+}
+
 /// What one pass of the write thread takes from its queue.
 #[derive(Default)]
 struct Pass {
     jobs: Vec<Job>,
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
+    reads: Vec<(ShardId, Done)>,
 }
 
 impl Pass {
@@ -315,6 +339,7 @@ impl Pass {
             Input::Job(job) => self.jobs.push(job),
             Input::Raft(messages) => self.messages.extend(messages),
             Input::Members(shard, change, done) => self.members.push((shard, change, done)),
+            Input::Read(shard, done) => self.reads.push((shard, done)),
         }
     }
 }
@@ -370,21 +395,23 @@ fn commit_batch(
     wal: &Option<Arc<Mutex<crate::wal::Wal>>>,
     groups: &mut Groups,
     jobs: Vec<Job>,
-    messages: Vec<GroupMessage>,
-    members: Vec<(ShardId, ConfChangeV2, Done)>,
+    others: Others,
 ) -> FsResult<()> {
     let mut txn = env.write_txn().map_err(lmdb_err)?;
     let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(jobs.len());
     let ran = (|| -> FsResult<_> {
-        for m in messages {
+        for m in others.messages {
             groups.step(&txn, m)?;
         }
         groups.follow_roles(&mut txn)?;
-        for (shard, change, done) in members {
+        for (shard, change, done) in others.members {
             let proposed = groups
                 .check_leader(&txn, shard)
                 .and_then(|()| groups.propose_members(shard, change));
             done(proposed);
+        }
+        for (shard, done) in others.reads {
+            groups.read_barrier(&txn, shard, done);
         }
         run_jobs(env, &mut txn, groups, jobs, &mut completions)
     })();

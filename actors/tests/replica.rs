@@ -3,7 +3,8 @@
 //! lead runs no mutation; three members in one process (a channel between
 //! their write threads for a network) elect a leader, replicate what it
 //! changes, and replace it when it is cut off, taking back what it had
-//! not committed.
+//! not committed; reads are confirmed by the leader only, never by one
+//! cut off from the others.
 
 use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex};
@@ -69,6 +70,13 @@ fn create(writer: &Writer, store: &std::sync::Arc<ShardStore>, name: &str) -> Fs
         },
         move |r| tx.send(r).unwrap(),
     );
+    rx.recv_timeout(Duration::from_secs(20)).unwrap()
+}
+
+/// A read barrier on `writer`'s shard.
+fn barrier(writer: &Writer) -> FsResult<()> {
+    let (tx, rx) = mpsc::channel();
+    writer.read_barrier(Box::new(move |r| tx.send(r).unwrap()));
     rx.recv_timeout(Duration::from_secs(20)).unwrap()
 }
 
@@ -264,8 +272,14 @@ fn three_members_elect_a_leader_and_replicate_its_changes() {
         voters.sort();
         assert_eq!(voters, vec![11, 12, 13]);
     }
-    // A member that does not lead runs no mutation.
+    // Reads are confirmed by the leader only.
+    barrier(&lead.writer).unwrap();
+    // A member that does not lead runs no mutation and confirms no read.
     let follower = members.iter().find(|m| m.id != lead.id).unwrap();
+    assert!(matches!(
+        barrier(&follower.writer),
+        Err(FsError::Unavailable(_))
+    ));
     match create(&follower.writer, &follower.store, "on-a-follower") {
         Err(FsError::Unavailable(why)) => assert!(why.contains("not the leader"), "{why}"),
         other => panic!("a follower ran a mutation: {other:?}"),
@@ -281,8 +295,18 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
     let old = leader(&members, None);
     create(&old.writer, &old.store, "before").unwrap();
     net.cut.lock().unwrap().insert(old.id);
-    // Changed on the cut-off leader: never committed, so never acknowledged.
-    let lost = create(&old.writer, &old.store, "uncommitted");
+    // Changed on the cut-off leader: never committed, so never
+    // acknowledged; and a read there is never confirmed (it may be stale).
+    let lost = {
+        let (writer, store) = (old.writer.clone(), old.store.clone());
+        std::thread::spawn(move || create(&writer, &store, "uncommitted"))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        barrier(&old.writer).is_err(),
+        "a leader cut off from its group confirmed a read"
+    );
+    let lost = lost.join().unwrap();
     assert!(
         matches!(lost, Err(FsError::Unavailable(_))),
         "a change no majority has was acknowledged: {lost:?}"

@@ -103,6 +103,10 @@ pub struct Groups {
     /// Set when a pass failed after proposing: the logs and LMDB may
     /// disagree until a restart recovers both from the log.
     stopped: Option<String>,
+    /// Read barriers waiting for their group to confirm its leadership
+    /// with a quorum (ReadIndex), by request context.
+    reads: HashMap<Vec<u8>, (GroupId, Done)>,
+    next_read: u64,
 }
 
 struct Group {
@@ -186,6 +190,8 @@ impl Groups {
             outbox: BTreeMap::new(),
             status: Default::default(),
             stopped: None,
+            reads: HashMap::new(),
+            next_read: 0,
         }
     }
 
@@ -374,6 +380,24 @@ impl Groups {
         }
     }
 
+    /// Answers `done` once this node has confirmed with a quorum of
+    /// `shard`'s group that it still leads (Raft's ReadIndex) and has
+    /// applied everything committed at that moment: what it then reads is
+    /// linearizable. Refused when this node does not lead; a leader that
+    /// loses its leadership before the quorum answers refuses it then.
+    pub fn read_barrier(&mut self, txn: &RoTxn<WithoutTls>, shard: GroupId, done: Done) {
+        if let Err(e) = self.check_leader(txn, shard) {
+            done(Err(e));
+            return;
+        }
+        let group = self.groups.get_mut(&shard).expect("loaded by check_leader");
+        let ctx = self.next_read.to_le_bytes().to_vec();
+        self.next_read += 1;
+        group.raw.read_index(ctx.clone());
+        group.touched = true;
+        self.reads.insert(ctx, (shard, done));
+    }
+
     /// Hands a message from another member to its group.
     pub fn step(&mut self, txn: &RoTxn<WithoutTls>, m: GroupMessage) -> FsResult<()> {
         let shard = m.group;
@@ -423,11 +447,28 @@ impl Groups {
     /// Takes back the uncommitted changes of groups this node stopped
     /// leading, in `txn` (before any mutation of the pass runs).
     pub fn follow_roles(&mut self, txn: &mut RwTxn) -> FsResult<()> {
+        let mut deposed = Vec::new();
         for (&shard, group) in self.groups.iter_mut() {
             if group.leading && !group.is_leader() {
                 group.step_down(shard, &self.dbs, txn)?;
+                deposed.push(shard);
             }
             group.follow_role(shard);
+        }
+        if !deposed.is_empty() {
+            let cancelled: Vec<Vec<u8>> = self
+                .reads
+                .iter()
+                .filter(|(_, (shard, _))| deposed.contains(shard))
+                .map(|(ctx, _)| ctx.clone())
+                .collect();
+            for ctx in cancelled {
+                if let Some((shard, done)) = self.reads.remove(&ctx) {
+                    done(Err(FsError::Unavailable(format!(
+                        "shard {shard}: leadership moved before a read could be confirmed"
+                    ))));
+                }
+            }
         }
         Ok(())
     }
@@ -446,6 +487,14 @@ impl Groups {
             if group.raw.has_ready() {
                 group.touched = true;
                 let mut rd = group.raw.ready();
+                // Confirmed reads wait until what was committed when they
+                // asked is applied.
+                for state in rd.take_read_states() {
+                    if let Some((_, done)) = self.reads.remove(&state.request_ctx) {
+                        let term = group.raw.raft.raft_log.term(state.index).unwrap_or(0);
+                        group.waiting.push_back((state.index, term, done));
+                    }
+                }
                 if !rd.snapshot().is_empty() {
                     // Snapshots are sent only when a member lacks entries
                     // this node no longer has; groups keep their log until
@@ -536,6 +585,9 @@ impl Groups {
     /// answered with `e`, and no change is accepted any more.
     pub fn stop(&mut self, e: &FsError) {
         self.stopped = Some(e.to_string());
+        for (_, (_, done)) in self.reads.drain() {
+            done(Err(e.clone()));
+        }
         for group in self.groups.values_mut() {
             for (_, _, done) in group.waiting.drain(..) {
                 done(Err(e.clone()));
