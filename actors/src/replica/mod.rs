@@ -753,7 +753,7 @@ impl Group {
             }
             match e.get_entry_type() {
                 EntryType::EntryNormal if !e.data.is_empty() => {
-                    let changes = decode_changes(shard, &to_log_entry(e))?;
+                    let changes = decode_changes(shard, e.index, e.term, &e.data)?;
                     crate::txn::apply(txn, dbs, &changes).map_err(lmdb_err)?;
                 }
                 EntryType::EntryNormal => {}

@@ -125,7 +125,7 @@ pub fn replay(
             continue;
         }
         if !e.data.is_empty() {
-            let decoded = decode_changes(write.group, e)?;
+            let decoded = decode_changes(write.group, e.index, e.term, &e.data)?;
             crate::txn::apply(txn, dbs, &decoded).map_err(lmdb_err)?;
             changes += decoded.len();
         }
@@ -141,11 +141,10 @@ pub fn replay(
 }
 
 /// The changes a normal entry carries.
-pub fn decode_changes(group: GroupId, e: &LogEntry) -> FsResult<Vec<Change>> {
-    postcard::from_bytes(&e.data).map_err(|err| {
+pub fn decode_changes(group: GroupId, index: u64, term: u64, data: &[u8]) -> FsResult<Vec<Change>> {
+    postcard::from_bytes(data).map_err(|err| {
         FsError::Corrupt(format!(
-            "entry {} (term {}) of shard {group}'s log does not decode ({err}); it was written by another release",
-            e.index, e.term
+            "entry {index} (term {term}) of shard {group}'s log does not decode ({err}); it was written by another release"
         ))
     })
 }
