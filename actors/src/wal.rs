@@ -103,6 +103,9 @@ pub struct Wal {
     /// checkpoint may flush them then); kept by the writer.
     carry: LogRecord,
     speculating: bool,
+    /// A checkpoint was asked for (a group installed a snapshot, which
+    /// only a checkpoint makes durable).
+    wanted: bool,
     syncs: Arc<crate::stats::Histogram>,
     checkpoints: Arc<crate::stats::Histogram>,
 }
@@ -387,6 +390,7 @@ impl Wal {
             broken: None,
             carry: LogRecord::default(),
             speculating: false,
+            wanted: false,
             syncs: crate::stats::process().histogram(
                 "curvine_meta_log_write_seconds",
                 "Time to write and sync one record of the metadata log (one group commit).",
@@ -478,8 +482,20 @@ impl Wal {
     /// uncommitted changes commit before it runs more mutations).
     pub fn checkpoint_due(&self) -> bool {
         self.offset > RECORDS_AT
-            && (self.base_at.elapsed() >= self.opts.checkpoint_interval
+            && (self.wanted
+                || self.base_at.elapsed() >= self.opts.checkpoint_interval
                 || self.offset > self.len / 4 * 3)
+    }
+
+    /// Asks for a checkpoint after the next commit (or as soon as no
+    /// leader has uncommitted changes).
+    pub fn request_checkpoint(&mut self) {
+        self.wanted = true;
+    }
+
+    /// The epoch of the last checkpoint (it grows with each one).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// After a commit: checkpoints when one is due (LMDB's pages are left
@@ -494,7 +510,8 @@ impl Wal {
             .saturating_sub(self.base_pages)
             .saturating_mul(self.page_size);
         if pending
-            && (self.base_at.elapsed() >= self.opts.checkpoint_interval
+            && (self.wanted
+                || self.base_at.elapsed() >= self.opts.checkpoint_interval
                 || self.offset > self.len / 4 * 3
                 || grown > 128 << 20)
         {
@@ -550,6 +567,7 @@ impl Wal {
         // The new base is durable: the old one may go.
         self.pin = Some(pin);
         self.epoch = epoch;
+        self.wanted = false;
         self.next_seq = 1;
         self.offset = RECORDS_AT;
         self.base_at = Instant::now();

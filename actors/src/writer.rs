@@ -31,7 +31,7 @@ use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
 use raft::eraftpb::ConfChangeV2;
 
-use crate::replica::{Done, GroupMessage, Groups, StatusBoard, Transport};
+use crate::replica::{Done, GroupMessage, Groups, MemberChange, ShardCopy, StatusBoard, Transport};
 use crate::store::{lmdb_err, ShardStore};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
@@ -57,6 +57,8 @@ enum Input {
     Members(ShardId, ConfChangeV2, Done),
     /// A read barrier (`Groups::read_barrier`).
     Read(ShardId, Done),
+    /// Become a new member of a group (`Groups::join`).
+    Join(ShardId, Done),
 }
 
 struct Inner {
@@ -117,10 +119,12 @@ impl Writer {
         if let Some(inner) = map.get(&path).and_then(Weak::upgrade) {
             return Writer { inner, shard };
         }
+        let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
         let groups = Groups::new(
             store.replica_id,
             store.tables(),
             env.path().to_path_buf(),
+            copy,
             transport,
         );
         let status = groups.status();
@@ -158,9 +162,17 @@ impl Writer {
     }
 
     /// Proposes a change of this shard's members (this node must lead its
-    /// group); `done` is told whether the proposal was taken.
-    pub fn change_members(&self, change: ConfChangeV2, done: Done) {
+    /// group); `done` is answered once the change is committed.
+    pub fn change_members(&self, changes: &[MemberChange], done: Done) {
+        let change = crate::replica::conf_change(changes);
         let _ = self.inner.tx.send(Input::Members(self.shard, change, done));
+    }
+
+    /// Makes this node a new member of this shard's group (added by its
+    /// leader with [`Self::change_members`]): it takes the leader's
+    /// snapshot, then its log. `done` is told once the member waits.
+    pub fn join(&self, done: Done) {
+        let _ = self.inner.tx.send(Input::Join(self.shard, done));
     }
 
     /// Queues a mutation; `reply` gets its result once it is durable.
@@ -221,6 +233,38 @@ impl Writer {
             shard: self.shard,
             run,
         }));
+    }
+}
+
+/// The shards of an environment as its groups snapshot and install them.
+struct Copies(ShardStore);
+
+impl ShardCopy for Copies {
+    fn read_txn(&self) -> FsResult<heed::RoTxn<'static, WithoutTls>> {
+        self.0.env().read_txn().map_err(lmdb_err)
+    }
+
+    fn export(
+        &self,
+        shard: ShardId,
+        txn: &heed::RoTxn<WithoutTls>,
+    ) -> FsResult<Vec<curvine_messages::shard::ShardRecord>> {
+        self.0.sibling(shard).export_all(txn)
+    }
+
+    fn replace(
+        &self,
+        shard: ShardId,
+        txn: &mut heed::RwTxn,
+        records: &[curvine_messages::shard::ShardRecord],
+    ) -> FsResult<()> {
+        let store = self.0.sibling(shard);
+        let nested = store.env().nested_write_txn(txn).map_err(lmdb_err)?;
+        let mut w = WriteTxn::new(nested);
+        store.drop_all(&mut w)?;
+        store.import(&mut w, records)?;
+        w.commit_with_undo().map_err(lmdb_err)?;
+        Ok(())
     }
 }
 
@@ -297,6 +341,7 @@ fn run(
             messages: std::mem::take(&mut pass.messages),
             members: std::mem::take(&mut pass.members),
             reads: std::mem::take(&mut pass.reads),
+            joins: std::mem::take(&mut pass.joins),
         };
         if jobs.is_empty() && others.is_empty() && !groups.has_work() {
             continue;
@@ -316,11 +361,15 @@ struct Others {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
+    joins: Vec<(ShardId, Done)>,
 }
 
 impl Others {
     fn is_empty(&self) -> bool {
-        self.messages.is_empty() && self.members.is_empty() && self.reads.is_empty()
+        self.messages.is_empty()
+            && self.members.is_empty()
+            && self.reads.is_empty()
+            && self.joins.is_empty()
     }
 }
 
@@ -331,6 +380,7 @@ struct Pass {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
+    joins: Vec<(ShardId, Done)>,
 }
 
 impl Pass {
@@ -340,6 +390,7 @@ impl Pass {
             Input::Raft(messages) => self.messages.extend(messages),
             Input::Members(shard, change, done) => self.members.push((shard, change, done)),
             Input::Read(shard, done) => self.reads.push((shard, done)),
+            Input::Join(shard, done) => self.joins.push((shard, done)),
         }
     }
 }
@@ -400,15 +451,18 @@ fn commit_batch(
     let mut txn = env.write_txn().map_err(lmdb_err)?;
     let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(jobs.len());
     let ran = (|| -> FsResult<_> {
+        for (shard, done) in others.joins {
+            done(groups.join(&txn, shard));
+        }
         for m in others.messages {
             groups.step(&txn, m)?;
         }
         groups.follow_roles(&mut txn)?;
         for (shard, change, done) in others.members {
-            let proposed = groups
-                .check_leader(&txn, shard)
-                .and_then(|()| groups.propose_members(shard, change));
-            done(proposed);
+            match groups.check_leader(&txn, shard) {
+                Ok(()) => groups.propose_members(shard, change, done),
+                Err(e) => done(Err(e)),
+            }
         }
         for (shard, done) in others.reads {
             groups.read_barrier(&txn, shard, done);
@@ -446,6 +500,8 @@ fn commit_batch(
             None => {
                 txn.commit().map_err(lmdb_err)?;
                 groups.persisted(pending);
+                // LMDB's synced commit made every installed snapshot durable.
+                groups.durable();
             }
             Some(wal) => {
                 // The record is durable before LMDB commits: a reader never
@@ -455,9 +511,17 @@ fn commit_batch(
                 txn.commit().map_err(lmdb_err)?;
                 groups.persisted(pending);
                 wal.set_groups(groups.carry(), groups.speculating());
+                // An installed snapshot is durable only with a checkpoint.
+                let epoch = wal.epoch();
+                if groups.installing() {
+                    wal.request_checkpoint();
+                }
                 // The group is durable whatever a checkpoint says.
                 if let Err(e) = wal.after_commit() {
                     tracing::error!(env = %env.path().display(), error = %e, "metadata checkpoint failed");
+                }
+                if wal.epoch() > epoch {
+                    groups.durable();
                 }
             }
         }
@@ -467,6 +531,7 @@ fn commit_batch(
         groups.stop(&e);
         return Err(e);
     }
+    groups.make_snapshots();
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use curvine_actors::replica::{GroupMessage, Transport};
+use curvine_actors::replica::{GroupMessage, MemberChange, Transport};
 use curvine_actors::writer::Inbox;
 
 use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
@@ -411,4 +411,116 @@ fn acknowledged_entries_of_a_three_member_group_survive_a_kill_of_all_members() 
             || (m.has("after-restart") && names.iter().all(|n| m.has(n))).then_some(()),
         );
     }
+}
+
+/// Asks `writer`'s node (the leader) to change the group's members, and
+/// waits until the change is committed.
+fn change(writer: &Writer, changes: &[MemberChange]) -> FsResult<()> {
+    let (tx, rx) = mpsc::channel();
+    writer.change_members(changes, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv_timeout(Duration::from_secs(20)).unwrap()
+}
+
+#[test]
+fn a_new_member_catches_up_by_snapshot_votes_and_outlives_the_members_it_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let mut members = three(dir.path(), &net);
+    let lead = leader(&members, None);
+    let lead_id = lead.id;
+    for i in 0..200 {
+        create(&lead.writer, &lead.store, &format!("f{i}")).unwrap();
+    }
+    // A fourth member with a copy of the shard of its own (formatted when
+    // its store opened): what it ends with must be the group's.
+    let id = 14;
+    let store = Arc::new(open_as(&dir.path().join("m14"), 0, id));
+    let link: Arc<dyn Transport> = Arc::new(Link {
+        from: id,
+        net: net.clone(),
+    });
+    // A name only this copy has (written before it joins, outside any
+    // group): the snapshot replaces the copy, so it goes.
+    {
+        let mut w = curvine_actors::txn::WriteTxn::new(store.env().write_txn().unwrap());
+        let attrs = NewInode {
+            kind: FileKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            symlink: None,
+            now_ns: now_ns(),
+        };
+        store
+            .create(&mut w, ROOT_INO, "stray", &attrs, None)
+            .unwrap();
+        w.commit().unwrap();
+    }
+    let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link));
+    net.inboxes.lock().unwrap().push((id, writer.inbox()));
+    let (tx, rx) = mpsc::channel();
+    writer.join(Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    let new = Member { id, store, writer };
+    let lead = members.iter().find(|m| m.id == lead_id).unwrap();
+    change(&lead.writer, &[MemberChange::AddLearner(id)]).unwrap();
+    wait_until(
+        "the learner to take the leader's snapshot",
+        Duration::from_secs(15),
+        || (0..200).all(|i| new.has(&format!("f{i}"))).then_some(()),
+    );
+    assert_eq!(new.status().learners, vec![id]);
+    // Promoted, it votes; the leader's later changes reach it by the log.
+    change(&lead.writer, &[MemberChange::AddVoter(id)]).unwrap();
+    create(&lead.writer, &lead.store, "after-promotion").unwrap();
+    wait_until(
+        "the new voter to apply the log",
+        Duration::from_secs(15),
+        || new.has("after-promotion").then_some(()),
+    );
+    // Its copy is the group's, not the one it formatted: the root lists
+    // exactly what the leader's does.
+    let names = |m: &Member| {
+        let txn = m.store.read_txn().unwrap();
+        let entries = m.store.readdir(&txn, ROOT_INO, None, 10_000).unwrap();
+        format!("{entries:?}")
+    };
+    assert_eq!(names(&new), names(lead));
+    assert!(
+        !new.has("stray"),
+        "the new member kept records the group never had"
+    );
+    // One of the first members leaves; with the leader cut off, the
+    // other first member and the new one are a majority, and elect one
+    // of them.
+    let gone = members.iter().position(|m| m.id != lead_id).unwrap();
+    let gone = members.remove(gone);
+    let lead = members.iter().find(|m| m.id == lead_id).unwrap();
+    change(&lead.writer, &[MemberChange::Remove(gone.id)]).unwrap();
+    members.push(new);
+    // (Members that have not learnt the change is committed would still
+    // count the one that left.)
+    for m in &members {
+        wait_until(
+            "every member to apply the change",
+            Duration::from_secs(10),
+            || (!m.status().voters.contains(&gone.id)).then_some(()),
+        );
+    }
+    net.cut.lock().unwrap().extend([gone.id, lead_id]);
+    let next = leader(&members, Some(lead_id));
+    create(&next.writer, &next.store, "after-the-change").unwrap();
+    let mut voters = next.status().voters;
+    voters.sort();
+    let stayed = members
+        .iter()
+        .map(|m| m.id)
+        .find(|m| *m != lead_id && *m != id);
+    let mut expected = vec![lead_id, id, stayed.unwrap()];
+    expected.sort();
+    assert_eq!(voters, expected);
+    let new = members.iter().find(|m| m.id == id).unwrap();
+    wait_until("the new member to apply", Duration::from_secs(15), || {
+        new.has("after-the-change").then_some(())
+    });
 }

@@ -91,3 +91,17 @@ pub fn member_id(node_id: &str) -> u64 {
     });
     h.max(1)
 }
+
+/// What a Raft snapshot of a shard carries: every record of the shard's
+/// key range at the snapshot's index (its metadata says which index, term
+/// and members).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotData {
+    pub shard: GroupId,
+    pub records: Vec<crate::shard::ShardRecord>,
+}
+
+impl crate::codec::Versioned for SnapshotData {
+    const VERSION: u8 = 1;
+    const WHAT: &'static str = "shard snapshot";
+}

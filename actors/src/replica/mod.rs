@@ -30,6 +30,8 @@
 //! the entries a group has not applied yet are written again after it
 //! ([`Groups::carry`]).
 
+mod group;
+mod snapshot;
 mod state;
 
 pub use state::{
@@ -41,19 +43,22 @@ pub(crate) use state::{leave_tail, take_tail};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use group::{is_members, Group};
 use heed::{RoTxn, RwTxn, WithoutTls};
 use raft::eraftpb::{
     ConfChangeV2, ConfState, Entry, EntryType, HardState as PbHardState, Message, Snapshot,
 };
 use raft::storage::MemStorage;
-use raft::{RawNode, StateRole};
+use raft::{RawNode, SnapshotStatus, StateRole};
+use snapshot::GroupStore;
+pub use snapshot::ShardCopy;
 
 use curvine_messages::wal::{
     Change, GroupId, GroupState, GroupWrite, HardState, LogEntry, LogRecord,
 };
 use curvine_messages::{FsError, FsResult};
 
-use crate::txn::{lmdb_err, Db, Undo};
+use crate::txn::{Db, Undo};
 
 /// A Raft message of one group.
 #[derive(Debug, Clone)]
@@ -85,6 +90,36 @@ pub struct GroupStatus {
     pub learners: Vec<u64>,
 }
 
+/// One change of a group's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberChange {
+    /// A member that gets the log but does not vote (a new replica while
+    /// it catches up).
+    AddLearner(u64),
+    /// A voting member (or a learner promoted).
+    AddVoter(u64),
+    Remove(u64),
+}
+
+/// The Raft proposal for `changes`, made at once (joint consensus when
+/// there are several).
+pub fn conf_change(changes: &[MemberChange]) -> ConfChangeV2 {
+    use raft::eraftpb::{ConfChangeSingle, ConfChangeType};
+    let mut cc = ConfChangeV2::default();
+    for change in changes {
+        let (kind, node_id) = match *change {
+            MemberChange::AddLearner(id) => (ConfChangeType::AddLearnerNode, id),
+            MemberChange::AddVoter(id) => (ConfChangeType::AddNode, id),
+            MemberChange::Remove(id) => (ConfChangeType::RemoveNode, id),
+        };
+        let mut single = ConfChangeSingle::default();
+        single.set_change_type(kind);
+        single.node_id = node_id;
+        cc.mut_changes().push(single);
+    }
+    cc
+}
+
 /// The status of an environment's groups, updated after every pass.
 pub type StatusBoard = Arc<Mutex<BTreeMap<GroupId, GroupStatus>>>;
 
@@ -94,6 +129,8 @@ pub struct Groups {
     id: u64,
     /// The environment's tables by number (as changes name them).
     dbs: Vec<Db>,
+    /// Exports and installs the snapshots of the environment's shards.
+    copy: Arc<dyn ShardCopy>,
     env_path: std::path::PathBuf,
     logger: slog::Logger,
     groups: HashMap<GroupId, Group>,
@@ -107,30 +144,11 @@ pub struct Groups {
     /// with a quorum (ReadIndex), by request context.
     reads: HashMap<Vec<u8>, (GroupId, Done)>,
     next_read: u64,
-}
-
-struct Group {
-    raw: RawNode<MemStorage>,
-    /// The last entry whose changes are in LMDB (applied, or proposed by
-    /// this leader ahead of its commit), and its term.
-    spec_index: u64,
-    spec_term: u64,
-    /// Whether LMDB's [`GroupState`] is behind.
-    state_dirty: bool,
-    /// Callers answered once the group commits the entry (index, term)
-    /// they wait for.
-    waiting: VecDeque<(u64, u64, Done)>,
-    /// How to take back this leader's entries past the commit.
-    undo: VecDeque<(u64, Vec<Undo>)>,
-    /// Whether this node led the group at the end of the last pass, and
-    /// the first index of its term as leader.
-    leading: bool,
-    term_start: u64,
-    /// Committed entries learnt after a pass persisted: applied first in
-    /// the next pass.
-    late: Vec<Entry>,
-    /// Whether the group did anything since its status was published.
-    touched: bool,
+    /// Groups that installed a snapshot not yet made durable by a
+    /// checkpoint, and their messages, held until it is (a member must
+    /// not say it has what a crash could take from it).
+    installed: std::collections::HashSet<GroupId>,
+    held: BTreeMap<u64, Vec<GroupMessage>>,
 }
 
 /// What the groups wrote in one pass, to make durable before they advance.
@@ -178,11 +196,13 @@ impl Groups {
         id: u64,
         dbs: Vec<Db>,
         env_path: std::path::PathBuf,
+        copy: Arc<dyn ShardCopy>,
         transport: Option<Arc<dyn Transport>>,
     ) -> Groups {
         Groups {
             id,
             dbs,
+            copy,
             env_path,
             logger: state::logger(),
             groups: HashMap::new(),
@@ -192,6 +212,8 @@ impl Groups {
             stopped: None,
             reads: HashMap::new(),
             next_read: 0,
+            installed: Default::default(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -231,7 +253,7 @@ impl Groups {
         }
         let tail = take_tail(&self.env_path, shard).unwrap_or_default();
         let conf = ConfState::from((state.voters.clone(), state.learners.clone()));
-        let storage = MemStorage::new_with_conf_state(conf.clone());
+        let storage = GroupStore::new(MemStorage::new_with_conf_state(conf.clone()));
         if state.applied_index > 0 {
             let mut snapshot = Snapshot::default();
             let meta = snapshot.mut_metadata();
@@ -239,38 +261,44 @@ impl Groups {
             meta.term = state.applied_term;
             meta.set_conf_state(conf);
             storage
+                .mem
                 .wl()
                 .apply_snapshot(snapshot)
                 .map_err(raft_err(shard))?;
         }
-        let entries: Vec<Entry> = tail
+        let mut entries: Vec<Entry> = tail
             .entries
             .iter()
             .filter(|e| e.index > state.applied_index)
             .map(from_log_entry)
             .collect();
+        if entries
+            .first()
+            .is_some_and(|e| e.index != state.applied_index + 1)
+        {
+            // Entries that followed a snapshot which no checkpoint made
+            // durable: this member never said it had them (its messages
+            // were held), and the leader sends the snapshot again.
+            tracing::info!(
+                shard,
+                applied = state.applied_index,
+                first = entries[0].index,
+                "dropping log entries that followed a snapshot lost in a crash"
+            );
+            entries.clear();
+        }
         if !entries.is_empty() {
-            storage.wl().append(&entries).map_err(raft_err(shard))?;
+            storage.mem.wl().append(&entries).map_err(raft_err(shard))?;
         }
         let hs = tail.hard_state.unwrap_or(state.hard_state);
         let last = entries.last().map_or(state.applied_index, |e| e.index);
-        storage.wl().set_hardstate(PbHardState {
+        storage.mem.wl().set_hardstate(PbHardState {
             term: hs.term.max(state.applied_term),
             vote: hs.vote,
             commit: hs.commit.clamp(state.applied_index, last),
             ..Default::default()
         });
-        let config = raft::Config {
-            id: self.id,
-            applied: state.applied_index,
-            election_tick: 10,
-            heartbeat_tick: 3,
-            max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
-            check_quorum: true,
-            pre_vote: true,
-            ..Default::default()
-        };
+        let config = self.config(state.applied_index);
         let mut raw = RawNode::new(&config, storage, &self.logger).map_err(raft_err(shard))?;
         if alone(&state) && state.voters == [self.id] {
             raw.campaign().map_err(raft_err(shard))?;
@@ -286,9 +314,55 @@ impl Groups {
             term_start: 0,
             late: Vec::new(),
             touched: true,
+            members_index: state.applied_index,
         };
         group.follow_role(shard);
         Ok(group)
+    }
+
+    /// Makes this node a new member of `shard`'s group, with nothing yet:
+    /// the leader sends it a snapshot, then the log. Nothing is stored
+    /// until the snapshot is installed (a restart before forgets it, and
+    /// the member change is made again).
+    pub fn join(&mut self, txn: &RoTxn<WithoutTls>, shard: GroupId) -> FsResult<()> {
+        if self.groups.contains_key(&shard) || read_group_state(self.dbs[0], txn, shard)?.is_some()
+        {
+            return Ok(());
+        }
+        let config = self.config(0);
+        let storage = GroupStore::new(MemStorage::new());
+        let raw = RawNode::new(&config, storage, &self.logger).map_err(raft_err(shard))?;
+        let mut group = Group {
+            raw,
+            spec_index: 0,
+            spec_term: 0,
+            state_dirty: false,
+            waiting: VecDeque::new(),
+            undo: VecDeque::new(),
+            leading: false,
+            term_start: 0,
+            late: Vec::new(),
+            touched: true,
+            members_index: 0,
+        };
+        group.follow_role(shard);
+        self.groups.insert(shard, group);
+        tracing::info!(shard, "joining the shard's group; waiting for a snapshot");
+        Ok(())
+    }
+
+    fn config(&self, applied: u64) -> raft::Config {
+        raft::Config {
+            id: self.id,
+            applied,
+            election_tick: 10,
+            heartbeat_tick: 3,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Default::default()
+        }
     }
 
     /// Whether this node may run a mutation of `shard` now: it leads the
@@ -353,17 +427,40 @@ impl Groups {
         Ok(last)
     }
 
-    /// Proposes a change of `shard`'s members (this node must lead it).
-    pub fn propose_members(&mut self, shard: GroupId, change: ConfChangeV2) -> FsResult<()> {
-        let group = self.groups.get_mut(&shard).ok_or_else(|| {
-            FsError::Io(format!(
+    /// Proposes a change of `shard`'s members (this node must lead it);
+    /// `done` is answered once the change is committed and applied here.
+    /// A member added gets a snapshot first: the leader drops the entries
+    /// it applied from its log, so no member replays the log onto a copy
+    /// of the shard that did not come from the group.
+    pub fn propose_members(&mut self, shard: GroupId, change: ConfChangeV2, done: Done) {
+        let Some(group) = self.groups.get_mut(&shard) else {
+            done(Err(FsError::Io(format!(
                 "shard {shard}: changing the members of a group that is not loaded"
-            ))
-        })?;
-        group
-            .raw
-            .propose_conf_change(Vec::new(), change)
-            .map_err(|e| FsError::Unavailable(format!("shard {shard}: member change refused: {e}")))
+            ))));
+            return;
+        };
+        let conf = group.raw.raft.prs().conf().to_conf_state();
+        let adds = change
+            .get_changes()
+            .iter()
+            .any(|c| !conf.voters.contains(&c.node_id) && !conf.learners.contains(&c.node_id));
+        if adds {
+            // MemStorage keeps at least its last entry.
+            let upto =
+                (group.raw.raft.raft_log.applied + 1).min(group.raw.raft.raft_log.last_index());
+            let _ = group.raw.store().mem.wl().compact(upto);
+        }
+        match group.raw.propose_conf_change(Vec::new(), change) {
+            Ok(()) => {
+                let index = group.raw.raft.raft_log.last_index();
+                let term = group.raw.raft.term;
+                group.touched = true;
+                group.waiting.push_back((index, term, done));
+            }
+            Err(e) => done(Err(FsError::Unavailable(format!(
+                "shard {shard}: member change refused: {e}"
+            )))),
+        }
     }
 
     /// Answers `done` once `shard` has committed what its LMDB state holds
@@ -496,13 +593,23 @@ impl Groups {
                     }
                 }
                 if !rd.snapshot().is_empty() {
-                    // Snapshots are sent only when a member lacks entries
-                    // this node no longer has; groups keep their log until
-                    // every member has it (see `persisted`).
-                    tracing::error!(
-                        shard,
-                        "a Raft snapshot arrived; this release cannot install one"
-                    );
+                    let snap = rd.snapshot().clone();
+                    snapshot::install(&*self.copy, shard, txn, &snap)?;
+                    let meta = snap.get_metadata();
+                    group.spec_index = meta.index;
+                    group.spec_term = meta.term;
+                    group.members_index = meta.index;
+                    group.undo.clear();
+                    group.late.clear();
+                    group.state_dirty = true;
+                    group
+                        .raw
+                        .store()
+                        .mem
+                        .wl()
+                        .apply_snapshot(snap)
+                        .map_err(raft_err(shard))?;
+                    self.installed.insert(shard);
                 }
                 // A leader sends its appends while it persists them.
                 for message in rd.take_messages() {
@@ -516,12 +623,13 @@ impl Groups {
                     group
                         .raw
                         .store()
+                        .mem
                         .wl()
                         .append(rd.entries())
                         .map_err(raft_err(shard))?;
                 }
                 if let Some(pb) = rd.hs() {
-                    group.raw.store().wl().set_hardstate(pb.clone());
+                    group.raw.store().mem.wl().set_hardstate(pb.clone());
                     group.state_dirty = true;
                 }
                 if !entries.is_empty() || hs.is_some() {
@@ -550,18 +658,24 @@ impl Groups {
             let Some(group) = self.groups.get_mut(&shard) else {
                 continue;
             };
-            // A follower acknowledges what is now durable.
+            // A follower acknowledges what is now durable; a group whose
+            // snapshot waits for a checkpoint says nothing yet.
+            let outbox = if self.installed.contains(&shard) {
+                &mut self.held
+            } else {
+                &mut self.outbox
+            };
             for message in rd.take_persisted_messages() {
-                push(&mut self.outbox, shard, message);
+                push(outbox, shard, message);
             }
             let mut light = group.raw.advance(rd);
             for message in light.take_messages() {
-                push(&mut self.outbox, shard, message);
+                push(outbox, shard, message);
             }
             // Entries committed by this very persist are usually this
             // leader's own, already in LMDB; others are applied next pass.
             for e in light.take_committed_entries() {
-                if e.index > group.spec_index {
+                if e.index > group.spec_index || is_members(&e) {
                     group.late.push(e);
                 } else {
                     group.undo.retain(|(i, _)| *i > e.index);
@@ -657,9 +771,66 @@ impl Groups {
 
     fn flush(&mut self) {
         let outbox = std::mem::take(&mut self.outbox);
+        let mut snapshots = Vec::new();
         if let Some(transport) = &self.transport {
             for (to, messages) in outbox {
+                for m in &messages {
+                    if m.message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+                        snapshots.push((m.group, to));
+                    }
+                }
                 transport.send(to, messages);
+            }
+        }
+        // The transport does not say when a member has a snapshot: the
+        // leader probes it with appends once sent (and sends another
+        // snapshot if that one was lost).
+        for (shard, to) in snapshots {
+            if let Some(group) = self.groups.get_mut(&shard) {
+                group.raw.report_snapshot(to, SnapshotStatus::Finish);
+            }
+        }
+    }
+
+    /// After a commit that made everything before it durable (a
+    /// checkpoint, or LMDB's own synced commit): the groups that installed
+    /// snapshots say so, and what they held goes out.
+    pub fn durable(&mut self) {
+        if self.installed.is_empty() {
+            return;
+        }
+        self.installed.clear();
+        for (to, mut messages) in std::mem::take(&mut self.held) {
+            self.outbox.entry(to).or_default().append(&mut messages);
+        }
+        self.flush();
+    }
+
+    /// Whether a group installed a snapshot that only a checkpoint makes
+    /// durable.
+    pub fn installing(&self) -> bool {
+        !self.installed.is_empty()
+    }
+
+    /// Starts making the snapshots members asked for, of groups whose
+    /// LMDB state is exactly what they applied (no uncommitted change of
+    /// this leader in it). Called after a commit.
+    pub fn make_snapshots(&mut self) {
+        for (&shard, group) in &self.groups {
+            if !group.raw.store().snapshot_wanted()
+                || !group.is_leader()
+                || group.spec_index > group.raw.raft.raft_log.committed
+            {
+                continue;
+            }
+            let conf = group.raw.raft.prs().conf().to_conf_state();
+            if let Err(e) =
+                group
+                    .raw
+                    .store()
+                    .make(&self.copy, shard, group.spec_index, group.spec_term, conf)
+            {
+                tracing::error!(shard, error = %e, "cannot make a snapshot of the shard");
             }
         }
     }
@@ -670,180 +841,4 @@ fn push(outbox: &mut BTreeMap<u64, Vec<GroupMessage>>, group: GroupId, message: 
         .entry(message.to)
         .or_default()
         .push(GroupMessage { group, message });
-}
-
-impl Group {
-    fn is_leader(&self) -> bool {
-        self.raw.raft.state == StateRole::Leader
-    }
-
-    /// Notes a change of role. A new leader that has applied everything
-    /// before the entry it appended for its term counts that entry (which
-    /// changes nothing) as applied, so it serves at once.
-    fn follow_role(&mut self, shard: GroupId) {
-        let leader = self.is_leader();
-        if leader && !self.leading {
-            let last = self.raw.raft.raft_log.last_index();
-            self.term_start = last;
-            if self.spec_index + 1 == last {
-                self.spec_index = last;
-                self.spec_term = self.raw.raft.term;
-                self.state_dirty = true;
-            }
-            tracing::debug!(
-                shard,
-                term = self.raw.raft.term,
-                "this node leads the shard's group"
-            );
-        }
-        self.leading = leader;
-    }
-
-    /// This node no longer leads: what it changed past the commit is taken
-    /// back (the entries may still commit under the new leader, and are
-    /// then applied from the log), and its callers waiting on them learn
-    /// that their operation may or may not happen.
-    fn step_down(&mut self, shard: GroupId, dbs: &[Db], txn: &mut RwTxn) -> FsResult<()> {
-        let committed = self.raw.raft.raft_log.committed;
-        while let Some((index, undo)) = self.undo.pop_back() {
-            if index <= committed {
-                self.undo.clear();
-                break;
-            }
-            crate::txn::undo(txn, dbs, &undo).map_err(lmdb_err)?;
-        }
-        if self.spec_index > committed {
-            self.spec_index = committed;
-            self.spec_term = self.raw.raft.raft_log.term(committed).unwrap_or(0);
-            self.state_dirty = true;
-        }
-        let leader = self.raw.raft.leader_id;
-        for (index, _, done) in std::mem::take(&mut self.waiting) {
-            if index <= committed {
-                done(Ok(()));
-            } else {
-                done(Err(FsError::Unavailable(format!(
-                    "shard {shard}: leadership moved (to member {leader}) before the operation was committed; it may or may not have been applied"
-                ))));
-            }
-        }
-        tracing::info!(
-            shard,
-            leader,
-            committed,
-            "this node no longer leads the shard's group"
-        );
-        Ok(())
-    }
-
-    /// Applies committed entries past what LMDB holds (a follower's, or a
-    /// new leader's from earlier terms), and membership changes.
-    fn apply_committed(
-        &mut self,
-        shard: GroupId,
-        dbs: &[Db],
-        txn: &mut RwTxn,
-        entries: &[Entry],
-    ) -> FsResult<()> {
-        for e in entries {
-            if e.index <= self.spec_index {
-                // This leader's own entry, already in LMDB.
-                self.undo.retain(|(i, _)| *i > e.index);
-                continue;
-            }
-            match e.get_entry_type() {
-                EntryType::EntryNormal if !e.data.is_empty() => {
-                    let changes = decode_changes(shard, e.index, e.term, &e.data)?;
-                    crate::txn::apply(txn, dbs, &changes).map_err(lmdb_err)?;
-                }
-                EntryType::EntryNormal => {}
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
-                    self.apply_members(shard, e)?;
-                }
-            }
-            self.spec_index = e.index;
-            self.spec_term = e.term;
-            self.state_dirty = true;
-        }
-        Ok(())
-    }
-
-    fn apply_members(&mut self, shard: GroupId, e: &Entry) -> FsResult<()> {
-        use protobuf::Message as _;
-        let result = if e.get_entry_type() == EntryType::EntryConfChangeV2 {
-            let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|err| {
-                FsError::Corrupt(format!("shard {shard}: member change {}: {err}", e.index))
-            })?;
-            self.raw.apply_conf_change(&cc)
-        } else {
-            let cc = raft::eraftpb::ConfChange::parse_from_bytes(&e.data).map_err(|err| {
-                FsError::Corrupt(format!("shard {shard}: member change {}: {err}", e.index))
-            })?;
-            self.raw.apply_conf_change(&cc)
-        };
-        match result {
-            Ok(conf) => {
-                self.raw.store().wl().set_conf_state(conf);
-                tracing::info!(shard, index = e.index, "the shard's group changed members");
-            }
-            Err(err) => {
-                tracing::warn!(shard, index = e.index, error = %err, "a member change was not applied")
-            }
-        }
-        Ok(())
-    }
-
-    /// Answers the callers whose entry is committed; a caller whose index
-    /// was taken by an entry of another term learns its operation may not
-    /// have happened.
-    fn answer(&mut self, shard: GroupId) {
-        let committed = self.raw.raft.raft_log.committed.min(self.spec_index);
-        while self
-            .waiting
-            .front()
-            .is_some_and(|(i, _, _)| *i <= committed)
-        {
-            let (index, term, done) = self.waiting.pop_front().expect("checked above");
-            let kept = index == 0 || self.raw.raft.raft_log.term(index).ok() == Some(term);
-            if kept {
-                done(Ok(()));
-            } else {
-                done(Err(FsError::Unavailable(format!(
-                    "shard {shard}: another leader replaced the entry of the operation; it was not applied"
-                ))));
-            }
-        }
-    }
-
-    /// Drops log entries no member needs any more.
-    fn compact(&mut self) {
-        let applied = self.raw.raft.raft_log.applied;
-        let first = raft::Storage::first_index(self.raw.store()).unwrap_or(applied);
-        let mut upto = applied;
-        if self.is_leader() {
-            for (id, progress) in self.raw.raft.prs().iter() {
-                if *id != self.raw.raft.id {
-                    upto = upto.min(progress.matched);
-                }
-            }
-        } else if self.raw.raft.prs().conf().voters().ids().len() > 1 {
-            // A follower may lead later: it keeps a window for the others.
-            upto = applied.saturating_sub(4096);
-        }
-        if upto > first + 64 {
-            let _ = self.raw.store().wl().compact(upto);
-        }
-    }
-
-    fn state(&self) -> GroupState {
-        let conf = self.raw.raft.prs().conf().to_conf_state();
-        let hs = self.raw.raft.hard_state();
-        GroupState {
-            applied_index: self.spec_index,
-            applied_term: self.spec_term,
-            voters: conf.voters.clone(),
-            learners: conf.learners.clone(),
-            hard_state: hard_state(&hs),
-        }
-    }
 }

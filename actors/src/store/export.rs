@@ -110,6 +110,11 @@ impl ShardStore {
         Ok(chunk)
     }
 
+    /// Every record of this shard, as of `txn` (a Raft snapshot's data).
+    pub fn export_all(&self, txn: &RoTxn) -> FsResult<Vec<ShardRecord>> {
+        Ok(self.export(txn, None, usize::MAX)?.records)
+    }
+
     /// Writes exported records into this shard's tables.
     pub fn import(&self, wtxn: &mut WriteTxn, records: &[ShardRecord]) -> FsResult<()> {
         for r in records {

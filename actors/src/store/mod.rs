@@ -143,6 +143,32 @@ impl ShardStore {
         .collect()
     }
 
+    /// The store of another shard of the same environment (its tables
+    /// and key range), as the groups of an environment use to snapshot
+    /// and install any of its shards.
+    pub fn sibling(&self, shard: ShardId) -> ShardStore {
+        ShardStore {
+            shard,
+            frozen: std::sync::atomic::AtomicBool::new(false),
+            meta_key: keys::meta_key(shard),
+            shard_count: self.shard_count,
+            cluster_id: self.cluster_id.clone(),
+            replica_id: self.replica_id,
+            env: self.env,
+            meta: self.meta,
+            inodes: self.inodes,
+            dentries: self.dentries,
+            xattrs: self.xattrs,
+            intents: self.intents,
+            ops: self.ops,
+            locks: self.locks,
+            blocks: self.blocks,
+            owners: self.owners,
+            pending: self.pending,
+            freed: self.freed,
+        }
+    }
+
     pub fn env(&self) -> &'static Env<WithoutTls> {
         self.env
     }

@@ -1,0 +1,244 @@
+//! One shard's Raft group as its environment's writer drives it: what
+//! this node applied, who waits for a commit, how a deposed leader takes
+//! back what it did not commit, and how committed entries are applied.
+
+use std::collections::VecDeque;
+
+use heed::RwTxn;
+use raft::eraftpb::{ConfChangeV2, Entry, EntryType};
+use raft::{ProgressState, RawNode, StateRole};
+
+use curvine_messages::wal::{GroupId, GroupState};
+use curvine_messages::{FsError, FsResult};
+
+use super::snapshot::GroupStore;
+use super::state::decode_changes;
+use super::{hard_state, Done};
+use crate::txn::{lmdb_err, Db, Undo};
+
+pub(super) struct Group {
+    pub(super) raw: RawNode<GroupStore>,
+    /// The last entry whose changes are in LMDB (applied, or proposed by
+    /// this leader ahead of its commit), and its term.
+    pub(super) spec_index: u64,
+    pub(super) spec_term: u64,
+    /// Whether LMDB's [`GroupState`] is behind.
+    pub(super) state_dirty: bool,
+    /// Callers answered once the group commits the entry (index, term)
+    /// they wait for.
+    pub(super) waiting: VecDeque<(u64, u64, Done)>,
+    /// How to take back this leader's entries past the commit.
+    pub(super) undo: VecDeque<(u64, Vec<Undo>)>,
+    /// Whether this node led the group at the end of the last pass, and
+    /// the first index of its term as leader.
+    pub(super) leading: bool,
+    pub(super) term_start: u64,
+    /// Committed entries learnt after a pass persisted: applied first in
+    /// the next pass.
+    pub(super) late: Vec<Entry>,
+    /// Whether the group did anything since its status was published.
+    pub(super) touched: bool,
+    /// The last member change applied.
+    pub(super) members_index: u64,
+}
+
+pub(super) fn is_members(e: &Entry) -> bool {
+    e.get_entry_type() != EntryType::EntryNormal
+}
+
+impl Group {
+    pub(super) fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Notes a change of role. A new leader that has applied everything
+    /// before the entry it appended for its term counts that entry (which
+    /// changes nothing) as applied, so it serves at once.
+    pub(super) fn follow_role(&mut self, shard: GroupId) {
+        let leader = self.is_leader();
+        if leader && !self.leading {
+            let last = self.raw.raft.raft_log.last_index();
+            self.term_start = last;
+            if self.spec_index + 1 == last {
+                self.spec_index = last;
+                self.spec_term = self.raw.raft.term;
+                self.state_dirty = true;
+            }
+            tracing::debug!(
+                shard,
+                term = self.raw.raft.term,
+                "this node leads the shard's group"
+            );
+        }
+        self.leading = leader;
+    }
+
+    /// This node no longer leads: what it changed past the commit is taken
+    /// back (the entries may still commit under the new leader, and are
+    /// then applied from the log), and its callers waiting on them learn
+    /// that their operation may or may not happen.
+    pub(super) fn step_down(
+        &mut self,
+        shard: GroupId,
+        dbs: &[Db],
+        txn: &mut RwTxn,
+    ) -> FsResult<()> {
+        let committed = self.raw.raft.raft_log.committed;
+        while let Some((index, undo)) = self.undo.pop_back() {
+            if index <= committed {
+                self.undo.clear();
+                break;
+            }
+            crate::txn::undo(txn, dbs, &undo).map_err(lmdb_err)?;
+        }
+        if self.spec_index > committed {
+            self.spec_index = committed;
+            self.spec_term = self.raw.raft.raft_log.term(committed).unwrap_or(0);
+            self.state_dirty = true;
+        }
+        let leader = self.raw.raft.leader_id;
+        for (index, _, done) in std::mem::take(&mut self.waiting) {
+            if index <= committed {
+                done(Ok(()));
+            } else {
+                done(Err(FsError::Unavailable(format!(
+                    "shard {shard}: leadership moved (to member {leader}) before the operation was committed; it may or may not have been applied"
+                ))));
+            }
+        }
+        tracing::info!(
+            shard,
+            leader,
+            committed,
+            "this node no longer leads the shard's group"
+        );
+        Ok(())
+    }
+
+    /// Applies committed entries past what LMDB holds (a follower's, or a
+    /// new leader's from earlier terms), and membership changes.
+    pub(super) fn apply_committed(
+        &mut self,
+        shard: GroupId,
+        dbs: &[Db],
+        txn: &mut RwTxn,
+        entries: &[Entry],
+    ) -> FsResult<()> {
+        for e in entries {
+            if is_members(e) {
+                // Never in LMDB before it commits, even on the leader that
+                // proposed it.
+                if e.index > self.members_index {
+                    self.apply_members(shard, e)?;
+                    self.members_index = e.index;
+                }
+                if e.index > self.spec_index {
+                    self.spec_index = e.index;
+                    self.spec_term = e.term;
+                }
+                self.state_dirty = true;
+                continue;
+            }
+            if e.index <= self.spec_index {
+                // This leader's own entry, already in LMDB.
+                self.undo.retain(|(i, _)| *i > e.index);
+                continue;
+            }
+            match e.get_entry_type() {
+                EntryType::EntryNormal if !e.data.is_empty() => {
+                    let changes = decode_changes(shard, e.index, e.term, &e.data)?;
+                    crate::txn::apply(txn, dbs, &changes).map_err(lmdb_err)?;
+                }
+                _ => {}
+            }
+            self.spec_index = e.index;
+            self.spec_term = e.term;
+            self.state_dirty = true;
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_members(&mut self, shard: GroupId, e: &Entry) -> FsResult<()> {
+        use protobuf::Message as _;
+        let result = if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+            let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|err| {
+                FsError::Corrupt(format!("shard {shard}: member change {}: {err}", e.index))
+            })?;
+            self.raw.apply_conf_change(&cc)
+        } else {
+            let cc = raft::eraftpb::ConfChange::parse_from_bytes(&e.data).map_err(|err| {
+                FsError::Corrupt(format!("shard {shard}: member change {}: {err}", e.index))
+            })?;
+            self.raw.apply_conf_change(&cc)
+        };
+        match result {
+            Ok(conf) => {
+                self.raw.store().mem.wl().set_conf_state(conf);
+                tracing::info!(shard, index = e.index, "the shard's group changed members");
+            }
+            Err(err) => {
+                tracing::warn!(shard, index = e.index, error = %err, "a member change was not applied")
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers the callers whose entry is committed; a caller whose index
+    /// was taken by an entry of another term learns its operation may not
+    /// have happened.
+    pub(super) fn answer(&mut self, shard: GroupId) {
+        let committed = self.raw.raft.raft_log.committed.min(self.spec_index);
+        while self
+            .waiting
+            .front()
+            .is_some_and(|(i, _, _)| *i <= committed)
+        {
+            let (index, term, done) = self.waiting.pop_front().expect("checked above");
+            let kept = index == 0 || self.raw.raft.raft_log.term(index).ok() == Some(term);
+            if kept {
+                done(Ok(()));
+            } else {
+                done(Err(FsError::Unavailable(format!(
+                    "shard {shard}: another leader replaced the entry of the operation; it was not applied"
+                ))));
+            }
+        }
+    }
+
+    /// Drops log entries no member needs any more.
+    pub(super) fn compact(&mut self) {
+        let applied = self.raw.raft.raft_log.applied;
+        let first = raft::Storage::first_index(self.raw.store()).unwrap_or(applied);
+        let mut upto = applied;
+        if self.is_leader() {
+            let mut lagging = false;
+            for (id, progress) in self.raw.raft.prs().iter() {
+                if *id != self.raw.raft.id {
+                    upto = upto.min(progress.matched);
+                    lagging |= progress.state == ProgressState::Snapshot;
+                }
+            }
+            if !lagging {
+                self.raw.store().drop_snapshot_below(upto);
+            }
+        } else if self.raw.raft.prs().conf().voters().ids().len() > 1 {
+            // A follower may lead later: it keeps a window for the others.
+            upto = applied.saturating_sub(4096);
+        }
+        if upto > first + 64 {
+            let _ = self.raw.store().mem.wl().compact(upto);
+        }
+    }
+
+    pub(super) fn state(&self) -> GroupState {
+        let conf = self.raw.raft.prs().conf().to_conf_state();
+        let hs = self.raw.raft.hard_state();
+        GroupState {
+            applied_index: self.spec_index,
+            applied_term: self.spec_term,
+            voters: conf.voters.clone(),
+            learners: conf.learners.clone(),
+            hard_state: hard_state(&hs),
+        }
+    }
+}
