@@ -56,6 +56,7 @@ pub fn peer_message(data: &[u8]) {
         "pull",
         "load",
         "scrub",
+        "raft",
         "nonsense",
     ];
     let Some((&pick, args)) = data.split_first() else {
@@ -82,8 +83,21 @@ pub fn peer_message(data: &[u8]) {
     };
     // Decoding is total: bad bytes become `Invalid`, never a panic inside
     // ractor_cluster (which would drop the session).
-    if let Ok(PeerMsg::Invalid { reason, reply }) = PeerMsg::deserialize(message) {
-        PeerMsg::refuse(&reason, reply);
+    match PeerMsg::deserialize(message) {
+        Ok(PeerMsg::Invalid { reason, reply }) => PeerMsg::refuse(&reason, reply),
+        // Raft messages are put together from their parts: a batch that
+        // decodes encodes again to the same parts.
+        Ok(PeerMsg::Raft(part)) => {
+            let (from, seq) = (part.from.clone(), part.seq);
+            if let Ok(Some(batch)) = curvine_messages::raft::Reassembly::default().take(part) {
+                let again = curvine_messages::raft::encode(&from, seq, &batch)
+                    .expect("a decoded batch encodes");
+                let mut r = curvine_messages::raft::Reassembly::default();
+                let back = again.into_iter().filter_map(|p| r.take(p).unwrap()).next();
+                assert_eq!(back, Some(batch));
+            }
+        }
+        _ => {}
     }
 }
 

@@ -156,6 +156,13 @@ fn write_seed_corpus() {
         b.extend(encode_peer("scrub", &true));
         b
     });
+    put("peer_message", "raft", {
+        let batch = vec![(3u16, vec![8, 1, 16, 2]), (4, Vec::new())];
+        let part = curvine_messages::raft::encode("node-a", 7, &batch).unwrap();
+        let mut b = vec![11];
+        b.extend(encode_peer("raft messages", &part[0]));
+        b
+    });
     put("peer_message", "remove", {
         let mut b = vec![0x80 | 7];
         b.extend(encode_peer("remove blocks", &vec![1u64, 2, 3]));

@@ -21,6 +21,7 @@ use crate::trace::{TraceBatch, TraceCtx, TraceQuery};
 use crate::types::ShardId;
 
 pub use crate::members::{ClusterMap, MemberInfo, MemberState, MemberView};
+pub use crate::raft::RaftPart;
 
 /// The process group of a node's gateway actor.
 pub fn gateway_group(node_id: &str) -> String {
@@ -83,6 +84,8 @@ pub struct JoinInfo {
 pub enum PeerMsg {
     /// Membership (a cast).
     Heartbeat(Box<Heartbeat>),
+    /// Raft messages for groups this node is a member of (a cast).
+    Raft(RaftPart),
     /// A new node asks what cluster this is.
     Join(RpcReplyPort<FsResult<JoinInfo>>),
     /// A request to a shard this node serves. A node that does not serve
@@ -148,6 +151,7 @@ impl PeerMsg {
     pub fn kind_name(&self) -> &'static str {
         match self {
             PeerMsg::Heartbeat(_) => "heartbeat",
+            PeerMsg::Raft(_) => "raft",
             PeerMsg::Join(_) => "join",
             PeerMsg::Shard { .. } => "shard",
             PeerMsg::Drain { .. } => "drain",
@@ -198,6 +202,7 @@ impl ractor::Message for PeerMsg {
     fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
         Ok(match self {
             PeerMsg::Heartbeat(hb) => cast("heartbeat", encode_peer("heartbeat", &*hb)),
+            PeerMsg::Raft(part) => cast("raft", encode_peer("raft messages", &part)),
             PeerMsg::Shard {
                 shard,
                 direct,
@@ -253,6 +258,10 @@ impl ractor::Message for PeerMsg {
             SerializedMessage::Cast { variant, args, .. } => Ok(match variant.as_str() {
                 "heartbeat" => match decode_peer::<Heartbeat>("heartbeat", &args) {
                     Ok(hb) => PeerMsg::Heartbeat(Box::new(hb)),
+                    Err(e) => invalid(e, None),
+                },
+                "raft" => match decode_peer::<RaftPart>("raft messages", &args) {
+                    Ok(part) => PeerMsg::Raft(part),
                     Err(e) => invalid(e, None),
                 },
                 "shard" => match decode_peer::<ShardArgs>("shard request", &args).and_then(

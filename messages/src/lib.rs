@@ -12,6 +12,7 @@ pub mod error;
 pub mod members;
 pub mod mount;
 pub mod path;
+pub mod raft;
 pub mod remote;
 pub mod rpc;
 pub mod shard;

@@ -21,6 +21,7 @@ use curvine_messages::trace::Outcome;
 use curvine_messages::trace::Traced;
 use curvine_messages::{FsError, FsResult};
 
+use crate::raft_net::RaftInboxes;
 use crate::service::loads::Loads;
 use crate::service::replicas::Replicas;
 use crate::service::reports::Reports;
@@ -40,6 +41,7 @@ pub struct GatewayArgs {
     pub replicas: Arc<Replicas>,
     pub loads: Arc<Loads>,
     pub scrub: Arc<Scrub>,
+    pub raft: Arc<RaftInboxes>,
 }
 
 /// Answers `reply` with what `work` gives, in a task of its own: the
@@ -86,6 +88,7 @@ impl Actor for Gateway {
                     let _ = m.cast(MembershipMsg::Heard(hb));
                 }
             }
+            PeerMsg::Raft(part) => state.raft.receive(part),
             PeerMsg::Join(reply) => {
                 let mut info = state.join.clone();
                 info.map = (*state.view.map()).clone();

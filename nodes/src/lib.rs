@@ -11,4 +11,5 @@ pub mod identity;
 pub mod join;
 pub mod node;
 pub mod ports;
+pub mod raft_net;
 pub mod service;

@@ -33,6 +33,7 @@
 mod group;
 mod snapshot;
 mod state;
+pub mod wire;
 
 pub use state::{
     alone, decode_changes, extend_tail, group_state_key, member_id, read_group_state, replay,

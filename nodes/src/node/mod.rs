@@ -45,6 +45,7 @@ use crate::data_port::DataContext;
 use crate::gateway::GatewayArgs;
 use crate::http::HttpHandle;
 use crate::identity::DataDir;
+use crate::raft_net::{RaftInboxes, RaftNet};
 use crate::service::loader::UfsLoaderArgs;
 use crate::service::{Core, NodeInfo, Service, Subsystems};
 use cluster::ClusterPort;
@@ -232,6 +233,14 @@ async fn start_with(
         root: format!("node-{}", identity.node_id),
         pending_replicas: config.ufs.pending_replicas,
     };
+    // The shards' writers start here, with the net their groups reach
+    // other nodes through, before any shard actor asks for one.
+    let raft = Arc::new(RaftInboxes::new(
+        &meta.stores,
+        config.meta.group_commit_max as usize,
+        config.meta.commit_delay.0,
+        Arc::new(RaftNet::new(core.view.clone())),
+    ));
     let subsystems = Subsystems::build(&core);
     let service = Arc::new(Service::new(&core, &subsystems));
     let parts = tree_parts(
@@ -246,6 +255,7 @@ async fn start_with(
         service.clone(),
         &tls,
         (metrics, tracer),
+        raft,
     );
     let (supervisor, supervisor_done) = Actor::spawn(
         Some(core.root.clone()),
@@ -321,6 +331,7 @@ fn tree_parts(
     service: Arc<Service>,
     tls: &Option<Arc<Tls>>,
     (metrics, tracer): (Metrics, Tracer),
+    raft: Arc<RaftInboxes>,
 ) -> TreeParts {
     let policy = RestartPolicy::from(&config.supervisor);
     let identity = &data_dir.identity;
@@ -400,6 +411,7 @@ fn tree_parts(
             replicas: s.replicas.clone(),
             loads: s.loads.clone(),
             scrub: s.scrub.clone(),
+            raft,
         },
         membership: (
             membership_args(config, data_dir, cluster, core),
