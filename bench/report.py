@@ -482,15 +482,19 @@ def cluster_section(r, rows, meta):
         return med(x.get("ops_per_sec", x.get("gib_per_sec")) for x in rows
                    if x.get("label") == label and x["action"] == action)
 
-    r.p("| figure | one node | 3-node cluster | ratio |", "|---|---|---|---|")
-    cats, one, three = [], [], []
+    r.p("| figure | one node | 3-node cluster | ratio | 3 nodes, `meta.replicas 3` | ratio |",
+        "|---|---|---|---|---|---|")
+    cats, one, three, repl = [], [], [], []
     for op in ("create", "stat", "ls", "rename", "unlink"):
         a, b = m("single", f"meta.{op}"), m("cluster", f"meta.{op}")
+        c = m("replicas3", f"meta.{op}")
         if a and b:
-            r.p(f"| {op} ops/s | {num(a)} | {num(b)} | {ratio(b, a)} |")
+            rc = f"{num(c)} | {ratio(c, a)}" if c else "- | -"
+            r.p(f"| {op} ops/s | {num(a)} | {num(b)} | {ratio(b, a)} | {rc} |")
             cats.append(f"{op} ops/s")
             one.append(a)
             three.append(b)
+            repl.append(c)
     for title, la, lb, action in (
         ("write GiB/s (short-circuit)", "single", "cluster", "fs.write"),
         ("read GiB/s (short-circuit)", "single", "cluster", "fs.read"),
@@ -499,10 +503,12 @@ def cluster_section(r, rows, meta):
     ):
         a, b = m(la, action), m(lb, action)
         if a and b:
-            r.p(f"| {title} | {a:.2f} | {b:.2f} | {ratio(b, a)} |")
+            r.p(f"| {title} | {a:.2f} | {b:.2f} | {ratio(b, a)} | | |")
+    series = [("one node", one), ("3-node cluster", three)]
+    if any(repl):
+        series.append(("3 nodes, 3 replicas", repl))
     r.p("", r.plots.bars("cluster", "Metadata: one node vs a 3-node cluster, 8 tasks",
-                         "ops/s (log)", cats, [("one node", one), ("3-node cluster", three)],
-                         log=True))
+                         "ops/s (log)", cats, series, log=True))
     r.notes("cluster")
     r.p("")
 

@@ -5,7 +5,10 @@
 # metadata requests cross from the node the client talks to into another
 # node. The client talks to the first node; B1 blocks go to that node (local
 # first), read over short-circuit and over the data port; `replicas 2` adds a
-# copy on another node at close. Writes results/cluster.jsonl and RESULTS.md.
+# copy on another node at close. A second cluster of 3 nodes with
+# `meta.replicas 3` (every shard a Raft group with a member on each node,
+# led by the first node) runs the same metadata benchmark: each commit waits
+# for a second node's log. Writes results/cluster.jsonl and RESULTS.md.
 #
 #   bench/run-cluster.sh           # 20,000 entries, 10 files of 100MB, 3 repetitions
 #   bench/run-cluster.sh --quick   # 2,000 entries, 2 files, 1 repetition
@@ -31,8 +34,12 @@ node single 127.0.0.1 "$port"
 node c0 127.0.0.1 $((port + 10))
 node c1 127.0.0.2 $((port + 20)) --seeds "127.0.0.1:$((port + 11))"
 node c2 127.0.0.3 $((port + 30)) --seeds "127.0.0.1:$((port + 11))"
+node r0 127.0.0.1 $((port + 40)) -c meta.replicas=3
+node r1 127.0.0.2 $((port + 50)) -c meta.replicas=3 --seeds "127.0.0.1:$((port + 41))"
+node r2 127.0.0.3 $((port + 60)) -c meta.replicas=3 --seeds "127.0.0.1:$((port + 41))"
 single="127.0.0.1:$port"
 cluster="127.0.0.1:$((port + 10))"
+replicated="127.0.0.1:$((port + 40))"
 for _ in $(seq 100); do
   up=$("$bin/curvine-cli" --cluster "$cluster" --json report | python3 -c \
     "import json,sys; print(sum(n['state']=='up' for n in json.load(sys.stdin)['nodes']))")
@@ -40,6 +47,14 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 "$bin/curvine-cli" --cluster "$cluster" admin rebalance >&2
+# The replicated cluster is ready once every shard's group has 3 voters.
+for _ in $(seq 300); do
+  voters=$("$bin/curvine-cli" --cluster "$replicated" --json report | python3 -c \
+    "import json,sys; r=json.load(sys.stdin); g=[s['group'] for n in r['nodes'] for s in n['shards'] if s.get('group')]; print(sum(len(x['voters'])==3 for x in g))")
+  [ "$voters" = 16 ] && break
+  sleep 0.2
+done
+[ "$voters" = 16 ] || { echo "the replicated cluster did not form ($voters of 16 shards with 3 voters)" >&2; exit 1; }
 
 results cluster
 data() {
@@ -65,6 +80,8 @@ for r in $(seq "$reps"); do
     data "$who-remote" --cluster "$addr" -c client.short_circuit=false --action fs.read --dir "/w$r"
     "$bin/curvine-cli" --cluster "$addr" fs rm -r "/w$r" "/meta$r"
   done
+  meta replicas3 "$replicated" "/meta$r"
+  "$bin/curvine-cli" --cluster "$replicated" fs rm -r "/meta$r"
   # Two replicas: the close copies every block to a second node.
   data cluster-replicas2 --cluster "$cluster" --replicas 2 --action fs.write --dir "/r$r"
   "$bin/curvine-cli" --cluster "$cluster" fs rm -r "/r$r"

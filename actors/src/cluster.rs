@@ -15,6 +15,7 @@ use curvine_messages::cluster::{
 use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
 use crate::host::{ShardDirectory, ShardRef};
+use crate::replica::{member_id, GroupStatus, StatusBoard};
 use crate::stats::Metrics;
 use crate::trace::Tracer;
 
@@ -50,6 +51,10 @@ pub struct ClusterView {
     node_timeout: Duration,
     /// Bumped on every map or membership change, for waiters.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Who leads each replicated shard as other nodes said (term, node).
+    leaders: RwLock<HashMap<ShardId, (u64, String)>>,
+    /// The status of this node's Raft groups (one board per environment).
+    boards: RwLock<Vec<StatusBoard>>,
     /// Where this node's actors record trace events.
     pub tracer: Tracer,
     /// The node's actor statistics and metrics.
@@ -88,6 +93,8 @@ impl ClusterView {
             members: RwLock::new(members),
             node_timeout,
             changes: tokio::sync::watch::channel(0).0,
+            leaders: RwLock::new(HashMap::new()),
+            boards: RwLock::new(Vec::new()),
             tracer,
             metrics,
         })
@@ -137,9 +144,146 @@ impl ClusterView {
         true
     }
 
-    /// Whether this node serves `shard` by the map it knows.
+    /// Whether this node serves `shard` by the map it knows: it is the
+    /// shard's node, or, for a replicated shard, one of its members (whose
+    /// shard actor answers only while it leads).
     pub fn serves(&self, shard: ShardId) -> bool {
-        self.map.read().owner(shard) == Some(self.node_id.as_str())
+        let map = self.map.read();
+        if map.replicated(shard) {
+            map.holds(shard, &self.node_id)
+        } else {
+            map.owner(shard) == Some(self.node_id.as_str())
+        }
+    }
+
+    /// Where the status of this node's groups is published (the writers'
+    /// boards, given once they run).
+    pub fn set_boards(&self, boards: Vec<StatusBoard>) {
+        *self.boards.write() = boards;
+    }
+
+    /// The shards this node serves now: those the map gives it alone,
+    /// and the replicated ones it leads. Each shard is served by one node,
+    /// which runs its background work (sweeps, block replicas, reports).
+    pub fn served_shards(&self) -> Vec<ShardId> {
+        let map = self.map();
+        (0..map.shards.len() as ShardId)
+            .filter(|&shard| {
+                if map.replicated(shard) {
+                    self.group_status(shard).is_some_and(|s| s.serving)
+                } else {
+                    map.owner(shard) == Some(self.node_id.as_str())
+                }
+            })
+            .collect()
+    }
+
+    /// This node's view of `shard`'s group, if it is a member.
+    pub fn group_status(&self, shard: ShardId) -> Option<GroupStatus> {
+        self.boards.read().iter().find_map(|b| {
+            b.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&shard)
+                .cloned()
+        })
+    }
+
+    /// The replicated shards this node leads (and may serve), with the
+    /// term: announced in heartbeats.
+    pub fn leads(&self) -> Vec<(ShardId, u64)> {
+        let mut out = Vec::new();
+        for board in self.boards.read().iter() {
+            let board = board.lock().unwrap_or_else(|p| p.into_inner());
+            for (&shard, status) in board.iter() {
+                if status.serving && status.voters.len() + status.learners.len() > 1 {
+                    out.push((shard, status.term));
+                }
+            }
+        }
+        out
+    }
+
+    /// Notes that `node` leads `shard` in `term` (a later term wins).
+    pub fn note_leader(&self, shard: ShardId, term: u64, node: &str) {
+        let mut leaders = self.leaders.write();
+        let newer = leaders.get(&shard).is_none_or(|(t, _)| *t <= term);
+        if newer {
+            leaders.insert(shard, (term, node.to_string()));
+        }
+    }
+
+    /// The node whose member id in every group is `member`.
+    pub fn node_of_member(&self, member: u64) -> Option<String> {
+        if member == 0 {
+            return None;
+        }
+        self.members
+            .read()
+            .keys()
+            .find(|node| member_id(node) == member)
+            .cloned()
+    }
+
+    /// The node leading replicated `shard`, as best this node knows: this
+    /// node when it serves it, the leader its own member of the group
+    /// follows, or the one other nodes announced (the later term).
+    fn leader_of(&self, shard: ShardId) -> Option<String> {
+        let local = self.group_status(shard);
+        if let Some(status) = &local {
+            if status.serving {
+                return Some(self.node_id.clone());
+            }
+        }
+        let announced = self.leaders.read().get(&shard).cloned();
+        let followed = local
+            .filter(|s| s.leader != 0)
+            .and_then(|s| Some((s.term, self.node_of_member(s.leader)?)));
+        match (followed, announced) {
+            (Some((a, n)), Some((b, m))) => Some(if a >= b { n } else { m }),
+            (Some((_, n)), None) | (None, Some((_, n))) => Some(n),
+            (None, None) => None,
+        }
+    }
+
+    /// Returns once `node` is no longer who this node believes leads
+    /// replicated `shard` (a newer leader was announced or elected): a call
+    /// waiting on a leader cut off by a partition stops waiting then,
+    /// instead of at the node timeout.
+    pub async fn wait_leader_moved(&self, shard: ShardId, node: &str) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if self.leader_of(shard).is_some_and(|n| n != node) {
+                return;
+            }
+        }
+    }
+
+    /// Where requests for replicated `shard` go: its leader, when it is a
+    /// member that is up; `Unavailable` (retried) while none is known, as
+    /// during an election.
+    fn route_replicated(&self, shard: ShardId, map: &ClusterMap) -> FsResult<Route> {
+        let leader = self
+            .leader_of(shard)
+            .filter(|n| map.holds(shard, n))
+            .filter(|n| {
+                *n == self.node_id
+                    || self
+                        .members
+                        .read()
+                        .get(n)
+                        .is_some_and(|m| m.state == MemberState::Up)
+            });
+        let Some(node) = leader else {
+            return Err(FsError::Unavailable(format!(
+                "shard {shard} has no leader among its members {:?} yet",
+                map.members(shard)
+            )));
+        };
+        if node == self.node_id {
+            return self.local.get(shard).map(Route::Local);
+        }
+        let gateway = self.gateway(&node)?;
+        Ok(Route::Remote { node, gateway })
     }
 
     /// A receiver that wakes on every map or membership change.
@@ -150,6 +294,10 @@ impl ClusterView {
     pub fn route(&self, shard: ShardId) -> FsResult<Route> {
         let owner = {
             let map = self.map.read();
+            if map.replicated(shard) {
+                let map = map.clone();
+                return self.route_replicated(shard, &map);
+            }
             match map.owner(shard) {
                 Some(o) => o.to_string(),
                 None => {
@@ -297,6 +445,9 @@ impl ClusterView {
             }
         }
         out.map_changed = self.adopt_map(&hb.map);
+        for &(shard, term) in &hb.leads {
+            self.note_leader(shard, term, &hb.member.node_id);
+        }
         if out.new || out.back {
             self.changes.send_modify(|v| *v += 1);
         }
@@ -398,6 +549,7 @@ mod tests {
             known: vec![],
             leaving: false,
             mounts_version: 0,
+            leads: vec![],
         }
     }
 
@@ -432,7 +584,8 @@ mod tests {
         assert!(!view.adopt_map(&ClusterMap::single("b", 2)));
         assert!(!view.adopt_map(&ClusterMap {
             version: 99,
-            shards: vec!["b".into()]
+            shards: vec!["b".into()],
+            followers: vec![],
         }));
     }
 }

@@ -115,6 +115,8 @@ struct MembersFile {
     map_version: u64,
     #[serde(default)]
     map: Vec<String>,
+    #[serde(default)]
+    followers: Vec<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +135,7 @@ pub fn read_members_file(path: &std::path::Path) -> (Vec<(String, String)>, Opti
             let map = (f.map_version > 0).then_some(ClusterMap {
                 version: f.map_version,
                 shards: f.map,
+                followers: f.followers,
             });
             (
                 f.nodes
@@ -169,6 +172,7 @@ pub fn remember_join(
         }],
         map_version: map.version,
         map: map.shards.clone(),
+        followers: map.followers.clone(),
     };
     write_members_file(path, &file)
 }
@@ -271,6 +275,7 @@ impl Membership {
                 .collect(),
             leaving: state.leaving,
             mounts_version: (state.args.mounts_version)(),
+            leads: view.leads(),
         }
     }
 
@@ -379,6 +384,7 @@ impl Membership {
             nodes: nodes.clone(),
             map_version: map.version,
             map: map.shards.clone(),
+            followers: map.followers.clone(),
         };
         let path = &state.args.members_file;
         match write_members_file(path, &file) {

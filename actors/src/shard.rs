@@ -55,16 +55,64 @@ fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
 }
 
 impl ShardState {
-    fn read<T>(
+    /// The shard's Raft group as of its writer's last pass.
+    fn group_status(&self) -> Option<crate::replica::GroupStatus> {
+        self.writer
+            .status()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.store.shard)
+            .cloned()
+    }
+
+    fn read<T: Send + 'static>(
         &mut self,
         reply: RpcReplyPort<FsResult<T>>,
-        f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T>,
+        f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T> + Send + 'static,
     ) {
-        let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
-        if let Some(span) = self.span.take() {
-            span.end(outcome_of(&result));
+        let status = self.group_status();
+        let replicated = status
+            .as_ref()
+            .is_some_and(|g| g.voters.len() + g.learners.len() > 1);
+        if !replicated {
+            // One member: LMDB holds what the group committed.
+            let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
+            if let Some(span) = self.span.take() {
+                span.end(outcome_of(&result));
+            }
+            answer(reply, result);
+            return;
         }
-        answer(reply, result);
+        // Several members: only the leader reads, once a quorum confirmed
+        // it still leads and it applied what was committed then (Raft's
+        // ReadIndex), so no read returns what an acknowledged change replaced.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if status.is_some_and(|g| g.serving) {
+            self.writer.read_barrier(Box::new(move |r| {
+                let _ = tx.send(r);
+            }));
+        } else {
+            let _ = tx.send(Err(curvine_messages::FsError::Unavailable(format!(
+                "shard {}: this node is not the leader of its group",
+                self.store.shard
+            ))));
+        }
+        let store = self.store.clone();
+        let span = self.span.take();
+        tokio::spawn(async move {
+            let confirmed = rx.await.unwrap_or_else(|_| {
+                Err(curvine_messages::FsError::Unavailable(
+                    "the shard's writer stopped".into(),
+                ))
+            });
+            let result = confirmed
+                .and_then(|()| store.read_txn())
+                .and_then(|txn| f(&store, &txn));
+            if let Some(span) = span {
+                span.end(outcome_of(&result));
+            }
+            answer(reply, result);
+        });
     }
 
     fn write<T, F>(&mut self, reply: RpcReplyPort<FsResult<T>>, f: F)
@@ -177,25 +225,27 @@ impl ShardState {
                 parent,
                 name,
                 reply,
-            } => self.read(reply, |s, t| s.lookup(t, parent, &name)),
+            } => self.read(reply, move |s, t| s.lookup(t, parent, &name)),
             ShardMsg::LookupAttr {
                 parent,
                 name,
                 reply,
-            } => self.read(reply, |s, t| s.lookup_attr(t, parent, &name)),
-            ShardMsg::GetAttr { ino, reply } => self.read(reply, |s, t| s.getattr(t, ino)),
+            } => self.read(reply, move |s, t| s.lookup_attr(t, parent, &name)),
+            ShardMsg::GetAttr { ino, reply } => self.read(reply, move |s, t| s.getattr(t, ino)),
             ShardMsg::ReadDir {
                 ino,
                 after,
                 limit,
                 reply,
-            } => self.read(reply, |s, t| s.readdir(t, ino, after.as_deref(), limit)),
+            } => self.read(reply, move |s, t| {
+                s.readdir(t, ino, after.as_deref(), limit)
+            }),
             ShardMsg::ReadDirPlus {
                 ino,
                 after,
                 limit,
                 reply,
-            } => self.read(reply, |s, t| {
+            } => self.read(reply, move |s, t| {
                 s.readdir_plus(t, ino, after.as_deref(), limit)
             }),
             ShardMsg::Create {
@@ -250,9 +300,11 @@ impl ShardState {
                 reply,
             } => self.write(reply, move |s, t| s.set_xattr(t, ino, &name, &value, mode)),
             ShardMsg::GetXattr { ino, name, reply } => {
-                self.read(reply, |s, t| s.get_xattr(t, ino, &name))
+                self.read(reply, move |s, t| s.get_xattr(t, ino, &name))
             }
-            ShardMsg::ListXattr { ino, reply } => self.read(reply, |s, t| s.list_xattr(t, ino)),
+            ShardMsg::ListXattr { ino, reply } => {
+                self.read(reply, move |s, t| s.list_xattr(t, ino))
+            }
             ShardMsg::RemoveXattr { ino, name, reply } => {
                 self.write(reply, move |s, t| s.remove_xattr(t, ino, &name))
             }
@@ -293,12 +345,14 @@ impl ShardState {
                 s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())
             }),
             ShardMsg::FileBlocks { ino, reply } => {
-                self.read(reply, |s, t| s.file_with_blocks(t, ino))
+                self.read(reply, move |s, t| s.file_with_blocks(t, ino))
             }
             ShardMsg::CheckBlocks { ids, node, reply } => {
-                self.read(reply, |s, t| s.check_blocks(t, &ids, &node))
+                self.read(reply, move |s, t| s.check_blocks(t, &ids, &node))
             }
-            ShardMsg::TakeFreed { limit, reply } => self.read(reply, |s, t| s.take_freed(t, limit)),
+            ShardMsg::TakeFreed { limit, reply } => {
+                self.read(reply, move |s, t| s.take_freed(t, limit))
+            }
             ShardMsg::ForgetFreed { ids } => {
                 self.write_unanswered(move |s, t| s.forget_freed(t, &ids))
             }
@@ -323,7 +377,7 @@ impl ShardState {
                 after,
                 limit,
                 reply,
-            } => self.read(reply, |s, t| s.scan_blocks(t, after, limit.min(4096))),
+            } => self.read(reply, move |s, t| s.scan_blocks(t, after, limit.min(4096))),
             ShardMsg::SetLocs {
                 ino,
                 index,
@@ -357,7 +411,7 @@ impl ShardState {
                 reply,
             } => self.write(reply, move |s, t| s.apply_step(t, op, step_no, &step)),
             ShardMsg::EndIntent { op, reply } => self.write(reply, move |s, t| s.end_intent(t, op)),
-            ShardMsg::ListIntents { reply } => self.read(reply, |s, t| s.intents(t)),
+            ShardMsg::ListIntents { reply } => self.read(reply, move |s, t| s.intents(t)),
             ShardMsg::SweepOps { before_ns } => {
                 let shard = self.store.shard;
                 self.write_unanswered(move |s, t| {
@@ -376,11 +430,11 @@ impl ShardState {
     /// and service records. `ctx` is the trace of the message.
     fn shard0_records(&mut self, message: ShardMsg, ctx: Option<TraceCtx>) {
         match message {
-            ShardMsg::GetMap { reply } => self.read(reply, |s, t| s.cluster_map(t)),
+            ShardMsg::GetMap { reply } => self.read(reply, move |s, t| s.cluster_map(t)),
             ShardMsg::SetMap { expect, map, reply } => {
                 self.write(reply, move |s, t| s.set_cluster_map(t, expect, &map))
             }
-            ShardMsg::GetMounts { reply } => self.read(reply, |s, t| s.mounts(t)),
+            ShardMsg::GetMounts { reply } => self.read(reply, move |s, t| s.mounts(t)),
             ShardMsg::SetMounts {
                 expect,
                 table,
@@ -469,31 +523,25 @@ impl ShardState {
     fn whole_shard(&mut self, message: ShardMsg) {
         match message {
             ShardMsg::Stats { reply } => {
-                let group = self
-                    .writer
-                    .status()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&self.store.shard)
-                    .map(|g| curvine_messages::GroupReport {
-                        voters: g.voters.clone(),
-                        learners: g.learners.clone(),
-                        leader: g.leader,
-                        term: g.term,
-                        commit: g.commit,
-                        applied: g.applied,
-                    });
+                let group = self.group_status().map(|g| curvine_messages::GroupReport {
+                    voters: g.voters.clone(),
+                    learners: g.learners.clone(),
+                    leader: g.leader,
+                    term: g.term,
+                    commit: g.commit,
+                    applied: g.applied,
+                });
                 self.read(reply, move |s, t| {
                     s.stats(t)
                         .map(|stats| curvine_messages::ShardStats { group, ..stats })
                 })
             }
-            ShardMsg::Scan { reply } => self.read(reply, |s, t| s.scan(t)),
+            ShardMsg::Scan { reply } => self.read(reply, move |s, t| s.scan(t)),
             ShardMsg::Export {
                 from,
                 max_bytes,
                 reply,
-            } => self.read(reply, |s, t| {
+            } => self.read(reply, move |s, t| {
                 s.export(t, from, (max_bytes as usize).clamp(4096, 4 << 20))
             }),
             ShardMsg::Import { records, reply } => {
@@ -575,6 +623,10 @@ impl Actor for NamespaceShard {
             move |r| match r {
                 Ok(n) if n > 0 => tracing::info!(shard, swept = n, "removed stale step records"),
                 Ok(_) => {}
+                // Another member leads the shard's group, which sweeps.
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(shard, error = %e, "step records not swept here")
+                }
                 Err(e) => tracing::warn!(shard, error = %e, "sweeping step records failed"),
             },
         );

@@ -31,7 +31,9 @@ use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
 use raft::eraftpb::ConfChangeV2;
 
-use crate::replica::{Done, GroupMessage, Groups, MemberChange, ShardCopy, StatusBoard, Transport};
+use crate::replica::{
+    Done, GroupMessage, Groups, MayFound, MemberChange, ShardCopy, StatusBoard, Transport,
+};
 use crate::store::{lmdb_err, ShardStore};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
@@ -57,8 +59,10 @@ enum Input {
     Members(ShardId, ConfChangeV2, Done),
     /// A read barrier (`Groups::read_barrier`).
     Read(ShardId, Done),
-    /// Become a new member of a group (`Groups::join`).
-    Join(ShardId, Done),
+    /// Become a new member of a group led by a member (`Groups::join`).
+    Join(ShardId, u64, Done),
+    /// Hand a group's leadership to a member (`Groups::transfer`).
+    Transfer(ShardId, u64, Done),
 }
 
 struct Inner {
@@ -99,7 +103,7 @@ impl Writer {
     /// The write thread of `store`'s environment, started on first use and
     /// shared by every shard whose databases live in that environment.
     pub fn for_store(store: &ShardStore, group_max: usize, commit_delay: Duration) -> Writer {
-        Self::for_store_with(store, group_max, commit_delay, None)
+        Self::for_store_with(store, group_max, commit_delay, None, None)
     }
 
     /// [`Self::for_store`], with how the groups reach other members (used
@@ -109,6 +113,7 @@ impl Writer {
         group_max: usize,
         commit_delay: Duration,
         transport: Option<Arc<dyn Transport>>,
+        may_found: Option<MayFound>,
     ) -> Writer {
         let env = store.env();
         let shard = store.shard;
@@ -126,6 +131,7 @@ impl Writer {
             env.path().to_path_buf(),
             copy,
             transport,
+            may_found,
         );
         let status = groups.status();
         let (tx, rx) = mpsc::channel::<Input>();
@@ -171,8 +177,14 @@ impl Writer {
     /// Makes this node a new member of this shard's group (added by its
     /// leader with [`Self::change_members`]): it takes the leader's
     /// snapshot, then its log. `done` is told once the member waits.
-    pub fn join(&self, done: Done) {
-        let _ = self.inner.tx.send(Input::Join(self.shard, done));
+    /// `leader` is the member adding this node (0: any).
+    pub fn join(&self, leader: u64, done: Done) {
+        let _ = self.inner.tx.send(Input::Join(self.shard, leader, done));
+    }
+
+    /// Hands this shard's leadership to member `to` (this node must lead).
+    pub fn transfer_leader(&self, to: u64, done: Done) {
+        let _ = self.inner.tx.send(Input::Transfer(self.shard, to, done));
     }
 
     /// Queues a mutation; `reply` gets its result once it is durable.
@@ -342,6 +354,7 @@ fn run(
             members: std::mem::take(&mut pass.members),
             reads: std::mem::take(&mut pass.reads),
             joins: std::mem::take(&mut pass.joins),
+            transfers: std::mem::take(&mut pass.transfers),
         };
         if jobs.is_empty() && others.is_empty() && !groups.has_work() {
             continue;
@@ -361,7 +374,8 @@ struct Others {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
-    joins: Vec<(ShardId, Done)>,
+    joins: Vec<(ShardId, u64, Done)>,
+    transfers: Vec<(ShardId, u64, Done)>,
 }
 
 impl Others {
@@ -370,6 +384,7 @@ impl Others {
             && self.members.is_empty()
             && self.reads.is_empty()
             && self.joins.is_empty()
+            && self.transfers.is_empty()
     }
 }
 
@@ -380,7 +395,8 @@ struct Pass {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
-    joins: Vec<(ShardId, Done)>,
+    joins: Vec<(ShardId, u64, Done)>,
+    transfers: Vec<(ShardId, u64, Done)>,
 }
 
 impl Pass {
@@ -390,7 +406,8 @@ impl Pass {
             Input::Raft(messages) => self.messages.extend(messages),
             Input::Members(shard, change, done) => self.members.push((shard, change, done)),
             Input::Read(shard, done) => self.reads.push((shard, done)),
-            Input::Join(shard, done) => self.joins.push((shard, done)),
+            Input::Join(shard, leader, done) => self.joins.push((shard, leader, done)),
+            Input::Transfer(shard, to, done) => self.transfers.push((shard, to, done)),
         }
     }
 }
@@ -451,8 +468,11 @@ fn commit_batch(
     let mut txn = env.write_txn().map_err(lmdb_err)?;
     let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(jobs.len());
     let ran = (|| -> FsResult<_> {
-        for (shard, done) in others.joins {
-            done(groups.join(&txn, shard));
+        for (shard, leader, done) in others.joins {
+            done(groups.join(&mut txn, shard, leader));
+        }
+        for (shard, to, done) in others.transfers {
+            done(groups.transfer(shard, to));
         }
         for m in others.messages {
             groups.step(&txn, m)?;

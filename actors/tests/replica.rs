@@ -226,7 +226,7 @@ fn three_with(dir: &std::path::Path, net: &Arc<Net>, checkpoint_interval: Durati
                 from: id,
                 net: net.clone(),
             });
-            let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link));
+            let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link), None);
             net.inboxes.lock().unwrap().push((id, writer.inbox()));
             Member { id, store, writer }
         })
@@ -456,10 +456,10 @@ fn a_new_member_catches_up_by_snapshot_votes_and_outlives_the_members_it_replace
             .unwrap();
         w.commit().unwrap();
     }
-    let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link));
+    let writer = Writer::for_store_with(&store, 64, Duration::ZERO, Some(link), None);
     net.inboxes.lock().unwrap().push((id, writer.inbox()));
     let (tx, rx) = mpsc::channel();
-    writer.join(Box::new(move |r| tx.send(r).unwrap()));
+    writer.join(0, Box::new(move |r| tx.send(r).unwrap()));
     rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
     let new = Member { id, store, writer };
     let lead = members.iter().find(|m| m.id == lead_id).unwrap();

@@ -63,10 +63,11 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
             "lag"
         );
         for (shard, node) in report.map.shards.iter().enumerate() {
+            // Reported by the node that serves it (for a replicated shard,
+            // the member leading it).
             let stats = report
                 .nodes
                 .iter()
-                .filter(|n| &n.node_id == node)
                 .flat_map(|n| n.shards.iter())
                 .find(|s| s.shard as usize == shard);
             let inodes = stats

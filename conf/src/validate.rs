@@ -157,6 +157,13 @@ impl Config {
                 "expected at least 8",
             ));
         }
+        if !(1..=7).contains(&self.meta.replicas) {
+            return Err(invalid(
+                "meta.replicas",
+                self.meta.replicas.to_string(),
+                "expected 1 to 7 copies",
+            ));
+        }
         Ok(())
     }
 

@@ -356,6 +356,39 @@ impl Drop for NodeProcess {
     }
 }
 
+/// Each shard's Raft group as the cluster reports it (from the node
+/// serving each shard): shard -> (voters, leader member id).
+pub fn shard_groups(node: &NodeProcess) -> std::collections::BTreeMap<u64, (usize, u64)> {
+    let out = node.cli_ok(&["--json", "report"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("report --json");
+    let mut groups = std::collections::BTreeMap::new();
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        for s in n["shards"].as_array().into_iter().flatten() {
+            let g = &s["group"];
+            if let (Some(shard), Some(voters), Some(leader)) = (
+                s["shard"].as_u64(),
+                g["voters"].as_array(),
+                g["leader"].as_u64(),
+            ) {
+                groups.insert(shard, (voters.len(), leader));
+            }
+        }
+    }
+    groups
+}
+
+/// Waits until each of the cluster's `shards` shards has `voters` voters.
+pub fn wait_for_voters(node: &NodeProcess, shards: usize, voters: usize) {
+    wait_for(
+        format!("every shard to have {voters} voters"),
+        Duration::from_secs(60),
+        || {
+            let g = shard_groups(node);
+            (g.len() == shards && g.values().all(|(v, _)| *v == voters)).then_some(())
+        },
+    );
+}
+
 /// Arguments that make a test cluster react within seconds.
 pub const FAST_CLUSTER: &[&str] = &[
     "-c",

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_integration::{wait_for, Lazily, NodeProcess, ProcessCluster, WithLog, FAST_CLUSTER};
+use curvine_integration::{
+    shard_groups, wait_for, wait_for_voters, Lazily, NodeProcess, ProcessCluster, WithLog,
+    FAST_CLUSTER,
+};
 use curvine_messages::block::FileSpec;
 use curvine_messages::FsError;
 
@@ -677,4 +680,73 @@ fn two_nodes_on_one_host_share_a_cluster_port_number_on_their_own_addresses() {
         Duration::from_secs(30),
         || (first.members_up() == 2 && second.members_up() == 2).then_some(()),
     );
+}
+
+#[test]
+fn replicated_shards_keep_serving_through_a_killed_node_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &["-c", "meta.replicas=3"]);
+    // The founder's shards get a member on each node.
+    wait_for_voters(&cluster.nodes[1], 16, 3);
+    let rt = runtime();
+    let dirs: Vec<String> = (0..16).map(|i| format!("/r{i}")).collect();
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        for (i, d) in dirs.iter().enumerate() {
+            c.mkdir(d, false).await.unwrap();
+            put(&c, &format!("{d}/f"), &data(1000, i as u64), 3)
+                .await
+                .unwrap();
+        }
+    });
+    // The founder leads every group: killing it leaves each shard to its
+    // other two members, which elect a new leader.
+    let victim = cluster.nodes[0].node_id.clone();
+    cluster.nodes[0].kill();
+    let killed = Instant::now();
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        // Calls made during the failover wait for the new leaders, then
+        // succeed: no error reaches the caller.
+        for d in &dirs {
+            let path = format!("{d}/after");
+            if let Err(e) = c.touch(&path).await {
+                let logs: String = cluster.nodes[1..]
+                    .iter()
+                    .map(|n| format!("{}\n", WithLog(n.node_id.clone(), &n.log)))
+                    .collect();
+                panic!(
+                    "touch {path} {:?} after the kill: {e}\n{logs}",
+                    killed.elapsed()
+                );
+            }
+        }
+        let failover = killed.elapsed();
+        assert!(
+            failover < Duration::from_secs(10),
+            "writes to every shard took {failover:?} to resume"
+        );
+        eprintln!("writes to all 16 shards resumed {failover:?} after the kill");
+        for (i, d) in dirs.iter().enumerate() {
+            assert_eq!(
+                get(&c, &format!("{d}/f")).await.unwrap(),
+                data(1000, i as u64)
+            );
+            c.stat(&format!("{d}/after")).await.unwrap();
+        }
+    });
+    let gone = curvine_messages::wal::member_id(&victim);
+    wait_for(
+        "every shard led by a live node",
+        Duration::from_secs(20),
+        || {
+            let after = shard_groups(&cluster.nodes[2]);
+            (after.len() == 16 && !after.values().any(|(_, leader)| *leader == gone)).then_some(())
+        },
+    );
+    // Back again, the old node catches up with what it missed.
+    cluster.nodes[0].start_again();
+    cluster.wait_up(3);
+    wait_for_voters(&cluster.nodes[1], 16, 3);
+    assert_consistent(&cluster.nodes[1]);
 }

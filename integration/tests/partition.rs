@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use curvine_integration::{
-    read_file, wait_for, wait_for_async, write_file, Lazily, NodeProcess, FAST_CLUSTER,
+    bin, read_file, wait_for, wait_for_async, wait_for_voters, write_file, Lazily, NodeProcess,
+    FAST_CLUSTER,
 };
 
 /// A network namespace joined to the host by a veth pair.
@@ -351,4 +352,91 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
     });
     let out = cli_ok(&a, &["fs", "ls", &far_dir]);
     assert_eq!(out.lines().filter(|l| *l == "once").count(), 1, "{out}");
+}
+
+#[test]
+fn a_leader_cut_off_from_its_replicas_accepts_no_change_and_the_majority_goes_on() {
+    let tag = format!("r{}", std::process::id() % 10_000);
+    let Some(ns) = Netns::create(&tag) else {
+        eprintln!("skipping the partition test: needs root and ip netns");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
+    args.extend_from_slice(&["-c", "meta.replicas=3", "-c", "client.request_timeout=5s"]);
+    // The founder leads every shard's group; it is the one cut off.
+    let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
+    let cut = NodeProcess::start_wrapped(&dir.path().join("c"), "10.77.0.2", &args, &wrapper);
+    let mut joined = args.clone();
+    joined.extend_from_slice(&["--seeds", &cut.cluster_addr]);
+    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &joined);
+    let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
+    wait_for("three nodes up", Duration::from_secs(30), || {
+        (a.members_up() == 3 && cut.members_up() == 3).then_some(())
+    });
+    wait_for_voters(&a, 16, 3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dirs: Vec<String> = (0..16).map(|i| format!("/q{i}")).collect();
+    rt.block_on(async {
+        let c = a.client().await;
+        for d in &dirs {
+            c.mkdir(d, false).await.unwrap();
+        }
+    });
+    ns.link(false);
+    let cut_off = Instant::now();
+    // The majority elects new leaders and takes changes on every shard;
+    // calls made meanwhile wait for them, then succeed.
+    rt.block_on(async {
+        let c = a.client().await;
+        for d in &dirs {
+            c.mkdir(&format!("{d}/majority"), false).await.unwrap();
+        }
+    });
+    let failover = cut_off.elapsed();
+    eprintln!("the majority took a change on every shard {failover:?} after the cut");
+    assert!(failover < Duration::from_secs(10), "{failover:?}");
+    // On the cut side a change is refused with a clear error once the
+    // request timeout passes, and never applied.
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns.name.as_str()])
+        .arg(bin("curvine-cli"))
+        .args(["--cluster", &cut.addr, "fs", "mkdir", "/q0/minority"])
+        .env("CURVINE_CLIENT_COOKIE", cut.cookie())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the cut-off side took a change");
+    assert!(
+        stderr.contains("shard") && (stderr.contains("leader") || stderr.contains("leadership")),
+        "{stderr}"
+    );
+    ns.link(true);
+    wait_for("the cut node to come back", Duration::from_secs(40), || {
+        (a.members_up() == 3 && cut.members_up() == 3).then_some(())
+    });
+    rt.block_on(async {
+        let c = a.client().await;
+        assert!(
+            c.stat("/q0/minority").await.is_err(),
+            "a refused change appeared"
+        );
+        for d in &dirs {
+            c.stat(&format!("{d}/majority")).await.unwrap();
+        }
+    });
+    // Through the node that was cut off, clients see the majority's changes.
+    wait_for("the cut node to catch up", Duration::from_secs(30), || {
+        let out = cut.cli(&["fs", "ls", "/q0"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && text.contains("majority")).then_some(())
+    });
+    assert!(a
+        .cli_ok(&["admin", "fsck"])
+        .contains("namespace is consistent"));
+    drop(b);
 }

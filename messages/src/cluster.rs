@@ -44,6 +44,9 @@ pub struct Heartbeat {
     /// Version of the mount table the sender holds: a receiver with an
     /// older one fetches the table from shard 0.
     pub mounts_version: u64,
+    /// The replicated shards the sender leads, with the term: where
+    /// other nodes send their requests.
+    pub leads: Vec<(ShardId, u64)>,
 }
 
 /// A block to copy from another node (replication).
@@ -86,6 +89,9 @@ pub enum PeerMsg {
     Heartbeat(Box<Heartbeat>),
     /// Raft messages for groups this node is a member of (a cast).
     Raft(RaftPart),
+    /// Become a member of `shard`'s group, which the node whose member id
+    /// is `leader` leads and is adding this node to (a cast).
+    JoinGroup { shard: ShardId, leader: u64 },
     /// A new node asks what cluster this is.
     Join(RpcReplyPort<FsResult<JoinInfo>>),
     /// A request to a shard this node serves. A node that does not serve
@@ -152,6 +158,7 @@ impl PeerMsg {
         match self {
             PeerMsg::Heartbeat(_) => "heartbeat",
             PeerMsg::Raft(_) => "raft",
+            PeerMsg::JoinGroup { .. } => "join_group",
             PeerMsg::Join(_) => "join",
             PeerMsg::Shard { .. } => "shard",
             PeerMsg::Drain { .. } => "drain",
@@ -203,6 +210,9 @@ impl ractor::Message for PeerMsg {
         Ok(match self {
             PeerMsg::Heartbeat(hb) => cast("heartbeat", encode_peer("heartbeat", &*hb)),
             PeerMsg::Raft(part) => cast("raft", encode_peer("raft messages", &part)),
+            PeerMsg::JoinGroup { shard, leader } => {
+                cast("join_group", encode_peer("join group", &(shard, leader)))
+            }
             PeerMsg::Shard {
                 shard,
                 direct,
@@ -262,6 +272,10 @@ impl ractor::Message for PeerMsg {
                 },
                 "raft" => match decode_peer::<RaftPart>("raft messages", &args) {
                     Ok(part) => PeerMsg::Raft(part),
+                    Err(e) => invalid(e, None),
+                },
+                "join_group" => match decode_peer::<(ShardId, u64)>("join group", &args) {
+                    Ok((shard, leader)) => PeerMsg::JoinGroup { shard, leader },
                     Err(e) => invalid(e, None),
                 },
                 "shard" => match decode_peer::<ShardArgs>("shard request", &args).and_then(

@@ -7,18 +7,44 @@ use crate::block::{DataNode, TierStats};
 use crate::codec::Versioned;
 use crate::types::ShardId;
 
-/// Which node serves each shard. Held by shard 0 (in its `meta` table) and
+/// Which nodes hold each shard. Held by shard 0 (in its `meta` table) and
 /// cached by every node; a higher version replaces a lower one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMap {
     pub version: u64,
-    /// Node id per shard.
+    /// Node id per shard: the node that serves it, or, for a shard with
+    /// followers (a replicated shard), its preferred leader.
     pub shards: Vec<String>,
+    /// The other members of each shard's Raft group (`meta.replicas` - 1
+    /// nodes once the cluster has them); empty for a shard that has one
+    /// member. Requests go to whichever member leads.
+    pub followers: Vec<Vec<String>>,
 }
 
 impl Versioned for ClusterMap {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const WHAT: &'static str = "cluster map";
+
+    /// Version 1 named one node per shard.
+    fn migrate(version: u8, payload: &[u8]) -> Result<Self, crate::codec::CodecError> {
+        #[derive(Deserialize)]
+        struct V1 {
+            version: u64,
+            shards: Vec<String>,
+        }
+        if version != 1 {
+            return Err(crate::codec::CodecError::UnknownVersion {
+                what: Self::WHAT,
+                found: version,
+            });
+        }
+        let v1: V1 = crate::codec::from_bytes(Self::WHAT, payload)?;
+        Ok(ClusterMap {
+            version: v1.version,
+            shards: v1.shards,
+            followers: Vec::new(),
+        })
+    }
 }
 
 impl ClusterMap {
@@ -27,11 +53,38 @@ impl ClusterMap {
         ClusterMap {
             version: 1,
             shards: vec![node_id.to_string(); shard_count as usize],
+            followers: Vec::new(),
         }
     }
 
     pub fn owner(&self, shard: ShardId) -> Option<&str> {
         self.shards.get(shard as usize).map(String::as_str)
+    }
+
+    /// The followers of `shard` (none for a shard with one member).
+    pub fn followers_of(&self, shard: ShardId) -> &[String] {
+        self.followers
+            .get(shard as usize)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Every member of `shard`'s group: its owner first, then its followers.
+    pub fn members(&self, shard: ShardId) -> Vec<&str> {
+        self.owner(shard)
+            .into_iter()
+            .chain(self.followers_of(shard).iter().map(String::as_str))
+            .collect()
+    }
+
+    /// Whether `shard`'s group has members on several nodes.
+    pub fn replicated(&self, shard: ShardId) -> bool {
+        !self.followers_of(shard).is_empty()
+    }
+
+    /// Whether `node` holds a copy of `shard` (owner or follower).
+    pub fn holds(&self, shard: ShardId, node: &str) -> bool {
+        self.members(shard).contains(&node)
     }
 
     /// The shards `node` serves.
@@ -123,4 +176,39 @@ pub struct MemberView {
     pub last_seen_ns: i64,
     /// Since when the node is in `state`.
     pub since_ns: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode_versioned, encode_versioned};
+
+    #[test]
+    fn a_map_of_the_previous_release_reads_as_one_member_per_shard() {
+        #[derive(Serialize)]
+        struct V1 {
+            version: u64,
+            shards: Vec<String>,
+        }
+        let mut bytes = vec![1u8];
+        bytes.extend(
+            postcard::to_allocvec(&V1 {
+                version: 7,
+                shards: vec!["a".into(), "b".into()],
+            })
+            .unwrap(),
+        );
+        let map: ClusterMap = decode_versioned(&bytes).unwrap();
+        assert_eq!(map.version, 7);
+        assert_eq!(map.members(1), vec!["b"]);
+        assert!(!map.replicated(0));
+        // And the current version round-trips with its followers.
+        let mut next = map.clone();
+        next.followers = vec![vec!["b".into()], vec![]];
+        let back: ClusterMap = decode_versioned(&encode_versioned(&next)).unwrap();
+        assert_eq!(back, next);
+        assert!(back.replicated(0) && !back.replicated(1));
+        assert_eq!(back.members(0), vec!["a", "b"]);
+        assert!(back.holds(0, "b") && !back.holds(1, "a"));
+    }
 }

@@ -89,6 +89,7 @@ impl Actor for Gateway {
                 }
             }
             PeerMsg::Raft(part) => state.raft.receive(part),
+            PeerMsg::JoinGroup { shard, leader } => state.raft.join(shard, leader),
             PeerMsg::Join(reply) => {
                 let mut info = state.join.clone();
                 info.map = (*state.view.map()).clone();

@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod http;
 pub mod identity;
 pub mod join;
+pub mod keeper;
 pub mod node;
 pub mod ports;
 pub mod raft_net;

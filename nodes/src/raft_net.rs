@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::replica::wire;
-use curvine_actors::replica::{member_id, GroupMessage, Transport};
+use curvine_actors::replica::{member_id, GroupMessage, MayFound, StatusBoard, Transport};
 use curvine_actors::store::ShardStore;
 use curvine_actors::writer::Writer;
 use curvine_messages::cluster::PeerMsg;
@@ -88,6 +88,7 @@ impl RaftInboxes {
         group_commit_max: usize,
         commit_delay: Duration,
         net: Arc<RaftNet>,
+        may_found: Option<MayFound>,
     ) -> RaftInboxes {
         let net: Arc<dyn Transport> = net;
         let writers = stores
@@ -98,6 +99,7 @@ impl RaftInboxes {
                     group_commit_max,
                     commit_delay,
                     Some(net.clone()),
+                    may_found.clone(),
                 );
                 (store.shard, writer)
             })
@@ -105,6 +107,39 @@ impl RaftInboxes {
         RaftInboxes {
             writers,
             reassembly: Mutex::new(Reassembly::default()),
+        }
+    }
+
+    /// The writer of `shard`'s environment.
+    pub fn writer(&self, shard: ShardId) -> Option<&Writer> {
+        self.writers.get(&shard)
+    }
+
+    /// The status boards of this node's groups (one per environment).
+    pub fn boards(&self) -> Vec<StatusBoard> {
+        let mut boards: Vec<StatusBoard> = Vec::new();
+        for writer in self.writers.values() {
+            let board = writer.status();
+            if !boards.iter().any(|b| Arc::ptr_eq(b, &board)) {
+                boards.push(board);
+            }
+        }
+        boards
+    }
+
+    /// Becomes a member of `shard`'s group, led by member `leader`, which
+    /// is adding this node.
+    pub fn join(&self, shard: ShardId, leader: u64) {
+        match self.writers.get(&shard) {
+            Some(writer) => writer.join(
+                leader,
+                Box::new(move |r| {
+                    if let Err(e) = r {
+                        tracing::warn!(shard, error = %e, "cannot join the shard's group");
+                    }
+                }),
+            ),
+            None => tracing::warn!(shard, "asked to join a shard this cluster does not have"),
         }
     }
 

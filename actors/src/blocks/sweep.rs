@@ -18,7 +18,7 @@ use super::BlockArgs;
 /// orphan (no shard knows it) after `data.orphan_grace`.
 pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
     let cluster = args.namespace.cluster().clone();
-    for shard in cluster.map().shards_of(&cluster.node_id) {
+    for shard in cluster.served_shards() {
         loop {
             let freed = match args.namespace.take_freed(shard, 512).await {
                 Ok(f) if !f.is_empty() => f,

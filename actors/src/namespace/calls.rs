@@ -87,7 +87,24 @@ impl Namespace {
                     },
                     Some(wait),
                 ) => r.map_err(drop),
+                () = async {
+                    if direct || !self.cluster.map().replicated(shard) {
+                        std::future::pending::<()>().await;
+                    }
+                    self.cluster.wait_leader_moved(shard, &node).await
+                } => {
+                    return Err(FsError::Unavailable(format!(
+                        "shard {shard}: its leadership moved from node {node} during the call; it may or may not have been applied"
+                    )));
+                }
                 e = self.cluster.wait_down(&node) => {
+                    // Another member of a replicated shard takes over: the
+                    // call is made again there.
+                    if !direct && self.cluster.map().replicated(shard) {
+                        return Err(FsError::Unavailable(format!(
+                            "shard {shard}: its leader's node went down; waiting for the next leader"
+                        )));
+                    }
                     return Err(match e {
                         FsError::NodeDown(d) => {
                             FsError::NodeDown(format!("shard {shard} is served by {d}"))

@@ -11,8 +11,18 @@ impl Namespace {
     /// Counters of the shards this node serves.
     pub async fn shard_stats(&self) -> FsResult<Vec<ShardStats>> {
         let mut out = Vec::new();
-        for shard in self.cluster.map().shards_of(&self.cluster.node_id) {
-            out.push(self.call(shard, |reply| ShardMsg::Stats { reply }).await?);
+        // The shards this node serves: its own, and the replicated ones
+        // it leads now (each shard is reported by one node).
+        let map = self.cluster.map();
+        for shard in self.cluster.served_shards() {
+            match self.call(shard, |reply| ShardMsg::Stats { reply }).await {
+                Ok(stats) => out.push(stats),
+                // Leadership moved meanwhile: the new leader reports it.
+                Err(e) if map.replicated(shard) => {
+                    tracing::debug!(shard, error = %e, "shard left out of this node's report")
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }

@@ -67,8 +67,11 @@ impl Namespace {
             IntentOp::DropLink { ino } => vec![shard_of(*ino)],
         };
         let map = self.cluster.map();
+        // A replicated shard's steps go to whichever member leads it: a
+        // node of it that is down is not waited for.
         let mut nodes: Vec<String> = shards
             .into_iter()
+            .filter(|s| !map.replicated(*s))
             .filter_map(|s| map.owner(s).map(str::to_string))
             .filter(|n| *n != self.cluster.node_id)
             .collect();

@@ -59,7 +59,7 @@ use curvine_messages::wal::{
 };
 use curvine_messages::{FsError, FsResult};
 
-use crate::txn::{Db, Undo};
+use crate::txn::{lmdb_err, Db, Undo};
 
 /// A Raft message of one group.
 #[derive(Debug, Clone)]
@@ -89,7 +89,15 @@ pub struct GroupStatus {
     pub applied: u64,
     pub voters: Vec<u64>,
     pub learners: Vec<u64>,
+    /// While this node leads: how far each other member's log matches
+    /// this one's (member id, index).
+    pub progress: Vec<(u64, u64)>,
 }
+
+/// Whether this node may start a group of a shard with itself as its only
+/// member (a shard that has no group anywhere yet); refused for a shard
+/// whose group lives on other nodes.
+pub type MayFound = Arc<dyn Fn(GroupId) -> bool + Send + Sync>;
 
 /// One change of a group's members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +140,8 @@ pub struct Groups {
     dbs: Vec<Db>,
     /// Exports and installs the snapshots of the environment's shards.
     copy: Arc<dyn ShardCopy>,
+    /// When set: which shards this node may found a group of.
+    may_found: Option<MayFound>,
     env_path: std::path::PathBuf,
     logger: slog::Logger,
     groups: HashMap<GroupId, Group>,
@@ -199,11 +209,13 @@ impl Groups {
         env_path: std::path::PathBuf,
         copy: Arc<dyn ShardCopy>,
         transport: Option<Arc<dyn Transport>>,
+        may_found: Option<MayFound>,
     ) -> Groups {
         Groups {
             id,
             dbs,
             copy,
+            may_found,
             env_path,
             logger: state::logger(),
             groups: HashMap::new(),
@@ -239,6 +251,11 @@ impl Groups {
     fn group(&mut self, txn: &RoTxn<WithoutTls>, shard: GroupId) -> FsResult<&mut Group> {
         if !self.groups.contains_key(&shard) {
             let state = read_group_state(self.dbs[0], txn, shard)?;
+            if state.is_none() && self.may_found.as_ref().is_some_and(|may| !may(shard)) {
+                return Err(FsError::Unavailable(format!(
+                    "shard {shard}: this node holds no replica of it"
+                )));
+            }
             let group = self.load(shard, state)?;
             self.groups.insert(shard, group);
         }
@@ -325,11 +342,32 @@ impl Groups {
     /// the leader sends it a snapshot, then the log. Nothing is stored
     /// until the snapshot is installed (a restart before forgets it, and
     /// the member change is made again).
-    pub fn join(&mut self, txn: &RoTxn<WithoutTls>, shard: GroupId) -> FsResult<()> {
-        if self.groups.contains_key(&shard) || read_group_state(self.dbs[0], txn, shard)?.is_some()
-        {
-            return Ok(());
+    /// `leader` (the member adding this node) is a member of the group
+    /// this node joins: a group this node already has without it is a
+    /// stale one (of a copy that did not come from the group), and goes.
+    pub fn join(&mut self, txn: &mut RwTxn, shard: GroupId, leader: u64) -> FsResult<()> {
+        let has_leader = |voters: &[u64], learners: &[u64]| {
+            leader == 0 || voters.contains(&leader) || learners.contains(&leader)
+        };
+        if let Some(group) = self.groups.get(&shard) {
+            let conf = group.raw.raft.prs().conf().to_conf_state();
+            if group.raw.raft.leader_id == leader || has_leader(&conf.voters, &conf.learners) {
+                return Ok(());
+            }
+        } else if let Some(state) = read_group_state(self.dbs[0], txn, shard)? {
+            if has_leader(&state.voters, &state.learners) {
+                return Ok(());
+            }
         }
+        if self.groups.remove(&shard).is_some() {
+            tracing::info!(
+                shard,
+                "dropping a stale group of the shard to join the live one"
+            );
+        }
+        self.dbs[0]
+            .delete(txn, &group_state_key(shard))
+            .map_err(lmdb_err)?;
         let config = self.config(0);
         let storage = GroupStore::new(MemStorage::new());
         let raw = RawNode::new(&config, storage, &self.logger).map_err(raft_err(shard))?;
@@ -464,6 +502,22 @@ impl Groups {
         }
     }
 
+    /// Hands the leadership of `shard` to member `to` (this node must
+    /// lead; `to` takes over once its log is caught up).
+    pub fn transfer(&mut self, shard: GroupId, to: u64) -> FsResult<()> {
+        let group = self.groups.get_mut(&shard).ok_or_else(|| {
+            FsError::Unavailable(format!("shard {shard}: this node has no member of it"))
+        })?;
+        if group.raw.raft.state != StateRole::Leader {
+            return Err(FsError::Unavailable(format!(
+                "shard {shard}: this node does not lead it"
+            )));
+        }
+        group.raw.transfer_leader(to);
+        group.touched = true;
+        Ok(())
+    }
+
     /// Answers `done` once `shard` has committed what its LMDB state holds
     /// now (a caller that read or changed that state must not be answered
     /// before it is committed).
@@ -514,6 +568,7 @@ impl Groups {
             self.groups.insert(shard, group);
         }
         let group = self.groups.get_mut(&shard).expect("loaded above");
+        group.touched = true;
         if let Err(e) = group.raw.step(m.message) {
             tracing::debug!(shard, error = %e, "a Raft message was not taken");
         }
@@ -765,6 +820,15 @@ impl Groups {
                     applied: group.spec_index.min(raft.raft_log.committed),
                     voters: conf.voters.clone(),
                     learners: conf.learners.clone(),
+                    progress: if raft.state == StateRole::Leader {
+                        raft.prs()
+                            .iter()
+                            .filter(|(id, _)| **id != raft.id)
+                            .map(|(id, p)| (*id, p.matched))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 },
             );
         }

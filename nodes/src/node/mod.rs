@@ -36,7 +36,7 @@ use curvine_actors::trace::{RecorderRef, Tracer};
 use curvine_conf::Config;
 use curvine_messages::block::DataNode;
 use curvine_messages::cluster::{ClusterMap, JoinInfo, MemberInfo};
-use curvine_messages::{now_ns, ShardId};
+use curvine_messages::now_ns;
 use curvine_wire::cookie::ClientKey;
 use curvine_wire::data::DataPool;
 use curvine_wire::tls::{for_data_port, Tls};
@@ -45,6 +45,7 @@ use crate::data_port::DataContext;
 use crate::gateway::GatewayArgs;
 use crate::http::HttpHandle;
 use crate::identity::DataDir;
+use crate::keeper::{redrive, ShardKeeper};
 use crate::raft_net::{RaftInboxes, RaftNet};
 use crate::service::loader::UfsLoaderArgs;
 use crate::service::{Core, NodeInfo, Service, Subsystems};
@@ -240,7 +241,9 @@ async fn start_with(
         config.meta.group_commit_max as usize,
         config.meta.commit_delay.0,
         Arc::new(RaftNet::new(core.view.clone())),
+        may_found(config, &core.view),
     ));
+    core.view.set_boards(raft.boards());
     let subsystems = Subsystems::build(&core);
     let service = Arc::new(Service::new(&core, &subsystems));
     let parts = tree_parts(
@@ -296,6 +299,23 @@ async fn start_with(
             Err(e)
         }
     }
+}
+
+/// With replicated shards (`meta.replicas` > 1) a node starts a shard's
+/// group only when the map names it the shard's one node (a new cluster's
+/// founder); every other member joins the group its leader adds it to.
+fn may_found(
+    config: &Config,
+    view: &Arc<ClusterView>,
+) -> Option<curvine_actors::replica::MayFound> {
+    if config.meta.replicas <= 1 {
+        return None;
+    }
+    let view = view.clone();
+    Some(Arc::new(move |shard| {
+        let map = view.map();
+        !map.replicated(shard) && map.owner(shard) == Some(view.node_id.as_str())
+    }))
 }
 
 /// The HTTP port on its socket, when there is one.
@@ -411,7 +431,7 @@ fn tree_parts(
             replicas: s.replicas.clone(),
             loads: s.loads.clone(),
             scrub: s.scrub.clone(),
-            raft,
+            raft: raft.clone(),
         },
         membership: (
             membership_args(config, data_dir, cluster, core),
@@ -433,6 +453,14 @@ fn tree_parts(
         },
         client: (ports.client.clone(), service, tls.clone()),
         replicas: (s.replicas.clone(), config.cluster.rereplicate_after.0),
+        keeper: Arc::new(ShardKeeper {
+            view: core.view.clone(),
+            namespace: core.namespace.clone(),
+            raft: raft.clone(),
+            membership: handles.membership.clone(),
+            replicas: config.meta.replicas,
+            rereplicate_after: config.cluster.rereplicate_after.0,
+        }),
     }
 }
 
@@ -499,19 +527,6 @@ fn refresh_mounts(mounts: Arc<Mounts>, ns: Arc<Namespace>) {
             }
         }
         mounts.end_refresh();
-    });
-}
-
-/// Drives the intents a shard recorded, in a task.
-fn redrive(ns: Arc<Namespace>, shard: ShardId) {
-    tokio::spawn(async move {
-        match ns.redrive(shard).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(shard, intents = n, "recovered pending operations"),
-            Err(e) => {
-                tracing::error!(shard, error = %e, "recovering pending operations failed")
-            }
-        }
     });
 }
 

@@ -75,6 +75,7 @@ pub async fn open_meta(
         .unwrap_or_else(|| ClusterMap {
             version: 0,
             shards: vec![String::new(); identity.shard_count as usize],
+            followers: Vec::new(),
         });
     Ok(MetaStores { stores, map })
 }

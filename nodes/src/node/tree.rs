@@ -14,7 +14,8 @@
 //!  ├─ ufs-loader
 //!  ├─ cluster-port       with TLS: the cluster port's accept loop (task)
 //!  ├─ client-port        the client port's accept loop (task)
-//!  └─ re-replicator      re-replication passes (task)
+//!  ├─ re-replicator      re-replication passes (task)
+//!  └─ shard-keeper       shard groups in step with the map (task)
 //! ```
 
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use curvine_wire::tls::Tls;
 
 use crate::data_port::DataContext;
 use crate::gateway::{Gateway, GatewayArgs};
+use crate::keeper::ShardKeeper;
 use crate::ports::accept_loop;
 use crate::service::loader::{UfsLoader, UfsLoaderArgs};
 use crate::service::replicas::Replicas;
@@ -60,6 +62,7 @@ pub struct TreeParts {
     )>,
     pub client: (Arc<std::net::TcpListener>, Arc<Service>, Option<Arc<Tls>>),
     pub replicas: (Arc<Replicas>, Duration),
+    pub keeper: Arc<ShardKeeper>,
 }
 
 /// The arguments of the node's root supervisor.
@@ -107,6 +110,7 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
     }
     let (client_listener, service, tls) = p.client;
     let (replicas, after) = p.replicas;
+    let keeper = p.keeper;
     sup.child(
         accept_loop("client-port", client_listener, move |listener| {
             crate::client_port::serve(listener, service.clone(), tls.clone())
@@ -119,6 +123,7 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
         })
         .boxed(),
     )
+    .child(TaskChild::new("shard-keeper", move || crate::keeper::run(keeper.clone())).boxed())
 }
 
 /// Periodically gives blocks of the shards this node serves their replicas

@@ -68,6 +68,12 @@ impl Admin {
                 self.view.shard_count
             )));
         }
+        if self.view.map().replicated(shard) {
+            return Err(FsError::InvalidArgument(format!(
+                "shard {shard} is replicated (meta.replicas > 1): its members follow the cluster map, \
+                 and moving a replicated shard by hand is not supported yet"
+            )));
+        }
         let target = self.view.find_member(to)?;
         if target.draining {
             return Err(FsError::InvalidArgument(format!(

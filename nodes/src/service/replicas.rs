@@ -242,7 +242,7 @@ impl Replicas {
             .filter(|m| m.state == MemberState::Down && now - m.since_ns > after.as_nanos() as i64)
             .map(|m| m.info.node_id)
             .collect();
-        let shards = self.view.map().shards_of(&self.view.node_id);
+        let shards = self.view.served_shards();
         let mut fixer = Rereplicate { dead, fixed: 0 };
         self.for_each_block(&shards, &mut fixer).await?;
         Ok(fixer.fixed)

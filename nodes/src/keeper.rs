@@ -1,0 +1,336 @@
+//! Keeps each replicated shard's Raft group in step with the cluster map.
+//!
+//! The map says which nodes hold each shard (its node and its followers);
+//! the map is the wish, the groups follow it:
+//!
+//! - **Planning** (on the node leading shard 0, which holds the map): each
+//!   shard gets `meta.replicas` members on distinct nodes, as many as there
+//!   are nodes; a node down longer than `cluster.rereplicate_after` loses
+//!   its places to nodes that are up (a shard whose node is gone gets a new
+//!   one among its followers, the one leading if it can). Members are
+//!   spread over the nodes by how many places each already has. A new map
+//!   is written with a compare-and-set on shard 0.
+//! - **Keeping** (on the node leading each group): a node the map adds is
+//!   asked to join and added as a learner (it takes a snapshot, then the
+//!   log), promoted to voter once caught up; a member the map no longer
+//!   names is removed (a leader that is to go hands its leadership to a
+//!   caught-up voter first). One change at a time per group, each through
+//!   Raft.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use curvine_actors::cluster::ClusterView;
+use curvine_actors::membership::{announce, MembershipMsg};
+use curvine_actors::namespace::Namespace;
+use curvine_actors::replica::{member_id, GroupStatus, MemberChange};
+use curvine_actors::supervisor::Slot;
+use curvine_messages::cluster::{ClusterMap, MemberState, PeerMsg};
+use curvine_messages::{now_ns, FsError, FsResult, ShardId};
+
+use crate::raft_net::RaftInboxes;
+
+/// How often the keeper looks.
+const PERIOD: Duration = Duration::from_millis(500);
+
+/// A learner this close to the leader's commit index is caught up.
+const CAUGHT_UP: u64 = 16;
+
+/// Drives the intents a shard recorded, in a task (a node that starts
+/// serving a shard finishes the operations its last server left).
+pub fn redrive(ns: Arc<Namespace>, shard: ShardId) {
+    tokio::spawn(async move {
+        match ns.redrive(shard).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(shard, intents = n, "recovered pending operations"),
+            Err(e) => {
+                tracing::error!(shard, error = %e, "recovering pending operations failed")
+            }
+        }
+    });
+}
+
+pub struct ShardKeeper {
+    pub view: Arc<ClusterView>,
+    pub namespace: Arc<Namespace>,
+    pub raft: Arc<RaftInboxes>,
+    pub membership: Slot<MembershipMsg>,
+    /// `meta.replicas`.
+    pub replicas: u32,
+    /// `cluster.rereplicate_after`.
+    pub rereplicate_after: Duration,
+}
+
+/// The keeper's loop (a task of the node's supervision tree).
+pub async fn run(keeper: Arc<ShardKeeper>) {
+    let mut led = std::collections::HashSet::new();
+    loop {
+        tokio::time::sleep(PERIOD).await;
+        // A new leader of a replicated shard finishes the operations the
+        // last one left.
+        let map = keeper.view.map();
+        let now: std::collections::HashSet<ShardId> = keeper
+            .view
+            .served_shards()
+            .into_iter()
+            .filter(|s| map.replicated(*s))
+            .collect();
+        for &shard in now.difference(&led) {
+            redrive(keeper.namespace.clone(), shard);
+        }
+        led = now;
+        if keeper.replicas > 1 {
+            if let Err(e) = keeper.plan().await {
+                tracing::debug!(error = %e, "shard placement not updated");
+            }
+        }
+        keeper.keep().await;
+    }
+}
+
+impl ShardKeeper {
+    fn state(&self, node: &str) -> Option<(MemberState, i64)> {
+        if node == self.view.node_id {
+            return Some((MemberState::Up, 0));
+        }
+        self.view.member(node).map(|m| (m.state, m.since_ns))
+    }
+
+    fn up(&self, node: &str) -> bool {
+        self.state(node).is_some_and(|(s, _)| s == MemberState::Up)
+    }
+
+    /// Up, or down for less than `rereplicate_after`: it keeps its places.
+    fn kept(&self, node: &str, now: i64) -> bool {
+        match self.state(node) {
+            Some((MemberState::Up, _)) => true,
+            Some((MemberState::Down, since)) => {
+                now - since < self.rereplicate_after.as_nanos() as i64
+            }
+            _ => false,
+        }
+    }
+
+    /// The map the cluster should have: see the module's comment.
+    pub fn planned(&self, map: &ClusterMap) -> ClusterMap {
+        let now = now_ns();
+        let members = self.view.members();
+        let takers: Vec<String> = members
+            .iter()
+            .filter(|m| m.state == MemberState::Up && !m.info.draining)
+            .map(|m| m.info.node_id.clone())
+            .collect();
+        let kept_nodes = members
+            .iter()
+            .filter(|m| !m.info.draining && self.kept(&m.info.node_id, now))
+            .count();
+        let want = (self.replicas as usize).min(kept_nodes).max(1);
+        let mut next = map.clone();
+        next.followers.resize(map.shards.len(), Vec::new());
+        let mut load: HashMap<String, usize> = HashMap::new();
+        for shard in 0..map.shards.len() {
+            for node in map.members(shard as ShardId) {
+                *load.entry(node.to_string()).or_default() += 1;
+            }
+        }
+        for shard in 0..next.shards.len() {
+            let mut owner = next.shards[shard].clone();
+            let mut followers = std::mem::take(&mut next.followers[shard]);
+            if !self.kept(&owner, now) {
+                // Its node is gone: a follower that is up takes its place,
+                // the one leading the group if it can.
+                let leading = self
+                    .view
+                    .group_status(shard as ShardId)
+                    .and_then(|s| self.view.node_of_member(s.leader));
+                let pick = followers
+                    .iter()
+                    .position(|n| Some(n) == leading.as_ref() && self.up(n))
+                    .or_else(|| followers.iter().position(|n| self.up(n)));
+                if let Some(i) = pick {
+                    owner = followers.remove(i);
+                }
+            }
+            followers.retain(|n| *n != owner && self.kept(n, now));
+            followers.dedup();
+            while followers.len() + 1 < want {
+                let pick = takers
+                    .iter()
+                    .filter(|n| **n != owner && !followers.contains(n))
+                    .min_by_key(|n| (load.get(*n).copied().unwrap_or(0), (*n).clone()));
+                let Some(node) = pick.cloned() else { break };
+                *load.entry(node.clone()).or_default() += 1;
+                followers.push(node);
+            }
+            while followers.len() + 1 > want {
+                let i = followers
+                    .iter()
+                    .position(|n| !self.up(n))
+                    .unwrap_or(followers.len() - 1);
+                followers.remove(i);
+            }
+            next.shards[shard] = owner;
+            next.followers[shard] = followers;
+        }
+        if next.followers.iter().all(Vec::is_empty) {
+            next.followers.clear();
+        }
+        next
+    }
+
+    /// Writes the planned map, when it differs, on the node leading shard 0.
+    async fn plan(&self) -> FsResult<()> {
+        if !self.view.group_status(0).is_some_and(|s| s.serving) {
+            return Ok(());
+        }
+        let map = self.view.map();
+        let next = self.planned(&map);
+        if next.shards == map.shards && next.followers == map.followers {
+            return Ok(());
+        }
+        let mut next = next;
+        next.version = map.version + 1;
+        let stored = self.namespace.set_map(map.version, next.clone()).await?;
+        if stored != next {
+            return Err(FsError::Busy(format!(
+                "the cluster map changed meanwhile (now version {})",
+                stored.version
+            )));
+        }
+        tracing::info!(version = next.version, "cluster map: shard members placed");
+        self.view.adopt_map(&stored);
+        announce(&self.membership);
+        Ok(())
+    }
+
+    /// One round over the groups this node leads.
+    async fn keep(&self) {
+        let map = self.view.map();
+        for shard in 0..map.shards.len() as ShardId {
+            if !map.replicated(shard) || !map.holds(shard, &self.view.node_id) {
+                continue;
+            }
+            let Some(status) = self.view.group_status(shard).filter(|s| s.serving) else {
+                continue;
+            };
+            if let Err(e) = self.keep_group(shard, &map, &status).await {
+                tracing::debug!(shard, error = %e, "shard group not changed this round");
+            }
+        }
+    }
+
+    fn invite(&self, shard: ShardId, node: &str) {
+        let leader = member_id(&self.view.node_id);
+        match self.view.gateway(node) {
+            Ok(gateway) => {
+                let _ = gateway.cast(PeerMsg::JoinGroup { shard, leader });
+            }
+            Err(e) => tracing::debug!(shard, node, error = %e, "cannot ask a node to join"),
+        }
+    }
+
+    async fn keep_group(&self, shard: ShardId, map: &ClusterMap, st: &GroupStatus) -> FsResult<()> {
+        let me = member_id(&self.view.node_id);
+        let wanted: Vec<(String, u64)> = map
+            .members(shard)
+            .into_iter()
+            .map(|n| (n.to_string(), member_id(n)))
+            .collect();
+        let is_wanted = |id: u64| wanted.iter().any(|(_, w)| *w == id);
+        let in_group = |id: u64| st.voters.contains(&id) || st.learners.contains(&id);
+        let matched = |id: u64| {
+            st.progress
+                .iter()
+                .find(|(p, _)| *p == id)
+                .map_or(0, |(_, m)| *m)
+        };
+        let caught_up = |id: u64| id == me || matched(id) + CAUGHT_UP >= st.commit;
+        // A learner the map wants that has caught up votes.
+        if let Some(&l) = st
+            .learners
+            .iter()
+            .find(|l| is_wanted(**l) && caught_up(**l))
+        {
+            return self.change(shard, MemberChange::AddVoter(l)).await;
+        }
+        // Learners that have nothing yet may have missed (or forgotten,
+        // restarting) the request to join.
+        for &l in st.learners.iter().filter(|l| matched(**l) == 0) {
+            if let Some(node) = self.view.node_of_member(l) {
+                self.invite(shard, &node);
+            }
+        }
+        if let Some((node, id)) = wanted.iter().find(|(n, id)| !in_group(*id) && self.up(n)) {
+            self.invite(shard, node);
+            return self.change(shard, MemberChange::AddLearner(*id)).await;
+        }
+        let extra = st
+            .voters
+            .iter()
+            .chain(&st.learners)
+            .copied()
+            .find(|id| !is_wanted(*id));
+        if let Some(id) = extra {
+            if id != me {
+                return self.change(shard, MemberChange::Remove(id)).await;
+            }
+            // This node is to go: a caught-up voter the map wants leads
+            // first, and removes it.
+            if let Some(&to) = st
+                .voters
+                .iter()
+                .find(|v| **v != me && is_wanted(**v) && caught_up(**v))
+            {
+                return self.transfer(shard, to).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn change(&self, shard: ShardId, change: MemberChange) -> FsResult<()> {
+        let writer = self.writer(shard)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        writer.change_members(
+            &[change],
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        let r = wait(rx).await;
+        match &r {
+            Ok(()) => tracing::info!(shard, ?change, "shard group changed"),
+            Err(e) => tracing::debug!(shard, ?change, error = %e, "shard group change not made"),
+        }
+        r
+    }
+
+    async fn transfer(&self, shard: ShardId, to: u64) -> FsResult<()> {
+        let writer = self.writer(shard)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        writer.transfer_leader(
+            to,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        wait(rx).await
+    }
+
+    fn writer(&self, shard: ShardId) -> FsResult<&curvine_actors::writer::Writer> {
+        self.raft
+            .writer(shard)
+            .ok_or_else(|| FsError::InvalidArgument(format!("shard {shard} does not exist")))
+    }
+}
+
+/// A writer's answer, or `TimedOut` after 10 s.
+async fn wait(rx: tokio::sync::oneshot::Receiver<FsResult<()>>) -> FsResult<()> {
+    match tokio::time::timeout(Duration::from_secs(10), rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(FsError::Unavailable("the shard's writer stopped".into())),
+        Err(_) => Err(FsError::TimedOut(
+            "a shard group change took more than 10s".into(),
+        )),
+    }
+}
