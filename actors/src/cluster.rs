@@ -166,16 +166,22 @@ impl ClusterView {
     /// and the replicated ones it leads. Each shard is served by one node,
     /// which runs its background work (sweeps, block replicas, reports).
     pub fn served_shards(&self) -> Vec<ShardId> {
-        let map = self.map();
-        (0..map.shards.len() as ShardId)
-            .filter(|&shard| {
-                if map.replicated(shard) {
-                    self.group_status(shard).is_some_and(|s| s.serving)
-                } else {
-                    map.owner(shard) == Some(self.node_id.as_str())
-                }
-            })
+        (0..self.map().shards.len() as ShardId)
+            .filter(|&shard| self.serves_now(shard))
             .collect()
+    }
+
+    /// Whether this node serves `shard` now: the map gives it the shard
+    /// alone, or the shard is replicated and this node leads its group.
+    /// The one node doing a shard's background work (its sweeps, and for
+    /// shard 0 the journal and load jobs) asks this.
+    pub fn serves_now(&self, shard: ShardId) -> bool {
+        let map = self.map();
+        if map.replicated(shard) {
+            self.group_status(shard).is_some_and(|s| s.serving)
+        } else {
+            map.owner(shard) == Some(self.node_id.as_str())
+        }
     }
 
     /// This node's view of `shard`'s group, if it is a member.

@@ -119,8 +119,8 @@ pub struct MetaConf {
     /// Step records of finished cross-shard operations older than this are swept.
     pub op_record_ttl: Dur,
     /// Copies of each shard's metadata, each on its own node, kept in step
-    /// by Raft (capped by the number of nodes up). 1: each shard lives on
-    /// one node.
+    /// by Raft (capped by the number of nodes up, so one node has 1 and two
+    /// nodes 2). 1: each shard lives on one node.
     pub replicas: u32,
 }
 
@@ -137,7 +137,7 @@ impl Default for MetaConf {
             map_size: ByteSize(32 << 30),
             max_readers: 126,
             op_record_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
-            replicas: 1,
+            replicas: 3,
         }
     }
 }

@@ -256,7 +256,9 @@ fn shards_move_while_clients_keep_writing() {
 #[test]
 fn a_killed_node_fails_fast_and_comes_back_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    // Shards of one copy each: those of the killed node fail fast (with
+    // more copies they go on, as the replicated tests show).
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &["-c", "meta.replicas=1"]);
     cli_ok(&cluster.nodes[0], &["admin", "rebalance"]);
     let victim = cluster.nodes[2].node_id.clone();
     let rt = runtime();
@@ -328,7 +330,9 @@ fn a_killed_node_fails_fast_and_comes_back_whole() {
 #[test]
 fn replicas_keep_data_readable_and_are_restored() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);
+    // Block replicas, with the namespace on the first node alone
+    // (meta.replicas = 1): two of the three nodes die in turn.
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &["-c", "meta.replicas=1"]);
     let bytes = data(3 * BS as usize + 100, 4);
     let rt = runtime();
     rt.block_on(async {
@@ -567,7 +571,15 @@ fn nodes_in_one_process_form_a_cluster() {
         let report = c.report().await.unwrap();
         assert_eq!(report.nodes.len(), 3);
         assert!(report.nodes.iter().all(|n| n.state == "up"));
-        assert_eq!(report.map.version as usize, 1 + moves.len());
+        // Each node now leads a share of the shards.
+        for node in &report.nodes {
+            let led = report.map.shards_of(&node.node_id).len();
+            assert!(
+                (4..=6).contains(&led),
+                "{} leads {led} shards",
+                node.node_id
+            );
+        }
         cluster.stop().await;
     });
 }

@@ -97,8 +97,12 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", FAST_CLUSTER);
-    let mut joined: Vec<&str> = FAST_CLUSTER.to_vec();
+    // Shards of one copy each (meta.replicas = 1): those on the cut node
+    // fail fast, the others go on.
+    let mut single: Vec<&str> = FAST_CLUSTER.to_vec();
+    single.extend_from_slice(&["-c", "meta.replicas=1"]);
+    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &single);
+    let mut joined = single.clone();
     joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
     let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];

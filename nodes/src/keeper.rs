@@ -12,10 +12,15 @@
 //!   is written with a compare-and-set on shard 0.
 //! - **Keeping** (on the node leading each group): a node the map adds is
 //!   asked to join and added as a learner (it takes a snapshot, then the
-//!   log), promoted to voter once caught up; a member the map no longer
+//!   log); the learners are promoted to voters once all of them caught up,
+//!   one right after the other; a member the map no longer
 //!   names is removed (a leader that is to go hands its leadership to a
 //!   caught-up voter first). One change at a time per group, each through
-//!   Raft.
+//!   Raft. The map's owner of a shard is its preferred leader: leadership
+//!   goes back to it once it is up and caught up.
+//!
+//! A node being decommissioned (draining) keeps no places: the planner
+//! gives them to others, and the leaders remove it from their groups.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -64,22 +69,25 @@ pub struct ShardKeeper {
 
 /// The keeper's loop (a task of the node's supervision tree).
 pub async fn run(keeper: Arc<ShardKeeper>) {
+    // The replicated shards this node leads.
     let mut led = std::collections::HashSet::new();
     loop {
         tokio::time::sleep(PERIOD).await;
         // A new leader of a replicated shard finishes the operations the
         // last one left.
         let map = keeper.view.map();
-        let now: std::collections::HashSet<ShardId> = keeper
+        let now: Vec<ShardId> = keeper
             .view
             .served_shards()
             .into_iter()
             .filter(|s| map.replicated(*s))
             .collect();
-        for &shard in now.difference(&led) {
-            redrive(keeper.namespace.clone(), shard);
+        led.retain(|s| now.contains(s));
+        for shard in now {
+            if led.insert(shard) {
+                redrive(keeper.namespace.clone(), shard);
+            }
         }
-        led = now;
         if keeper.replicas > 1 {
             if let Err(e) = keeper.plan().await {
                 tracing::debug!(error = %e, "shard placement not updated");
@@ -101,8 +109,19 @@ impl ShardKeeper {
         self.state(node).is_some_and(|(s, _)| s == MemberState::Up)
     }
 
-    /// Up, or down for less than `rereplicate_after`: it keeps its places.
+    fn draining(&self, node: &str) -> bool {
+        if node == self.view.node_id {
+            return self.view.me().draining;
+        }
+        self.view.member(node).is_some_and(|m| m.info.draining)
+    }
+
+    /// Up, or down for less than `rereplicate_after`, and not being
+    /// decommissioned: it keeps its places.
     fn kept(&self, node: &str, now: i64) -> bool {
+        if self.draining(node) {
+            return false;
+        }
         match self.state(node) {
             Some((MemberState::Up, _)) => true,
             Some((MemberState::Down, since)) => {
@@ -208,12 +227,14 @@ impl ShardKeeper {
     async fn keep(&self) {
         let map = self.view.map();
         for shard in 0..map.shards.len() as ShardId {
-            if !map.replicated(shard) || !map.holds(shard, &self.view.node_id) {
-                continue;
-            }
+            // The leader keeps the group, named in the map or not (a
+            // leader the map dropped hands over first).
             let Some(status) = self.view.group_status(shard).filter(|s| s.serving) else {
                 continue;
             };
+            if !map.replicated(shard) && status.voters.len() + status.learners.len() <= 1 {
+                continue;
+            }
             if let Err(e) = self.keep_group(shard, &map, &status).await {
                 tracing::debug!(shard, error = %e, "shard group not changed this round");
             }
@@ -245,14 +266,14 @@ impl ShardKeeper {
                 .find(|(p, _)| *p == id)
                 .map_or(0, |(_, m)| *m)
         };
-        let caught_up = |id: u64| id == me || matched(id) + CAUGHT_UP >= st.commit;
-        // A learner the map wants that has caught up votes.
-        if let Some(&l) = st
-            .learners
-            .iter()
-            .find(|l| is_wanted(**l) && caught_up(**l))
-        {
-            return self.change(shard, MemberChange::AddVoter(l)).await;
+        // Caught up: it has taken a snapshot or entries from this leader,
+        // and is close to its commit index.
+        let caught_up =
+            |id: u64| id == me || (matched(id) > 0 && matched(id) + CAUGHT_UP >= st.commit);
+        // A joint configuration its leader did not leave (it lost the lead
+        // before) is left first: no other change is taken meanwhile.
+        if st.joint {
+            return self.change_all(shard, &[]).await;
         }
         // Learners that have nothing yet may have missed (or forgotten,
         // restarting) the request to join.
@@ -261,9 +282,25 @@ impl ShardKeeper {
                 self.invite(shard, &node);
             }
         }
+        // Every member the map wants comes in as a learner first ...
         if let Some((node, id)) = wanted.iter().find(|(n, id)| !in_group(*id) && self.up(n)) {
             self.invite(shard, node);
             return self.change(shard, MemberChange::AddLearner(*id)).await;
+        }
+        // ... and the learners vote once all of them (those up) have caught
+        // up, promoted together (joint consensus): one at a time, a group
+        // growing from one voter to three would pass through two, where
+        // losing either stops it.
+        let pending: Vec<u64> = st
+            .learners
+            .iter()
+            .copied()
+            .filter(|l| is_wanted(*l) && self.view.node_of_member(*l).is_some_and(|n| self.up(&n)))
+            .collect();
+        if !pending.is_empty() && pending.iter().all(|l| caught_up(*l)) {
+            let changes: Vec<MemberChange> =
+                pending.into_iter().map(MemberChange::AddVoter).collect();
+            return self.change_all(shard, &changes).await;
         }
         let extra = st
             .voters
@@ -285,22 +322,43 @@ impl ShardKeeper {
                 return self.transfer(shard, to).await;
             }
         }
+        // The map's owner of the shard is its preferred leader: leadership
+        // returns to it once it is back, answering and caught up (a leader
+        // elected because the owner died has heard nothing from it).
+        if let Some(owner) = map.owner(shard).filter(|o| self.up(o)) {
+            let id = member_id(owner);
+            let answering = st.active.contains(&id);
+            if id != me && is_wanted(me) && st.voters.contains(&id) && answering && caught_up(id) {
+                tracing::info!(
+                    shard,
+                    node = owner,
+                    "handing leadership to the shard's owner"
+                );
+                return self.transfer(shard, id).await;
+            }
+        }
         Ok(())
     }
 
     async fn change(&self, shard: ShardId, change: MemberChange) -> FsResult<()> {
+        self.change_all(shard, &[change]).await
+    }
+
+    /// Makes `changes` at once (several: through joint consensus, which
+    /// Raft leaves by itself; none: leaves a joint configuration).
+    async fn change_all(&self, shard: ShardId, changes: &[MemberChange]) -> FsResult<()> {
         let writer = self.writer(shard)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         writer.change_members(
-            &[change],
+            changes,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
         );
         let r = wait(rx).await;
         match &r {
-            Ok(()) => tracing::info!(shard, ?change, "shard group changed"),
-            Err(e) => tracing::debug!(shard, ?change, error = %e, "shard group change not made"),
+            Ok(()) => tracing::info!(shard, ?changes, "shard group changed"),
+            Err(e) => tracing::debug!(shard, ?changes, error = %e, "shard group change not made"),
         }
         r
     }

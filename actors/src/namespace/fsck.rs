@@ -27,6 +27,11 @@ impl Namespace {
         Ok(out)
     }
 
+    /// The counters of one shard, from the node serving it (its leader).
+    pub async fn stats_of(&self, shard: ShardId) -> FsResult<ShardStats> {
+        self.call(shard, |reply| ShardMsg::Stats { reply }).await
+    }
+
     /// Checks the namespace across all shards.
     pub async fn fsck(&self) -> FsResult<FsckReport> {
         let mut scans: Vec<ShardScan> = Vec::new();

@@ -77,7 +77,11 @@ pub trait Transport: Send + Sync + 'static {
 /// Answers a caller once the group committed what it waited for.
 pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
 
+/// How long a read waits for a majority to confirm its leader.
+const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What other threads may know of a group (for reads, reports and tests).
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupStatus {
     pub leader: u64,
@@ -92,6 +96,12 @@ pub struct GroupStatus {
     /// While this node leads: how far each other member's log matches
     /// this one's (member id, index).
     pub progress: Vec<(u64, u64)>,
+    /// While this node leads: the other members it heard from within the
+    /// last election timeout.
+    pub active: Vec<u64>,
+    /// The group is between two sets of voters (joint consensus): a change
+    /// of several members at once is half made.
+    pub joint: bool,
 }
 
 /// Whether this node may start a group of a shard with itself as its only
@@ -153,7 +163,7 @@ pub struct Groups {
     stopped: Option<String>,
     /// Read barriers waiting for their group to confirm its leadership
     /// with a quorum (ReadIndex), by request context.
-    reads: HashMap<Vec<u8>, (GroupId, Done)>,
+    reads: HashMap<Vec<u8>, (GroupId, Done, std::time::Instant)>,
     next_read: u64,
     /// Groups that installed a snapshot not yet made durable by a
     /// checkpoint, and their messages, held until it is (a member must
@@ -420,6 +430,11 @@ impl Groups {
                 raft.term, raft.leader_id
             )));
         }
+        if let Some(to) = raft.lead_transferee {
+            return Err(FsError::Unavailable(format!(
+                "shard {shard}: this node is handing the group's leadership to member {to:016x}"
+            )));
+        }
         if group.spec_index < group.term_start {
             return Err(FsError::Unavailable(format!(
                 "shard {shard}: the new leader is still applying the entries of earlier terms"
@@ -484,10 +499,8 @@ impl Groups {
             .iter()
             .any(|c| !conf.voters.contains(&c.node_id) && !conf.learners.contains(&c.node_id));
         if adds {
-            // MemStorage keeps at least its last entry.
-            let upto =
-                (group.raw.raft.raft_log.applied + 1).min(group.raw.raft.raft_log.last_index());
-            let _ = group.raw.store().mem.wl().compact(upto);
+            let applied = group.raw.raft.raft_log.applied;
+            group.raw.store().compact_to(applied);
         }
         match group.raw.propose_conf_change(Vec::new(), change) {
             Ok(()) => {
@@ -543,11 +556,21 @@ impl Groups {
             return;
         }
         let group = self.groups.get_mut(&shard).expect("loaded by check_leader");
+        let raft = &group.raw.raft;
+        // Raft drops (without a word) a read asked of a leader that has
+        // not committed an entry of its own term yet.
+        if raft.raft_log.term(raft.raft_log.committed).unwrap_or(0) != raft.term {
+            done(Err(FsError::Unavailable(format!(
+                "shard {shard}: the new leader has not committed an entry of its term yet"
+            ))));
+            return;
+        }
         let ctx = self.next_read.to_le_bytes().to_vec();
         self.next_read += 1;
         group.raw.read_index(ctx.clone());
         group.touched = true;
-        self.reads.insert(ctx, (shard, done));
+        self.reads
+            .insert(ctx, (shard, done, std::time::Instant::now()));
     }
 
     /// Hands a message from another member to its group.
@@ -575,10 +598,25 @@ impl Groups {
         Ok(())
     }
 
-    /// One tick of every group's clock (elections and heartbeats).
+    /// One tick of every group's clock (elections and heartbeats). Reads
+    /// not confirmed within `READ_WAIT` (the quorum's answers were lost)
+    /// are answered `Unavailable`, and asked again by their callers.
     pub fn tick(&mut self) {
         for group in self.groups.values_mut() {
             group.raw.tick();
+        }
+        let expired: Vec<Vec<u8>> = self
+            .reads
+            .iter()
+            .filter(|(_, (_, _, at))| at.elapsed() > READ_WAIT)
+            .map(|(ctx, _)| ctx.clone())
+            .collect();
+        for ctx in expired {
+            if let Some((shard, done, _)) = self.reads.remove(&ctx) {
+                done(Err(FsError::Unavailable(format!(
+                    "shard {shard}: a majority of its members did not confirm the leader in {READ_WAIT:?}"
+                ))));
+            }
         }
     }
 
@@ -612,11 +650,11 @@ impl Groups {
             let cancelled: Vec<Vec<u8>> = self
                 .reads
                 .iter()
-                .filter(|(_, (shard, _))| deposed.contains(shard))
+                .filter(|(_, (shard, _, _))| deposed.contains(shard))
                 .map(|(ctx, _)| ctx.clone())
                 .collect();
             for ctx in cancelled {
-                if let Some((shard, done)) = self.reads.remove(&ctx) {
+                if let Some((shard, done, _)) = self.reads.remove(&ctx) {
                     done(Err(FsError::Unavailable(format!(
                         "shard {shard}: leadership moved before a read could be confirmed"
                     ))));
@@ -643,7 +681,7 @@ impl Groups {
                 // Confirmed reads wait until what was committed when they
                 // asked is applied.
                 for state in rd.take_read_states() {
-                    if let Some((_, done)) = self.reads.remove(&state.request_ctx) {
+                    if let Some((_, done, _)) = self.reads.remove(&state.request_ctx) {
                         let term = group.raw.raft.raft_log.term(state.index).unwrap_or(0);
                         group.waiting.push_back((state.index, term, done));
                     }
@@ -755,7 +793,7 @@ impl Groups {
     /// answered with `e`, and no change is accepted any more.
     pub fn stop(&mut self, e: &FsError) {
         self.stopped = Some(e.to_string());
-        for (_, (_, done)) in self.reads.drain() {
+        for (_, (_, done, _)) in self.reads.drain() {
             done(Err(e.clone()));
         }
         for group in self.groups.values_mut() {
@@ -818,6 +856,7 @@ impl Groups {
                         && group.spec_index >= group.term_start,
                     commit: raft.raft_log.committed,
                     applied: group.spec_index.min(raft.raft_log.committed),
+                    joint: !conf.voters_outgoing.is_empty(),
                     voters: conf.voters.clone(),
                     learners: conf.learners.clone(),
                     progress: if raft.state == StateRole::Leader {
@@ -825,6 +864,15 @@ impl Groups {
                             .iter()
                             .filter(|(id, _)| **id != raft.id)
                             .map(|(id, p)| (*id, p.matched))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    active: if raft.state == StateRole::Leader {
+                        raft.prs()
+                            .iter()
+                            .filter(|(id, p)| **id != raft.id && p.recent_active)
+                            .map(|(id, _)| *id)
                             .collect()
                     } else {
                         Vec::new()

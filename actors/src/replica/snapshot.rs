@@ -49,6 +49,10 @@ pub struct SnapCell {
 pub struct GroupStore {
     pub mem: MemStorage,
     snap: Arc<Mutex<SnapCell>>,
+    /// Entries up to here count as compacted: a member that lacks them
+    /// gets a snapshot. (The memory log keeps them; emptying it would make
+    /// it start again at index 1, as a new group's does.)
+    floor: std::sync::atomic::AtomicU64,
 }
 
 impl GroupStore {
@@ -56,7 +60,20 @@ impl GroupStore {
         GroupStore {
             mem,
             snap: Default::default(),
+            floor: Default::default(),
         }
+    }
+
+    /// From now on, a member that lacks entry `index` or an earlier one
+    /// takes a snapshot instead of the log: a new member never starts from
+    /// a log without the state that came before it.
+    pub fn compact_to(&self, index: u64) {
+        self.floor
+            .fetch_max(index, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn floor(&self) -> u64 {
+        self.floor.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn cell(&self) -> std::sync::MutexGuard<'_, SnapCell> {
@@ -149,15 +166,21 @@ impl Storage for GroupStore {
         max_size: impl Into<Option<u64>>,
         context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
+        if low <= self.floor() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
         self.mem.entries(low, high, max_size, context)
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.floor() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
         self.mem.term(idx)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        self.mem.first_index()
+        Ok(self.mem.first_index()?.max(self.floor() + 1))
     }
 
     fn last_index(&self) -> raft::Result<u64> {
@@ -168,7 +191,7 @@ impl Storage for GroupStore {
     /// goes on from it; otherwise one is asked for, and raft-rs tries
     /// again later.
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        let first = self.mem.first_index()?;
+        let first = self.first_index()?;
         let mut cell = self.cell();
         if let Some(s) = &cell.ready {
             let index = s.get_metadata().index;

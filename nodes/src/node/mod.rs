@@ -233,6 +233,7 @@ async fn start_with(
         // Names carry the node id: several nodes may share a process (tests).
         root: format!("node-{}", identity.node_id),
         pending_replicas: config.ufs.pending_replicas,
+        meta_replicas: config.meta.replicas,
     };
     // The shards' writers start here, with the net their groups reach
     // other nodes through, before any shard actor asks for one.
@@ -379,9 +380,10 @@ fn tree_parts(
             directory: handles.directory.clone(),
             policy,
             metrics: metrics.clone(),
-            // Intents are driven by the node that serves the shard.
+            // Intents are driven by the node that serves the shard (of a
+            // replicated one, the shard keeper has its leader drive them).
             on_started: Arc::new(move |shard| {
-                if view.serves(shard) {
+                if view.serves_now(shard) {
                     redrive(ns.clone(), shard);
                 }
             }),

@@ -8,6 +8,13 @@
 //! drop the old copy. Until the switch nothing has changed for anyone; a
 //! failure before it unfreezes the shard where it was. The map of shard 0
 //! travels with shard 0: moving it writes the new map into the new copy.
+//!
+//! A replicated shard (one with followers in the map) is never frozen:
+//! moving, rebalancing and decommissioning write the members wanted into
+//! the map, the shard keepers change the groups through Raft (a learner
+//! takes a snapshot, catches up, votes; the member replaced is removed;
+//! leadership goes to the owner), and the command waits until each group
+//! has the members the map names.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -23,12 +30,17 @@ use curvine_actors::supervisor::Slot;
 use curvine_messages::cluster::{ClusterMap, MemberInfo, PeerMsg};
 use curvine_messages::rpc::{DecommissionReport, ShardMove};
 use curvine_messages::shard::ShardMsg;
+use curvine_messages::wal::member_id;
 use curvine_messages::{FsError, FsResult, ShardId};
 
 use super::replicas::Replicas;
 
 /// Records copied per import step.
 const EXPORT_CHUNK: u32 = 1 << 20;
+
+/// How long a change of a replicated shard's members may take (a snapshot
+/// to send, a learner to catch up, leadership to hand over).
+const CONVERGE_WITHIN: Duration = Duration::from_secs(120);
 
 pub struct Admin {
     namespace: Arc<Namespace>,
@@ -39,6 +51,8 @@ pub struct Admin {
     data_dir: PathBuf,
     /// Shard moves driven by this node run one at a time.
     moves: tokio::sync::Mutex<()>,
+    /// `meta.replicas`: above 1, shards change members instead of moving.
+    meta_replicas: u32,
 }
 
 impl Admin {
@@ -48,6 +62,7 @@ impl Admin {
         replicas: Arc<Replicas>,
         membership: Slot<MembershipMsg>,
         data_dir: PathBuf,
+        meta_replicas: u32,
     ) -> Admin {
         Admin {
             namespace,
@@ -56,6 +71,37 @@ impl Admin {
             membership,
             data_dir,
             moves: tokio::sync::Mutex::new(()),
+            meta_replicas,
+        }
+    }
+
+    /// With `meta.replicas` above 1 and several nodes, waits until the
+    /// planner gave every shard its members (a cluster just formed, or a
+    /// node just joined); the map then. `None`: shards have one member.
+    async fn placed(&self) -> FsResult<Option<Arc<ClusterMap>>> {
+        let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
+        let mut rx = self.view.subscribe();
+        loop {
+            let nodes = self.view.live().iter().filter(|m| !m.draining).count();
+            let want = (self.meta_replicas as usize).min(nodes);
+            let map = self.view.map();
+            if want <= 1 && map.followers.is_empty() {
+                return Ok(None);
+            }
+            let short = (0..map.shards.len() as ShardId).find(|s| map.members(*s).len() < want);
+            match short {
+                None => return Ok(Some(map)),
+                Some(shard) if tokio::time::Instant::now() > deadline => {
+                    return Err(FsError::TimedOut(format!(
+                        "shard {shard} has {} of its {want} members after {}s",
+                        map.members(shard).len(),
+                        CONVERGE_WITHIN.as_secs()
+                    )))
+                }
+                Some(_) => {
+                    let _ = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
+                }
+            }
         }
     }
 
@@ -68,12 +114,6 @@ impl Admin {
                 self.view.shard_count
             )));
         }
-        if self.view.map().replicated(shard) {
-            return Err(FsError::InvalidArgument(format!(
-                "shard {shard} is replicated (meta.replicas > 1): its members follow the cluster map, \
-                 and moving a replicated shard by hand is not supported yet"
-            )));
-        }
         let target = self.view.find_member(to)?;
         if target.draining {
             return Err(FsError::InvalidArgument(format!(
@@ -82,9 +122,19 @@ impl Admin {
             )));
         }
         let to = target.node_id;
-        let map = self.view.map();
+        let map = self.placed().await?.unwrap_or_else(|| self.view.map());
         let from = map.owner(shard).unwrap_or_default().to_string();
         if from == to {
+            return Ok(ShardMove { shard, from, to });
+        }
+        if map.replicated(shard) {
+            // The owner's place goes to `to` (a follower there swaps with
+            // it); the group follows: learner, snapshot, voter, the old
+            // member removed, leadership handed over. No freeze.
+            let next = map.with_member_moved(shard, &from, &to);
+            tracing::info!(shard, %from, %to, "moving a replicated shard's leader place");
+            self.write_map(&map, next).await?;
+            self.converged(&[shard]).await?;
             return Ok(ShardMove { shard, from, to });
         }
         self.view.find_member(&from)?;
@@ -182,7 +232,61 @@ impl Admin {
         Ok(stored)
     }
 
-    /// Moves shards so every live node serves an even share.
+    /// Writes `next` over `map` (a compare-and-set on shard 0) and tells
+    /// the cluster.
+    async fn write_map(&self, map: &ClusterMap, next: ClusterMap) -> FsResult<ClusterMap> {
+        let stored = self.namespace.set_map(map.version, next.clone()).await?;
+        if stored.shards != next.shards || stored.followers != next.followers {
+            return Err(FsError::Busy(format!(
+                "the cluster map changed meanwhile (now version {}); try again",
+                stored.version
+            )));
+        }
+        self.view.adopt_map(&stored);
+        announce(&self.membership);
+        Ok(stored)
+    }
+
+    /// Waits until each of `shards` has the group the map names: those
+    /// members as voters, no learner, led by its owner.
+    async fn converged(&self, shards: &[ShardId]) -> FsResult<()> {
+        let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
+        for &shard in shards {
+            let mut last = String::from("no answer from its leader");
+            loop {
+                let map = self.view.map();
+                let mut want: Vec<u64> = map.members(shard).into_iter().map(member_id).collect();
+                want.sort_unstable();
+                let owner = map.owner(shard).map(member_id);
+                let stats = self.namespace.stats_of(shard).await;
+                match stats.map(|s| s.group) {
+                    Ok(Some(mut g)) => {
+                        g.voters.sort_unstable();
+                        if g.voters == want && g.learners.is_empty() && Some(g.leader) == owner {
+                            break;
+                        }
+                        last = format!(
+                            "voters {:?}, learners {:?}, leader {} (the map wants voters {want:?} led by {owner:?})",
+                            g.voters, g.learners, g.leader
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => last = e.to_string(),
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(FsError::TimedOut(format!(
+                        "shard {shard} did not reach the members the cluster map names within {}s: {last}",
+                        CONVERGE_WITHIN.as_secs()
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves shards so every live node serves an even share (of copies and
+    /// of leaders, for replicated shards).
     pub async fn rebalance(&self) -> FsResult<Vec<ShardMove>> {
         let nodes: Vec<String> = self
             .view
@@ -193,6 +297,22 @@ impl Admin {
             .collect();
         if nodes.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(map) = self.placed().await? {
+            let _one_at_a_time = self.moves.lock().await;
+            let (next, moves) = map.balanced(&nodes);
+            if moves.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.write_map(&map, next).await?;
+            let mut shards: Vec<ShardId> = moves.iter().map(|m| m.0).collect();
+            shards.sort_unstable();
+            shards.dedup();
+            self.converged(&shards).await?;
+            return Ok(moves
+                .into_iter()
+                .map(|(shard, from, to)| ShardMove { shard, from, to })
+                .collect());
         }
         let mut moves = Vec::new();
         loop {
@@ -249,6 +369,9 @@ impl Admin {
         }
         self.drain(&node, true, false).await?;
         let mut report = DecommissionReport::default();
+        if self.placed().await?.is_some() {
+            report.shards = self.empty_replicated(&node).await?;
+        }
         for shard in self.view.map().shards_of(&node) {
             let map = self.view.map();
             let target = others
@@ -265,6 +388,47 @@ impl Admin {
             self.drain(&node, true, true).await?;
         }
         Ok(report)
+    }
+
+    /// Waits while the cluster map gives a draining node's places to
+    /// others (the shard keeper's planner does, on the node leading shard
+    /// 0) and the groups follow; the moves made.
+    async fn empty_replicated(&self, node: &str) -> FsResult<Vec<ShardMove>> {
+        let before = self.view.map();
+        let held: Vec<ShardId> = (0..before.shards.len() as ShardId)
+            .filter(|s| before.holds(*s, node))
+            .collect();
+        let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
+        let mut rx = self.view.subscribe();
+        while self.view.map().places(node) > 0 {
+            if tokio::time::Instant::now() > deadline {
+                return Err(FsError::TimedOut(format!(
+                    "node {node} still holds {} shard copies after {}s: is meta.replicas set and another node up?",
+                    self.view.map().places(node),
+                    CONVERGE_WITHIN.as_secs()
+                )));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
+        }
+        self.converged(&held).await?;
+        let after = self.view.map();
+        Ok(held
+            .into_iter()
+            .map(|shard| {
+                let to = after
+                    .members(shard)
+                    .into_iter()
+                    .find(|n| !before.holds(shard, n))
+                    .or(after.owner(shard))
+                    .unwrap_or_default()
+                    .to_string();
+                ShardMove {
+                    shard,
+                    from: node.to_string(),
+                    to,
+                }
+            })
+            .collect())
     }
 
     async fn drain(&self, node: &str, draining: bool, leave: bool) -> FsResult<()> {

@@ -39,9 +39,10 @@ impl Journal {
         }
     }
 
-    /// Whether this node serves shard 0 (the journal and load jobs live there).
+    /// Whether this node serves shard 0 now (the journal and load jobs live
+    /// there; of a replicated shard 0, its leader).
     pub fn served_here(&self) -> bool {
-        self.view.serves(0)
+        self.view.serves_now(0)
     }
 
     /// The oldest entries not trimmed yet.

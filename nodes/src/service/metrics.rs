@@ -29,7 +29,7 @@ pub async fn node_metrics(view: &ClusterView, blocks: &BlockStore, loads: &Loads
     samples.extend(cluster_samples(view));
     // Load jobs: only from the node that serves shard 0 (where they are
     // kept), so a sum over nodes counts each job once.
-    if view.serves(0) {
+    if view.serves_now(0) {
         if let Ok(Ok(jobs)) = tokio::time::timeout(Duration::from_secs(5), loads.load_jobs()).await
         {
             samples.extend(job_samples(&jobs));
@@ -90,7 +90,7 @@ fn cluster_samples(view: &ClusterView) -> Vec<Sample> {
         );
     }
     let served = (0..view.shard_count)
-        .filter(|s| view.serves(*s as u16))
+        .filter(|s| view.serves_now(*s as u16))
         .count();
     samples.push(Sample::gauge(
         "curvine_shards_served",

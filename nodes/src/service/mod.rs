@@ -90,6 +90,8 @@ pub struct Core {
     /// Copies of each block of an fs_mode file not yet persisted
     /// (`ufs.pending_replicas`).
     pub pending_replicas: u16,
+    /// Copies of each shard's metadata (`meta.replicas`).
+    pub meta_replicas: u32,
 }
 
 /// Every subsystem of the node, built in dependency order.
@@ -132,6 +134,7 @@ impl Subsystems {
             replicas.clone(),
             core.membership.clone(),
             PathBuf::from(&core.info.data_dir),
+            core.meta_replicas,
         ));
         let fills = Arc::new(Fills::new(FillsArgs {
             namespace: ns.clone(),
