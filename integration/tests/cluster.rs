@@ -762,3 +762,126 @@ fn replicated_shards_keep_serving_through_a_killed_node_and_lose_nothing() {
     wait_for_voters(&cluster.nodes[1], 16, 3);
     assert_consistent(&cluster.nodes[1]);
 }
+
+/// Each shard's members by the cluster map (`admin shards --json`).
+fn shard_members(node: &NodeProcess) -> Vec<Vec<String>> {
+    let v: serde_json::Value =
+        serde_json::from_str(&cli_ok(node, &["--json", "admin", "shards"])).unwrap();
+    let names = |x: &serde_json::Value| -> Vec<String> {
+        x.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect()
+    };
+    let owners = names(&v["shards"]);
+    let followers: Vec<Vec<String>> = v["followers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(names)
+        .collect();
+    owners
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let mut m = vec![o];
+            m.extend(followers.get(i).cloned().unwrap_or_default());
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_whose_disk_was_lost_rejoins_as_a_new_member_and_nothing_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = ProcessCluster::start(dir.path(), 3, &["-c", "meta.replicas=3"]);
+    wait_for_voters(&cluster.nodes[0], 16, 3);
+    cli_ok(&cluster.nodes[0], &["admin", "rebalance"]);
+    let rt = runtime();
+    let before: Vec<String> = (0..32).map(|i| format!("/w{i}")).collect();
+    rt.block_on(async {
+        let c = cluster.nodes[0].client().await;
+        for d in &before {
+            c.mkdir(d, false).await.unwrap();
+            c.touch(&format!("{d}/f")).await.unwrap();
+        }
+    });
+    // The third node dies and its data directory is lost.
+    let lost = cluster.nodes[2].node_id.clone();
+    cluster.nodes[2].kill();
+    std::fs::remove_dir_all(&cluster.nodes[2].data_dir).unwrap();
+    // The two others go on meanwhile (each shard keeps a majority).
+    rt.block_on(async {
+        let c = cluster.nodes[0].client().await;
+        for d in &before {
+            c.touch(&format!("{d}/during")).await.unwrap();
+        }
+    });
+    // It comes back empty, with its seeds: a new node, which takes the
+    // lost node's places by snapshot once those are given up.
+    cluster.nodes[2].start_again();
+    let fresh = cluster.nodes[2].node_id.clone();
+    assert_ne!(fresh, lost);
+    let seen = RefCell::new(Vec::new());
+    let what = Lazily(|| format!("the new node to hold every shard: {:?}", seen.borrow()));
+    wait_for(what, Duration::from_secs(60), || {
+        let members = shard_members(&cluster.nodes[0]);
+        let done = members.len() == 16
+            && members
+                .iter()
+                .all(|m| m.contains(&fresh) && !m.contains(&lost));
+        *seen.borrow_mut() = members;
+        done.then_some(())
+    });
+    // The groups follow the map: the new node votes, the lost one is gone.
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("every group to have the map's members: {}", seen.borrow()));
+    wait_for(what, Duration::from_secs(60), || {
+        let members = shard_members(&cluster.nodes[0]);
+        let report: serde_json::Value =
+            serde_json::from_str(&cli_ok(&cluster.nodes[0], &["--json", "report"])).unwrap();
+        let mut matched = 0;
+        for n in report["nodes"].as_array().into_iter().flatten() {
+            for s in n["shards"].as_array().into_iter().flatten() {
+                let shard = s["shard"].as_u64().unwrap_or(u64::MAX) as usize;
+                let ids = |k: &str| -> Vec<u64> {
+                    let mut v: Vec<u64> = s["group"][k]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| x.as_u64())
+                        .collect();
+                    v.sort_unstable();
+                    v
+                };
+                let mut want: Vec<u64> = members
+                    .get(shard)
+                    .into_iter()
+                    .flatten()
+                    .map(|m| curvine_messages::wal::member_id(m))
+                    .collect();
+                want.sort_unstable();
+                if ids("voters") == want && ids("learners").is_empty() {
+                    matched += 1;
+                }
+            }
+        }
+        *seen.borrow_mut() = format!("{matched} of 16 shards");
+        (matched == 16).then_some(())
+    });
+    // The first node dies too: every shard now needs the new node's copy
+    // to commit, and every acknowledged file is there.
+    cluster.nodes[0].kill();
+    rt.block_on(async {
+        let c = cluster.nodes[1].client().await;
+        for d in &before {
+            c.touch(&format!("{d}/after")).await.unwrap();
+            for name in ["f", "during", "after"] {
+                c.stat(&format!("{d}/{name}")).await.unwrap();
+            }
+        }
+    });
+    let out = cli_ok(&cluster.nodes[1], &["admin", "fsck"]);
+    assert!(out.contains("namespace is consistent"), "{out}");
+}

@@ -235,16 +235,7 @@ async fn start_with(
         pending_replicas: config.ufs.pending_replicas,
         meta_replicas: config.meta.replicas,
     };
-    // The shards' writers start here, with the net their groups reach
-    // other nodes through, before any shard actor asks for one.
-    let raft = Arc::new(RaftInboxes::new(
-        &meta.stores,
-        config.meta.group_commit_max as usize,
-        config.meta.commit_delay.0,
-        Arc::new(RaftNet::new(core.view.clone())),
-        may_found(config, &core.view),
-    ));
-    core.view.set_boards(raft.boards());
+    let raft = start_writers(config, &meta.stores, &core.view);
     let subsystems = Subsystems::build(&core);
     let service = Arc::new(Service::new(&core, &subsystems));
     let parts = tree_parts(
@@ -300,6 +291,24 @@ async fn start_with(
             Err(e)
         }
     }
+}
+
+/// The shards' writers, started with the net their groups reach other
+/// nodes through, before any shard actor asks for one.
+fn start_writers(
+    config: &Config,
+    stores: &[Arc<curvine_actors::store::ShardStore>],
+    view: &Arc<ClusterView>,
+) -> Arc<RaftInboxes> {
+    let raft = Arc::new(RaftInboxes::new(
+        stores,
+        config.meta.group_commit_max as usize,
+        config.meta.commit_delay.0,
+        Arc::new(RaftNet::new(view.clone())),
+        may_found(config, view),
+    ));
+    view.set_boards(raft.boards());
+    raft
 }
 
 /// With replicated shards (`meta.replicas` > 1) a node starts a shard's
