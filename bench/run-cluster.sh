@@ -5,10 +5,12 @@
 # metadata requests cross from the node the client talks to into another
 # node. The client talks to the first node; B1 blocks go to that node (local
 # first), read over short-circuit and over the data port; `replicas 2` adds a
-# copy on another node at close. A second cluster of 3 nodes with
-# `meta.replicas 3` (every shard a Raft group with a member on each node,
-# led by the first node) runs the same metadata benchmark: each commit waits
-# for a second node's log. Writes results/cluster.jsonl and RESULTS.md.
+# copy on another node at close. That cluster keeps one copy of each shard
+# (`meta.replicas 1`). A second cluster of 3 nodes with `meta.replicas 3`
+# (the default: every shard a Raft group with a member on each node, its
+# leaders spread by `admin rebalance`) runs the same metadata benchmark:
+# each commit waits for a second node's log. Writes results/cluster.jsonl
+# and RESULTS.md.
 #
 #   bench/run-cluster.sh           # 20,000 entries, 10 files of 100MB, 3 repetitions
 #   bench/run-cluster.sh --quick   # 2,000 entries, 2 files, 1 repetition
@@ -31,9 +33,9 @@ node() {
   start_node "$name" "$host" "$p" "[MEM:4GiB]$shm/$name" "$@"
 }
 node single 127.0.0.1 "$port"
-node c0 127.0.0.1 $((port + 10))
-node c1 127.0.0.2 $((port + 20)) --seeds "127.0.0.1:$((port + 11))"
-node c2 127.0.0.3 $((port + 30)) --seeds "127.0.0.1:$((port + 11))"
+node c0 127.0.0.1 $((port + 10)) -c meta.replicas=1
+node c1 127.0.0.2 $((port + 20)) -c meta.replicas=1 --seeds "127.0.0.1:$((port + 11))"
+node c2 127.0.0.3 $((port + 30)) -c meta.replicas=1 --seeds "127.0.0.1:$((port + 11))"
 node r0 127.0.0.1 $((port + 40)) -c meta.replicas=3
 node r1 127.0.0.2 $((port + 50)) -c meta.replicas=3 --seeds "127.0.0.1:$((port + 41))"
 node r2 127.0.0.3 $((port + 60)) -c meta.replicas=3 --seeds "127.0.0.1:$((port + 41))"
@@ -55,6 +57,7 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [ "$voters" = 16 ] || { echo "the replicated cluster did not form ($voters of 16 shards with 3 voters)" >&2; exit 1; }
+"$bin/curvine-cli" --cluster "$replicated" admin rebalance >&2
 
 results cluster
 data() {

@@ -226,8 +226,13 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", FAST_CLUSTER);
-    let mut joined: Vec<&str> = FAST_CLUSTER.to_vec();
+    // Shards of one copy each (meta.replicas = 1): with the link cut, the
+    // far node's shards still take writes from its side. (Two nodes with
+    // two copies would both stop: neither side is a majority.)
+    let mut single: Vec<&str> = FAST_CLUSTER.to_vec();
+    single.extend_from_slice(&["-c", "meta.replicas=1"]);
+    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &single);
+    let mut joined = single.clone();
     joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
     let far = NodeProcess::start_wrapped(&dir.path().join("far"), "10.77.0.2", &joined, &wrapper);
