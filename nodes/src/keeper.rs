@@ -347,14 +347,8 @@ impl ShardKeeper {
     /// Makes `changes` at once (several: through joint consensus, which
     /// Raft leaves by itself; none: leaves a joint configuration).
     async fn change_all(&self, shard: ShardId, changes: &[MemberChange]) -> FsResult<()> {
-        let writer = self.writer(shard)?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        writer.change_members(
-            changes,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
+        let (done, rx) = answer();
+        self.writer(shard)?.change_members(changes, done);
         let r = wait(rx).await;
         match &r {
             Ok(()) => tracing::info!(shard, ?changes, "shard group changed"),
@@ -364,14 +358,8 @@ impl ShardKeeper {
     }
 
     async fn transfer(&self, shard: ShardId, to: u64) -> FsResult<()> {
-        let writer = self.writer(shard)?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        writer.transfer_leader(
-            to,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
+        let (done, rx) = answer();
+        self.writer(shard)?.transfer_leader(to, done);
         wait(rx).await
     }
 
@@ -380,6 +368,20 @@ impl ShardKeeper {
             .writer(shard)
             .ok_or_else(|| FsError::InvalidArgument(format!("shard {shard} does not exist")))
     }
+}
+
+/// A writer's callback and where its answer arrives.
+fn answer() -> (
+    curvine_actors::replica::Done,
+    tokio::sync::oneshot::Receiver<FsResult<()>>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
 }
 
 /// A writer's answer, or `TimedOut` after 10 s.

@@ -47,6 +47,26 @@ pub(super) fn is_members(e: &Entry) -> bool {
 }
 
 impl Group {
+    /// A group around `raw` that has applied up to `applied` (index, term),
+    /// following whatever role raft-rs gave it.
+    pub(super) fn new(shard: GroupId, raw: RawNode<GroupStore>, applied: (u64, u64)) -> Group {
+        let mut group = Group {
+            raw,
+            spec_index: applied.0,
+            spec_term: applied.1,
+            state_dirty: false,
+            waiting: VecDeque::new(),
+            undo: VecDeque::new(),
+            leading: false,
+            term_start: 0,
+            late: Vec::new(),
+            touched: true,
+            members_index: applied.0,
+        };
+        group.follow_role(shard);
+        group
+    }
+
     pub(super) fn is_leader(&self) -> bool {
         self.raw.raft.state == StateRole::Leader
     }

@@ -41,7 +41,7 @@ pub use state::{
 };
 pub(crate) use state::{leave_tail, take_tail};
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use group::{is_members, Group};
@@ -331,21 +331,11 @@ impl Groups {
         if alone(&state) && state.voters == [self.id] {
             raw.campaign().map_err(raft_err(shard))?;
         }
-        let mut group = Group {
+        Ok(Group::new(
+            shard,
             raw,
-            spec_index: state.applied_index,
-            spec_term: state.applied_term,
-            state_dirty: false,
-            waiting: VecDeque::new(),
-            undo: VecDeque::new(),
-            leading: false,
-            term_start: 0,
-            late: Vec::new(),
-            touched: true,
-            members_index: state.applied_index,
-        };
-        group.follow_role(shard);
-        Ok(group)
+            (state.applied_index, state.applied_term),
+        ))
     }
 
     /// Makes this node a new member of `shard`'s group, with nothing yet:
@@ -381,21 +371,7 @@ impl Groups {
         let config = self.config(0);
         let storage = GroupStore::new(MemStorage::new());
         let raw = RawNode::new(&config, storage, &self.logger).map_err(raft_err(shard))?;
-        let mut group = Group {
-            raw,
-            spec_index: 0,
-            spec_term: 0,
-            state_dirty: false,
-            waiting: VecDeque::new(),
-            undo: VecDeque::new(),
-            leading: false,
-            term_start: 0,
-            late: Vec::new(),
-            touched: true,
-            members_index: 0,
-        };
-        group.follow_role(shard);
-        self.groups.insert(shard, group);
+        self.groups.insert(shard, Group::new(shard, raw, (0, 0)));
         tracing::info!(shard, "joining the shard's group; waiting for a snapshot");
         Ok(())
     }
