@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::trace::{Outcome, TraceCtx, Traced};
-use curvine_messages::{now_ns, FsResult};
+use curvine_messages::{now_ns, FsResult, ReqId};
 
 use crate::stats::{ActorStats, Metrics};
 use crate::store::ShardStore;
@@ -47,6 +49,8 @@ pub struct ShardState {
     /// The span of the message being handled, if it is traced; ended by
     /// the reply.
     span: Option<Span>,
+    /// The call the message being handled is an attempt of.
+    req: Option<ReqId>,
 }
 
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
@@ -115,14 +119,28 @@ impl ShardState {
         });
     }
 
+    /// A mutation answered once committed. One that is an attempt of a
+    /// call the shard answered before returns that answer, unapplied; one
+    /// that succeeds records its answer with its changes.
     fn write<T, F>(&mut self, reply: RpcReplyPort<FsResult<T>>, f: F)
     where
-        T: Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
         F: FnOnce(&ShardStore, &mut crate::txn::WriteTxn<'_>) -> FsResult<T> + Send + 'static,
     {
         let store = self.store.clone();
+        let req = self.req.take();
         self.writer.submit_traced(
-            move |txn| f(&store, txn),
+            move |txn| {
+                let Some(req) = req else {
+                    return f(&store, txn);
+                };
+                if let Some(answered) = store.answered(txn, req)? {
+                    return Ok(answered);
+                }
+                let value = f(&store, txn)?;
+                store.record_answer(txn, req, &value, now_ns())?;
+                Ok(value)
+            },
             move |result| answer(reply, result),
             self.span.take(),
         );
@@ -195,6 +213,7 @@ impl ShardState {
             | ShardMsg::UfsEvict { .. }) => self.ufs(m),
             m @ (ShardMsg::Stats { .. }
             | ShardMsg::Scan { .. }
+            | ShardMsg::Digest { .. }
             | ShardMsg::Export { .. }
             | ShardMsg::Import { .. }
             | ShardMsg::DropAll { .. }
@@ -537,6 +556,21 @@ impl ShardState {
                 })
             }
             ShardMsg::Scan { reply } => self.read(reply, move |s, t| s.scan(t)),
+            ShardMsg::Digest { reply } => {
+                let store = &self.store;
+                let digest = store.read_txn().and_then(|t| {
+                    let applied =
+                        crate::replica::read_group_state(store.tables()[0], &t, store.shard)?
+                            .map_or(0, |g| g.applied_index);
+                    let (records, hash) = store.digest(&t)?;
+                    Ok(curvine_messages::shard::CopyDigest {
+                        applied,
+                        records,
+                        hash,
+                    })
+                });
+                answer(reply, digest)
+            }
             ShardMsg::Export {
                 from,
                 max_bytes,
@@ -667,6 +701,7 @@ impl Actor for NamespaceShard {
             tracer: args.tracer,
             stats,
             span: None,
+            req: None,
         })
     }
 
@@ -698,7 +733,9 @@ impl Actor for NamespaceShard {
             msg: message,
             ctx,
             sent_ns,
+            req,
         } = message;
+        state.req = req;
         let stats = state.stats.clone();
         let _handling = stats.handling(message.kind());
         state.span = state

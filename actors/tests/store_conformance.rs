@@ -117,6 +117,7 @@ conformance!(
     stats_and_scan_see_only_their_shard,
     file_blocks_lease_commit_and_free,
     a_shard_moves_to_another_store_whole,
+    answers_of_calls_are_kept_per_shard_and_expire,
 );
 
 fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
@@ -638,6 +639,71 @@ fn stats_and_scan_see_only_their_shard(f: Fixture) {
     assert_eq!((s1.inodes, s1.dentries), (0, 0));
     let scan: Vec<Attr> = f.read(1, |s, t| s.scan(t)).unwrap().inodes;
     assert!(scan.is_empty());
+}
+
+fn answers_of_calls_are_kept_per_shard_and_expire(f: Fixture) {
+    use curvine_messages::ReqId;
+    let now = now_ns();
+    let first = ReqId {
+        at_ns: now,
+        nonce: 7,
+    };
+    let (_, empty) = f.read(0, |s, t| s.digest(t)).unwrap();
+    let a = f
+        .write(0, |s, t| {
+            let a = s.create(t, ROOT_INO, "a", &file(), None)?;
+            s.record_answer(t, first, &a, now)?;
+            Ok(a)
+        })
+        .unwrap();
+    // The call made again finds its answer; another call, or the same
+    // call id on another shard, finds none.
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<Attr>(t, first)).unwrap(),
+        Some(a.clone())
+    );
+    let other = ReqId {
+        at_ns: now,
+        nonce: 8,
+    };
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<Attr>(t, other)).unwrap(),
+        None
+    );
+    assert_eq!(
+        f.read(1, |s, t| s.answered::<Attr>(t, first)).unwrap(),
+        None
+    );
+    // Answers are not step records, and go with their own shard only.
+    assert_eq!(f.read(0, |s, t| s.scan(t)).unwrap().op_records, 0);
+    assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 1);
+    let moved = f.read(1, |s, t| s.export_all(t)).unwrap();
+    assert!(
+        !moved.iter().any(|r| r.key.len() == 18 && r.key[0] == 0),
+        "shard 1's export carries shard 0's answer"
+    );
+    let (records, with_answer) = f.read(0, |s, t| s.digest(t)).unwrap();
+    assert_ne!(with_answer, empty);
+    assert!(records >= 4, "{records} records");
+    // An answer older than the TTL goes when the next one is recorded.
+    let old = ReqId {
+        at_ns: now - curvine_actors::store::REQUEST_RECORD_TTL.as_nanos() as i64 - 1_000_000_000,
+        nonce: 9,
+    };
+    f.write(0, |s, t| s.record_answer(t, old, &1u32, old.at_ns))
+        .unwrap();
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(),
+        Some(1)
+    );
+    let later = ReqId {
+        at_ns: now + 1,
+        nonce: 10,
+    };
+    f.write(0, |s, t| s.record_answer(t, later, &2u32, now))
+        .unwrap();
+    assert_eq!(f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(), None);
+    assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 2);
 }
 
 #[test]

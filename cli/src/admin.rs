@@ -225,6 +225,12 @@ async fn fsck(cx: &Ctx<'_>) -> Result<(), Failure> {
             report.pending_intents,
             report.locks
         );
+        if report.compared_copies > 0 {
+            println!(
+                "{} replicated shards: their members' copies compared",
+                report.compared_copies
+            );
+        }
         for p in &report.problems {
             println!("problem: {p}");
         }

@@ -2,7 +2,9 @@
 //! simple in-memory model of the namespace to compare against.
 
 pub mod fuzzing;
+pub mod linear;
 pub mod model;
+pub mod netns;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -9,81 +9,10 @@ use std::cell::RefCell;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use curvine_integration::netns::Netns;
 use curvine_integration::{
-    bin, read_file, wait_for, wait_for_async, wait_for_voters, write_file, Lazily, NodeProcess,
-    FAST_CLUSTER,
+    bin, read_file, wait_for, wait_for_async, write_file, Lazily, NodeProcess, FAST_CLUSTER,
 };
-
-/// A network namespace joined to the host by a veth pair.
-struct Netns {
-    name: String,
-    host_if: String,
-    /// The link's end inside the namespace.
-    ns_if: String,
-}
-
-impl Netns {
-    fn create(tag: &str) -> Option<Netns> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return None;
-        }
-        let name = format!("cvp{tag}");
-        let host_if = format!("cvh{tag}");
-        let ns_if = format!("cvn{tag}");
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        let steps: Vec<Vec<&str>> = vec![
-            vec!["netns", "add", &name],
-            vec![
-                "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-            ],
-            vec!["link", "set", &ns_if, "netns", &name],
-            vec!["addr", "add", "10.77.0.1/24", "dev", &host_if],
-            vec!["link", "set", &host_if, "up"],
-            vec!["-n", &name, "addr", "add", "10.77.0.2/24", "dev", &ns_if],
-            vec!["-n", &name, "link", "set", &ns_if, "up"],
-            vec!["-n", &name, "link", "set", "lo", "up"],
-        ];
-        let ns = Netns {
-            name: name.clone(),
-            host_if: host_if.clone(),
-            ns_if: ns_if.clone(),
-        };
-        for step in steps {
-            let ok = Command::new("ip")
-                .args(&step)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if !ok {
-                eprintln!("skipping: `ip {}` failed", step.join(" "));
-                return None;
-            }
-        }
-        Some(ns)
-    }
-
-    fn link(&self, up: bool) {
-        let state = if up { "up" } else { "down" };
-        let ok = Command::new("ip")
-            .args(["link", "set", &self.host_if, state])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip link set {} {state}", self.host_if);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
 
 fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
     node.cli_ok(args)
@@ -92,7 +21,7 @@ fn cli_ok(node: &NodeProcess, args: &[&str]) -> String {
 #[test]
 fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     let tag = format!("{}", std::process::id() % 100_000);
-    let Some(ns) = Netns::create(&tag) else {
+    let Some(ns) = Netns::create(&tag, 0) else {
         eprintln!("skipping the partition test: needs root and ip netns");
         return;
     };
@@ -101,12 +30,12 @@ fn a_partitioned_node_fails_fast_and_rejoins_without_loss() {
     // fail fast, the others go on.
     let mut single: Vec<&str> = FAST_CLUSTER.to_vec();
     single.extend_from_slice(&["-c", "meta.replicas=1"]);
-    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &single);
+    let a = NodeProcess::start_on(&dir.path().join("a"), &ns.host, &single);
     let mut joined = single.clone();
     joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
-    let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
+    let b = NodeProcess::start_on(&dir.path().join("b"), &ns.host, &joined);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
-    let cut = NodeProcess::start_wrapped(&dir.path().join("c"), "10.77.0.2", &joined, &wrapper);
+    let cut = NodeProcess::start_wrapped(&dir.path().join("c"), &ns.inside, &joined, &wrapper);
     wait_for("three nodes up", Duration::from_secs(30), || {
         (a.members_up() == 3 && cut.members_up() == 3).then_some(())
     });
@@ -221,7 +150,7 @@ fn tc(args: &[&str]) -> bool {
 #[test]
 fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
     let tag = format!("{}", (std::process::id() + 50_000) % 100_000);
-    let Some(ns) = Netns::create(&tag) else {
+    let Some(ns) = Netns::create(&tag, 1) else {
         eprintln!("skipping the slow-link test: needs root and ip netns");
         return;
     };
@@ -231,11 +160,11 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
     // two copies would both stop: neither side is a majority.)
     let mut single: Vec<&str> = FAST_CLUSTER.to_vec();
     single.extend_from_slice(&["-c", "meta.replicas=1"]);
-    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &single);
+    let a = NodeProcess::start_on(&dir.path().join("a"), &ns.host, &single);
     let mut joined = single.clone();
     joined.extend_from_slice(&["--seeds", &a.cluster_addr]);
     let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
-    let far = NodeProcess::start_wrapped(&dir.path().join("far"), "10.77.0.2", &joined, &wrapper);
+    let far = NodeProcess::start_wrapped(&dir.path().join("far"), &ns.inside, &joined, &wrapper);
     wait_for("two nodes up", Duration::from_secs(30), || {
         (a.members_up() == 2 && far.members_up() == 2).then_some(())
     });
@@ -366,7 +295,7 @@ fn a_slow_lossy_link_loses_nothing_and_a_cut_shard_takes_a_write_once() {
 #[test]
 fn a_leader_cut_off_from_its_replicas_accepts_no_change_and_the_majority_goes_on() {
     let tag = format!("r{}", std::process::id() % 10_000);
-    let Some(ns) = Netns::create(&tag) else {
+    let Some(ns) = Netns::create(&tag, 2) else {
         eprintln!("skipping the partition test: needs root and ip netns");
         return;
     };
@@ -374,16 +303,7 @@ fn a_leader_cut_off_from_its_replicas_accepts_no_change_and_the_majority_goes_on
     let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
     args.extend_from_slice(&["-c", "meta.replicas=3", "-c", "client.request_timeout=5s"]);
     // The founder leads every shard's group; it is the one cut off.
-    let wrapper = ["ip", "netns", "exec", ns.name.as_str()];
-    let cut = NodeProcess::start_wrapped(&dir.path().join("c"), "10.77.0.2", &args, &wrapper);
-    let mut joined = args.clone();
-    joined.extend_from_slice(&["--seeds", &cut.cluster_addr]);
-    let a = NodeProcess::start_on(&dir.path().join("a"), "10.77.0.1", &joined);
-    let b = NodeProcess::start_on(&dir.path().join("b"), "10.77.0.1", &joined);
-    wait_for("three nodes up", Duration::from_secs(30), || {
-        (a.members_up() == 3 && cut.members_up() == 3).then_some(())
-    });
-    wait_for_voters(&a, 16, 3);
+    let (cut, a, b) = ns.three_nodes(dir.path(), &args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

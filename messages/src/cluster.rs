@@ -18,7 +18,7 @@ use crate::remote::{bridge_in, bridge_out, decode_peer, encode_peer, fail_bytes}
 use crate::rpc::NodeReport;
 use crate::shard::{ShardMsg, ShardWire};
 use crate::trace::{TraceBatch, TraceCtx, TraceQuery};
-use crate::types::ShardId;
+use crate::types::{ReqId, ShardId};
 
 pub use crate::members::{ClusterMap, MemberInfo, MemberState, MemberView};
 pub use crate::raft::RaftPart;
@@ -104,6 +104,8 @@ pub enum PeerMsg {
         msg: ShardMsg,
         /// The trace the request belongs to, and when it was sent (Unix ns).
         trace: Option<(TraceCtx, i64)>,
+        /// The call the request is an attempt of.
+        req: Option<ReqId>,
     },
     /// This node's trace events matching a query.
     Trace {
@@ -175,7 +177,13 @@ impl PeerMsg {
 }
 
 /// A shard request as it crosses nodes: shard, direct, trace, message.
-type ShardArgs = (ShardId, bool, Option<(TraceCtx, i64)>, ShardWire);
+type ShardArgs = (
+    ShardId,
+    bool,
+    Option<(TraceCtx, i64)>,
+    Option<ReqId>,
+    ShardWire,
+);
 
 fn cast(variant: &str, args: Vec<u8>) -> SerializedMessage {
     SerializedMessage::Cast {
@@ -218,9 +226,10 @@ impl ractor::Message for PeerMsg {
                 direct,
                 msg,
                 trace,
+                req,
             } => {
                 let (wire, port) = msg.into_wire();
-                let args = encode_peer("shard request", &(shard, direct, trace, wire));
+                let args = encode_peer("shard request", &(shard, direct, trace, req, wire));
                 match port {
                     Some(port) => call("shard", args, port),
                     None => cast("shard", args),
@@ -279,15 +288,16 @@ impl ractor::Message for PeerMsg {
                     Err(e) => invalid(e, None),
                 },
                 "shard" => match decode_peer::<ShardArgs>("shard request", &args).and_then(
-                    |(shard, direct, trace, wire)| {
-                        Ok((shard, direct, trace, ShardMsg::from_wire(wire, None)?))
+                    |(shard, direct, trace, req, wire)| {
+                        Ok((shard, direct, trace, req, ShardMsg::from_wire(wire, None)?))
                     },
                 ) {
-                    Ok((shard, direct, trace, msg)) => PeerMsg::Shard {
+                    Ok((shard, direct, trace, req, msg)) => PeerMsg::Shard {
                         shard,
                         direct,
                         msg,
                         trace,
+                        req,
                     },
                     Err(e) => invalid(e, None),
                 },
@@ -304,13 +314,14 @@ impl ractor::Message for PeerMsg {
             } => Ok(match variant.as_str() {
                 "shard" => {
                     match decode_peer::<ShardArgs>("shard request", &args) {
-                        Ok((shard, direct, trace, wire)) => {
+                        Ok((shard, direct, trace, req, wire)) => {
                             match ShardMsg::from_wire(wire, Some(reply)) {
                                 Ok(msg) => PeerMsg::Shard {
                                     shard,
                                     direct,
                                     msg,
                                     trace,
+                                    req,
                                 },
                                 // from_wire only fails for a call without a port.
                                 Err(e) => invalid(e, None),
@@ -412,6 +423,7 @@ mod tests {
                 reply: tx.into(),
             },
             trace: Some((TraceCtx { trace: 9, span: 4 }, 77)),
+            req: Some(ReqId { at_ns: 5, nonce: 6 }),
         };
         let wire = msg.serialize().unwrap();
         let back = PeerMsg::deserialize(wire).unwrap();
@@ -426,9 +438,11 @@ mod tests {
                         reply,
                     },
                 trace,
+                req,
             } => {
                 assert_eq!((parent, name.as_str()), (1, "a"));
                 assert_eq!(trace, Some((TraceCtx { trace: 9, span: 4 }, 77)));
+                assert_eq!(req, Some(ReqId { at_ns: 5, nonce: 6 }));
                 reply.send(Err(FsError::NotFound("a".into()))).unwrap();
             }
             other => panic!("unexpected {other:?}"),

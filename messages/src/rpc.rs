@@ -398,6 +398,9 @@ pub struct FsckReport {
     pub locks: u64,
     /// One line per inconsistency found; empty when the namespace is sound.
     pub problems: Vec<String>,
+    /// Replicated shards whose members' copies were compared (each found
+    /// identical, or named in `problems`).
+    pub compared_copies: u64,
 }
 
 /// The nodes of the cluster as the answering node sees them.

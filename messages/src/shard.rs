@@ -237,6 +237,16 @@ pub struct ShardScan {
     pub op_records: u64,
 }
 
+/// What one member's copy of a shard holds, as `admin fsck` compares the
+/// members of a replicated shard: the index of the last entry it applied
+/// (speculatively, on a leader), its records and their hash (FNV-1a).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyDigest {
+    pub applied: u64,
+    pub records: u64,
+    pub hash: u64,
+}
+
 type Reply<T> = RpcReplyPort<FsResult<T>>;
 
 /// Declares [`ShardMsg`] and its wire form [`ShardWire`] from one list, so
@@ -423,6 +433,9 @@ shard_messages! {
             Stats {} -> ShardStats;
             /// Full content, for consistency checks.
             Scan {} -> ShardScan;
+            /// This node's own copy of the shard as it applied it so far
+            /// (asked of each member directly, never a namespace read).
+            Digest {} -> CopyDigest;
             /// The cluster map (shard 0 holds it); `None` before it is first set.
             GetMap {} -> Option<ClusterMap>;
             /// Stores `map` if the stored map's version is `expect` (0: none
@@ -530,6 +543,7 @@ impl ShardMsg {
                 | ShardMsg::Freeze { .. }
                 | ShardMsg::Unfreeze { .. }
                 | ShardMsg::Stats { .. }
+                | ShardMsg::Digest { .. }
         )
     }
 
@@ -568,6 +582,7 @@ impl ShardMsg {
             ShardMsg::ListIntents { .. } => "list_intents",
             ShardMsg::Stats { .. } => "stats",
             ShardMsg::Scan { .. } => "scan",
+            ShardMsg::Digest { .. } => "digest",
             ShardMsg::GetMap { .. } => "get_map",
             ShardMsg::SetMap { .. } => "set_map",
             ShardMsg::Export { .. } => "export",

@@ -214,6 +214,8 @@ pub struct Traced<M> {
     pub ctx: Option<TraceCtx>,
     /// When the message was sent (Unix ns; 0 when untraced).
     pub sent_ns: i64,
+    /// The call a shard request belongs to, across its attempts.
+    pub req: Option<crate::types::ReqId>,
 }
 
 impl<M> Traced<M> {
@@ -223,7 +225,12 @@ impl<M> Traced<M> {
         } else {
             0
         };
-        Traced { msg, ctx, sent_ns }
+        Traced {
+            msg,
+            ctx,
+            sent_ns,
+            req: None,
+        }
     }
 
     /// A message outside any trace.
@@ -232,7 +239,14 @@ impl<M> Traced<M> {
             msg,
             ctx: None,
             sent_ns: 0,
+            req: None,
         }
+    }
+
+    /// The same message as an attempt of call `req`.
+    pub fn of_call(mut self, req: Option<crate::types::ReqId>) -> Traced<M> {
+        self.req = req;
+        self
     }
 }
 

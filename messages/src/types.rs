@@ -11,6 +11,17 @@ pub type ShardId = u16;
 /// bits, a counter of that shard below.
 pub type OpId = u64;
 
+/// Names one call to a shard across its attempts: a mutation applied by an
+/// attempt whose answer was lost (its leader died, the call timed out) is
+/// answered from the shard's record when the call is made again, instead
+/// of being applied twice. Made by the calling node: when the call began
+/// (Unix ns, which orders the records) and a number unique on that node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReqId {
+    pub at_ns: i64,
+    pub nonce: u64,
+}
+
 /// The root directory. It lives on shard 0.
 pub const ROOT_INO: Ino = 1;
 /// Bits of an inode id that hold the shard.

@@ -100,7 +100,8 @@ impl Actor for Gateway {
                 direct,
                 msg,
                 trace,
-            } => forward_to_shard(&myself, state, shard, direct, msg, trace),
+                req,
+            } => forward_to_shard(&myself, state, shard, direct, msg, (trace, req)),
             PeerMsg::Trace { query, reply } => {
                 let recorder = state.recorder.clone();
                 answer_later(reply, async move { recorder.query(query).await });
@@ -183,7 +184,10 @@ fn forward_to_shard(
     shard: curvine_messages::ShardId,
     direct: bool,
     msg: ShardMsg,
-    trace: Option<(curvine_messages::trace::TraceCtx, i64)>,
+    (trace, req): (
+        Option<(curvine_messages::trace::TraceCtx, i64)>,
+        Option<curvine_messages::ReqId>,
+    ),
 ) {
     let view = &state.view;
     let span = trace.and_then(|(ctx, sent_ns)| {
@@ -217,7 +221,7 @@ fn forward_to_shard(
             // request to the shard, which continues the trace.
             let ctx = span.as_ref().map(|s| s.ctx());
             view.metrics.shard_sent(shard);
-            match actor.send_message(Traced::new(msg, ctx)) {
+            match actor.send_message(Traced::new(msg, ctx).of_call(req)) {
                 Ok(()) => {
                     if let Some(span) = span {
                         span.end(Outcome::Ok);

@@ -10,7 +10,20 @@ use ractor::RpcReplyPort;
 
 use curvine_messages::cluster::PeerMsg;
 use curvine_messages::shard::{ShardMsg, Step, StepResult};
-use curvine_messages::{now_ns, shard_of, FsError, FsResult, OpId, ShardId};
+use curvine_messages::{now_ns, shard_of, FsError, FsResult, OpId, ReqId, ShardId};
+
+/// A new call id: when the call began, and a number unique to this node
+/// process (random start, then counting).
+fn next_call() -> ReqId {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU64::new(rand::random::<u64>()));
+    ReqId {
+        at_ns: now_ns(),
+        nonce: next.fetch_add(1, Ordering::Relaxed),
+    }
+}
 
 use super::Namespace;
 use crate::cluster::Route;
@@ -31,6 +44,7 @@ impl Namespace {
                     direct: false,
                     msg,
                     trace: crate::trace::current().map(|c| (c, now_ns())),
+                    req: None,
                 });
             }
             Err(_) => {}
@@ -58,7 +72,7 @@ impl Namespace {
     pub(super) async fn call_once<T: Send + 'static>(
         &self,
         shard: ShardId,
-        at: Option<&str>,
+        (at, req): (Option<&str>, ReqId),
         build: &(impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync),
         wait: Duration,
     ) -> FsResult<T> {
@@ -68,7 +82,10 @@ impl Namespace {
                 let stats = self.cluster.metrics.shard(shard);
                 stats.sent();
                 let r = actor
-                    .call(|reply| crate::trace::traced(build(reply)), Some(wait))
+                    .call(
+                        |reply| crate::trace::traced(build(reply)).of_call(Some(req)),
+                        Some(wait),
+                    )
                     .await;
                 if matches!(r, Err(ractor::MessagingErr::SendErr(_))) {
                     stats.unsent();
@@ -84,6 +101,7 @@ impl Namespace {
                         direct,
                         msg: build(reply),
                         trace: crate::trace::current().map(|c| (c, now_ns())),
+                        req: Some(req),
                     },
                     Some(wait),
                 ) => r.map_err(drop),
@@ -126,7 +144,9 @@ impl Namespace {
     }
 
     /// Calls a shard (see [`Self::target`] for `at`), retrying while it is
-    /// busy or restarting, up to `deadline`.
+    /// busy or restarting, up to `deadline`. Every attempt carries the same
+    /// call id, so a mutation an earlier attempt applied is answered from
+    /// the shard's record, not applied again.
     pub(super) async fn call_until<T: Send + 'static>(
         &self,
         shard: ShardId,
@@ -134,6 +154,7 @@ impl Namespace {
         deadline: Option<Instant>,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
+        let req = next_call();
         let mut delay = Duration::from_micros(500);
         loop {
             let wait = match deadline {
@@ -142,7 +163,7 @@ impl Namespace {
                     .max(Duration::from_millis(1)),
                 None => self.timeout,
             };
-            match self.call_once(shard, at, &build, wait).await {
+            match self.call_once(shard, (at, req), &build, wait).await {
                 // Without a deadline (intent steps) a node that is down is
                 // waited for: the step may still be applied there.
                 Err(e)

@@ -38,7 +38,83 @@ impl Namespace {
         for shard in 0..self.shard_count as ShardId {
             scans.push(self.call(shard, |reply| ShardMsg::Scan { reply }).await?);
         }
-        Ok(check_scans(&scans))
+        let mut report = check_scans(&scans);
+        self.compare_copies(&mut report).await;
+        Ok(report)
+    }
+
+    /// Compares the copies of each replicated shard on its members that
+    /// are up once they applied the same entries (a member still catching
+    /// up is waited for, up to `COPIES_SETTLE`): a copy that differs from
+    /// the others is a problem, as is a member that does not answer or
+    /// stays behind.
+    async fn compare_copies(&self, report: &mut FsckReport) {
+        use curvine_messages::cluster::MemberState;
+        const COPIES_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+        const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+        let map = self.cluster.map();
+        for shard in 0..self.shard_count as ShardId {
+            let members: Vec<&str> = map
+                .members(shard)
+                .into_iter()
+                .filter(|n| {
+                    *n == self.cluster.node_id
+                        || self
+                            .cluster
+                            .member(n)
+                            .is_some_and(|m| m.state == MemberState::Up)
+                })
+                .collect();
+            if !map.replicated(shard) || members.len() < 2 {
+                continue;
+            }
+            let until = std::time::Instant::now() + COPIES_SETTLE;
+            let problem = loop {
+                let mut copies = Vec::new();
+                let mut failed = None;
+                for node in &members {
+                    let within = Some(std::time::Instant::now() + ASK_WITHIN);
+                    match self
+                        .call_until(shard, Some(node), within, |reply| ShardMsg::Digest {
+                            reply,
+                        })
+                        .await
+                    {
+                        Ok(d) => copies.push((node.to_string(), d)),
+                        Err(e) => failed = Some(format!("member {node} did not answer: {e}")),
+                    }
+                }
+                let settled = failed.is_none()
+                    && copies.iter().all(|(_, d)| d.applied == copies[0].1.applied);
+                if settled {
+                    let (first, d0) = &copies[0];
+                    break copies
+                        .iter()
+                        .find(|(_, d)| (d.records, d.hash) != (d0.records, d0.hash))
+                        .map(|(node, d)| {
+                            format!(
+                                "shard {shard}: at applied index {} the copy on {node} ({} records, hash {:016x}) differs from the copy on {first} ({} records, hash {:016x})",
+                                d.applied, d.records, d.hash, d0.records, d0.hash
+                            )
+                        });
+                }
+                if std::time::Instant::now() >= until {
+                    break Some(failed.unwrap_or_else(|| {
+                        let applied: Vec<String> = copies
+                            .iter()
+                            .map(|(n, d)| format!("{n} at {}", d.applied))
+                            .collect();
+                        format!(
+                            "shard {shard}: its members did not apply the same entries within {COPIES_SETTLE:?} ({})",
+                            applied.join(", ")
+                        )
+                    }));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            };
+            report.compared_copies += 1;
+            report.problems.extend(problem);
+        }
     }
 }
 

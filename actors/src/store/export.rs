@@ -42,7 +42,7 @@ impl ShardStore {
     /// holds the shard's record (and the cluster map on shard 0). Step
     /// records are keyed by operation, not shard, and all go along: a record
     /// is only ever read by the shard that applied its step, so extra ones
-    /// are inert.
+    /// are inert; recorded answers of calls carry their shard.
     fn owns_record(&self, n: u8, key: &[u8]) -> bool {
         match n {
             0 => {
@@ -53,6 +53,10 @@ impl ShardStore {
                             || key == JOURNAL_SEQ_KEY
                             || key.starts_with(JOURNAL_PREFIX)
                             || key.starts_with(RECORD_PREFIX)))
+            }
+            // A recorded answer goes with its shard only.
+            OPS_TABLE if key.len() == super::requests::REQUEST_KEY_LEN => {
+                key.first() == Some(&(self.shard as u8))
             }
             OPS_TABLE => true,
             _ => key.first() == Some(&(self.shard as u8)),
@@ -108,6 +112,39 @@ impl ShardStore {
             }
         }
         Ok(chunk)
+    }
+
+    /// What this copy of the shard holds, as of `txn`: the number of its
+    /// records and a hash of them (FNV-1a over table, key and value, in
+    /// key order), which two members of the shard's group agree on when
+    /// they applied the same entries. Step records are left out: the `ops`
+    /// table is shared by every shard of the environment.
+    pub fn digest(&self, txn: &RoTxn) -> FsResult<(u64, u64)> {
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+                hash = (hash ^ u64::from(*b)).wrapping_mul(PRIME);
+            }
+        };
+        let mut records = 0u64;
+        let mut from = None;
+        loop {
+            let chunk = self.export(txn, from, 4 << 20)?;
+            for r in &chunk.records {
+                if r.table == OPS_TABLE && r.key.len() != super::requests::REQUEST_KEY_LEN {
+                    continue;
+                }
+                eat(&[r.table]);
+                eat(&r.key);
+                eat(&r.value);
+                records += 1;
+            }
+            match chunk.next {
+                Some(next) => from = Some(next),
+                None => return Ok((records, hash)),
+            }
+        }
     }
 
     /// Every record of this shard, as of `txn` (a Raft snapshot's data).

@@ -10,6 +10,7 @@
 //! | `xattrs`   | ino ++ name          | raw bytes (reserved)          |
 //! | `intents`  | op                   | [`Intent`]                    |
 //! | `ops`      | op ++ step_no        | [`StepRecord`]                |
+//! | `ops`      | shard ++ 0xff ++ at ++ nonce | a call's answer (`requests`) |
 //! | `locks`    | parent ++ name       | [`NameLock`]                  |
 //! | `blocks`   | ino ++ index (u32)   | [`BlockInfo`] (committed)     |
 //! | `owners`   | block id             | [`BlockOwner`]                |
@@ -32,7 +33,8 @@
 //! opening and formatting a shard), `keys` (key encoding), `inodes`
 //! (inodes and directory entries), `blocks` (a file's blocks and write
 //! lease), `xattrs`, `intents` (cross-shard operations, name locks, step
-//! records), `cluster` (shard 0's cluster map and mount table), `journal`
+//! records), `requests` (answers of mutations, for calls made again),
+//! `cluster` (shard 0's cluster map and mount table), `journal`
 //! (shard 0's UFS journal and service records), `ufs` (what inodes mirror
 //! of the UFS) and `export` (moving a shard to another environment).
 
@@ -44,12 +46,14 @@ mod inodes;
 mod intents;
 mod journal;
 mod keys;
+mod requests;
 mod ufs;
 mod xattrs;
 
 pub(crate) use env::open_env;
 pub use inodes::check_rename_kinds;
 pub use intents::StepRecord;
+pub use requests::REQUEST_RECORD_TTL;
 
 use std::ops::Bound;
 
@@ -281,7 +285,8 @@ impl ShardStore {
         }
         scan.intents = self.intents(txn)?;
         scan.locks = self.count_own(self.locks, txn)?;
-        scan.op_records = self.count_own(self.ops, txn)?;
+        // Step records only: recorded answers of calls are counted apart.
+        scan.op_records = self.count_own(self.ops, txn)? - self.answers_kept(txn)?;
         Ok(scan)
     }
 }
