@@ -164,6 +164,10 @@ pub struct Groups {
     /// Read barriers waiting for their group to confirm its leadership
     /// with a quorum (ReadIndex), by request context.
     reads: HashMap<Vec<u8>, (GroupId, Done, std::time::Instant)>,
+    /// The read asked of each group in this pass: later reads of the pass
+    /// join it (one quorum round confirms them all, as it was asked after
+    /// every one of them arrived).
+    open_reads: HashMap<GroupId, Vec<u8>>,
     next_read: u64,
     /// Groups that installed a snapshot not yet made durable by a
     /// checkpoint, and their messages, held until it is (a member must
@@ -234,6 +238,7 @@ impl Groups {
             status: Default::default(),
             stopped: None,
             reads: HashMap::new(),
+            open_reads: HashMap::new(),
             next_read: 0,
             installed: Default::default(),
             held: BTreeMap::new(),
@@ -524,7 +529,8 @@ impl Groups {
     /// Answers `done` once this node has confirmed with a quorum of
     /// `shard`'s group that it still leads (Raft's ReadIndex) and has
     /// applied everything committed at that moment: what it then reads is
-    /// linearizable. Refused when this node does not lead; a leader that
+    /// linearizable. Reads asked of a group in one pass share one quorum
+    /// round. Refused when this node does not lead; a leader that
     /// loses its leadership before the quorum answers refuses it then.
     pub fn read_barrier(&mut self, txn: &RoTxn<WithoutTls>, shard: GroupId, done: Done) {
         if let Err(e) = self.check_leader(txn, shard) {
@@ -541,8 +547,21 @@ impl Groups {
             ))));
             return;
         }
+        if let Some(entry) = self
+            .open_reads
+            .get(&shard)
+            .and_then(|ctx| self.reads.get_mut(ctx))
+        {
+            let first = std::mem::replace(&mut entry.1, Box::new(|_| {}));
+            entry.1 = Box::new(move |r: FsResult<()>| {
+                first(r.clone());
+                done(r);
+            });
+            return;
+        }
         let ctx = self.next_read.to_le_bytes().to_vec();
         self.next_read += 1;
+        self.open_reads.insert(shard, ctx.clone());
         group.raw.read_index(ctx.clone());
         group.touched = true;
         self.reads
@@ -644,6 +663,8 @@ impl Groups {
     /// committed entries this leader did not write itself into `txn`, and
     /// records each changed group's state there.
     pub fn collect(&mut self, txn: &mut RwTxn) -> FsResult<Unpersisted> {
+        // The reads asked so far go out with this pass's messages.
+        self.open_reads.clear();
         let mut out = Unpersisted {
             readies: Vec::new(),
             record: LogRecord::default(),
