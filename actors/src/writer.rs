@@ -301,12 +301,14 @@ fn run(
     let mut pass = Pass::default();
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
-        // A checkpoint is due while a leader's changes wait for their
+        // A checkpoint is overdue while a leader's changes wait for their
         // commit: new mutations wait until they are committed.
         let hold = groups.speculating()
-            && wal
-                .as_ref()
-                .is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).checkpoint_due());
+            && wal.as_ref().is_some_and(|w| {
+                w.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .checkpoint_overdue()
+            });
         let first = if groups.has_work() || (!pass.jobs.is_empty() && !hold) {
             rx.try_recv().ok()
         } else {

@@ -12,6 +12,9 @@ use curvine_messages::cluster::PeerMsg;
 use curvine_messages::shard::{ShardMsg, Step, StepResult};
 use curvine_messages::{now_ns, shard_of, FsError, FsResult, OpId, ReqId, ShardId};
 
+use super::Namespace;
+use crate::cluster::Route;
+
 /// A new call id: when the call began, and a number unique to this node
 /// process (random start, then counting).
 fn next_call() -> ReqId {
@@ -24,9 +27,6 @@ fn next_call() -> ReqId {
         nonce: next.fetch_add(1, Ordering::Relaxed),
     }
 }
-
-use super::Namespace;
-use crate::cluster::Route;
 
 impl Namespace {
     /// Sends a message nobody waits for to a shard, wherever it is served.
