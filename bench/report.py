@@ -516,7 +516,7 @@ def cluster_section(r, rows, meta):
             f"(each: {', '.join(f'{x:.2f}' for x in fail)}).")
         r.target("Cluster", "failover (kill -9 of a leader to a write on its shard), max",
                  "< 5 s", f"{fail[-1]:.2f} s", fail[-1] < 5,
-                 "cluster.node_timeout, then an election (1-2 s)")
+                 "the killed node's connections close at once, then an election (1-2 s)")
     series = [("one node", one), ("3-node cluster", three)]
     if any(repl):
         series.append(("3 nodes, 3 replicas", repl))
