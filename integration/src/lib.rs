@@ -336,13 +336,15 @@ impl NodeProcess {
             .expect("run curvine-cli")
     }
 
-    /// Runs the CLI and returns its stdout; panics with its stderr on failure.
+    /// Runs the CLI and returns its stdout; panics with its output on
+    /// failure.
     pub fn cli_ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
         assert!(
             out.status.success(),
-            "curvine-cli {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "curvine-cli {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
