@@ -53,6 +53,10 @@ pub struct ShardState {
     req: Option<ReqId>,
 }
 
+/// The least time left on a leader's lease for a read to rely on it (the
+/// read's transaction opens a moment later).
+const LEASE_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
     // The caller may have timed out and gone; nothing to do then.
     let _ = reply.send(value);
@@ -89,9 +93,26 @@ impl ShardState {
         }
         // Several members: only the leader reads, once a quorum confirmed
         // it still leads and it applied what was committed then (Raft's
-        // ReadIndex), so no read returns what an acknowledged change replaced.
+        // ReadIndex, or a lease from an earlier round), so no read returns
+        // what an acknowledged change replaced; and it answers once what it
+        // read is committed, so none returns what could be taken back.
+        // Within a lease (a quorum confirmed this leader less than
+        // `LEASE` ago) no other leader can exist: the read needs no round,
+        // and one is asked in the background once half the lease is gone.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if status.is_some_and(|g| g.serving) {
+        let now = std::time::Instant::now();
+        let lease_left = status
+            .as_ref()
+            .filter(|g| g.serving)
+            .and_then(|g| g.lease_until)
+            .map(|until| until.saturating_duration_since(now))
+            .unwrap_or_default();
+        if lease_left > LEASE_MARGIN {
+            if lease_left < crate::replica::LEASE / 2 {
+                self.writer.read_barrier(Box::new(|_| {}));
+            }
+            let _ = tx.send(Ok(()));
+        } else if status.is_some_and(|g| g.serving) {
             self.writer.read_barrier(Box::new(move |r| {
                 let _ = tx.send(r);
             }));
@@ -103,15 +124,43 @@ impl ShardState {
         }
         let store = self.store.clone();
         let span = self.span.take();
+        let writer = self.writer.clone();
         tokio::spawn(async move {
-            let confirmed = rx.await.unwrap_or_else(|_| {
-                Err(curvine_messages::FsError::Unavailable(
-                    "the shard's writer stopped".into(),
-                ))
+            let stopped =
+                || curvine_messages::FsError::Unavailable("the shard's writer stopped".into());
+            let confirmed = rx.await.unwrap_or_else(|_| Err(stopped()));
+            let read = confirmed.and_then(|()| store.read_txn()).and_then(|txn| {
+                let seen = crate::replica::read_group_state(store.tables()[0], &txn, store.shard)?;
+                Ok((f(&store, &txn), seen))
             });
-            let result = confirmed
-                .and_then(|()| store.read_txn())
-                .and_then(|txn| f(&store, &txn));
+            // The leader's state holds its changes from their proposal on:
+            // the answer waits until what the read saw is committed.
+            let result = match read {
+                Err(e) => Err(e),
+                Ok((result, None)) => result,
+                Ok((result, Some(seen))) => {
+                    let (index, term) = (seen.applied_index, seen.applied_term);
+                    let committed = writer
+                        .status()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&store.shard)
+                        .is_some_and(|g| g.term == term && g.commit >= index);
+                    if committed {
+                        result
+                    } else {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        writer.wait_committed(
+                            index,
+                            term,
+                            Box::new(move |r| {
+                                let _ = tx.send(r);
+                            }),
+                        );
+                        rx.await.unwrap_or_else(|_| Err(stopped())).and(result)
+                    }
+                }
+            };
             if let Some(span) = span {
                 span.end(outcome_of(&result));
             }

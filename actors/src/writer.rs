@@ -59,6 +59,8 @@ enum Input {
     Members(ShardId, ConfChangeV2, Done),
     /// A read barrier (`Groups::read_barrier`).
     Read(ShardId, Done),
+    /// Wait until an entry is committed (`Groups::wait_for`).
+    Seen(ShardId, u64, u64, Done),
     /// Become a new member of a group led by a member (`Groups::join`).
     Join(ShardId, u64, Done),
     /// Hand a group's leadership to a member (`Groups::transfer`).
@@ -165,6 +167,16 @@ impl Writer {
     /// then (reads after it are linearizable); refused elsewhere.
     pub fn read_barrier(&self, done: Done) {
         let _ = self.inner.tx.send(Input::Read(self.shard, done));
+    }
+
+    /// Answers `done` once the shard's entry `index` of term `term` is
+    /// committed (an error if another entry replaced it): a read that saw
+    /// the shard's state up to that entry may then answer.
+    pub fn wait_committed(&self, index: u64, term: u64, done: Done) {
+        let _ = self
+            .inner
+            .tx
+            .send(Input::Seen(self.shard, index, term, done));
     }
 
     /// Proposes a change of this shard's members (this node must lead its
@@ -355,6 +367,7 @@ fn run(
             messages: std::mem::take(&mut pass.messages),
             members: std::mem::take(&mut pass.members),
             reads: std::mem::take(&mut pass.reads),
+            seen: std::mem::take(&mut pass.seen),
             joins: std::mem::take(&mut pass.joins),
             transfers: std::mem::take(&mut pass.transfers),
         };
@@ -376,6 +389,7 @@ struct Others {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
+    seen: Vec<(ShardId, u64, u64, Done)>,
     joins: Vec<(ShardId, u64, Done)>,
     transfers: Vec<(ShardId, u64, Done)>,
 }
@@ -385,6 +399,7 @@ impl Others {
         self.messages.is_empty()
             && self.members.is_empty()
             && self.reads.is_empty()
+            && self.seen.is_empty()
             && self.joins.is_empty()
             && self.transfers.is_empty()
     }
@@ -397,6 +412,7 @@ struct Pass {
     messages: Vec<GroupMessage>,
     members: Vec<(ShardId, ConfChangeV2, Done)>,
     reads: Vec<(ShardId, Done)>,
+    seen: Vec<(ShardId, u64, u64, Done)>,
     joins: Vec<(ShardId, u64, Done)>,
     transfers: Vec<(ShardId, u64, Done)>,
 }
@@ -408,6 +424,7 @@ impl Pass {
             Input::Raft(messages) => self.messages.extend(messages),
             Input::Members(shard, change, done) => self.members.push((shard, change, done)),
             Input::Read(shard, done) => self.reads.push((shard, done)),
+            Input::Seen(shard, index, term, done) => self.seen.push((shard, index, term, done)),
             Input::Join(shard, leader, done) => self.joins.push((shard, leader, done)),
             Input::Transfer(shard, to, done) => self.transfers.push((shard, to, done)),
         }
@@ -479,6 +496,12 @@ fn commit_batch(
         for m in others.messages {
             groups.step(&txn, m)?;
         }
+        for (shard, index, term, done) in others.seen {
+            groups.wait_for(shard, index, term, done);
+        }
+        // What the members acknowledged may commit earlier passes' entries:
+        // their callers need not wait for this pass's sync.
+        groups.answer_committed();
         groups.follow_roles(&mut txn)?;
         for (shard, change, done) in others.members {
             match groups.check_leader(&txn, shard) {
@@ -518,10 +541,12 @@ fn commit_batch(
     }
     let persisted = (|| -> FsResult<_> {
         let pending = groups.collect(&mut txn)?;
+        groups.send_now();
         match wal {
             None => {
                 txn.commit().map_err(lmdb_err)?;
                 groups.persisted(pending);
+                groups.settle();
                 // LMDB's synced commit made every installed snapshot durable.
                 groups.durable();
             }
@@ -530,8 +555,11 @@ fn commit_batch(
                 // sees a change that a crash could take back.
                 let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
                 wal.append(&pending.record)?;
-                txn.commit().map_err(lmdb_err)?;
+                // The log holds the pass: members may hear so before LMDB
+                // commits (answers to callers wait for that commit).
                 groups.persisted(pending);
+                txn.commit().map_err(lmdb_err)?;
+                groups.settle();
                 wal.set_groups(groups.carry(), groups.speculating());
                 // An installed snapshot is durable only with a checkpoint.
                 let epoch = wal.epoch();

@@ -4,13 +4,14 @@
 //! their write threads for a network) elect a leader, replicate what it
 //! changes, and replace it when it is cut off, taking back what it had
 //! not committed; reads are confirmed by the leader only, never by one
-//! cut off from the others.
+//! cut off from the others, whose lease ends before another member leads,
+//! and a read that saw an uncommitted change is never answered.
 
 use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use curvine_actors::replica::{GroupMessage, MemberChange, Transport};
+use curvine_actors::replica::{GroupMessage, MemberChange, Transport, LEASE};
 use curvine_actors::writer::Inbox;
 
 use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
@@ -285,6 +286,16 @@ fn three_members_elect_a_leader_and_replicate_its_changes() {
         other => panic!("a follower ran a mutation: {other:?}"),
     }
     assert!(!members.iter().any(|m| m.has("on-a-follower")));
+    // Handing the leadership on ends the lease at once: the member told
+    // to campaign does not wait for it.
+    assert!(lead.status().lease_until.is_some());
+    let (tx, rx) = mpsc::channel();
+    lead.writer
+        .transfer_leader(follower.id, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
+    assert_eq!(lead.status().lease_until, None);
+    let next = leader(&members, Some(lead.id));
+    assert_eq!(next.id, follower.id);
 }
 
 #[test]
@@ -294,6 +305,13 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
     let members = three(dir.path(), &net);
     let old = leader(&members, None);
     create(&old.writer, &old.store, "before").unwrap();
+    // A confirmed read gives the leader a lease: reads within it need no
+    // quorum round.
+    barrier(&old.writer).unwrap();
+    let lease = wait_until("the leader's lease", Duration::from_secs(5), || {
+        old.status().lease_until
+    });
+    assert!(lease > Instant::now() && lease <= Instant::now() + LEASE);
     net.cut.lock().unwrap().insert(old.id);
     // Changed on the cut-off leader: never committed, so never
     // acknowledged; and a read there is never confirmed (it may be stale).
@@ -302,6 +320,16 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
         std::thread::spawn(move || create(&writer, &store, "uncommitted"))
     };
     std::thread::sleep(Duration::from_millis(50));
+    // Its LMDB state holds the change it proposed: a read that saw it
+    // waits for it to commit, and learns it never did.
+    assert!(old.has("uncommitted"));
+    let seen = state(&old.store);
+    let (seen_tx, seen_rx) = mpsc::channel();
+    old.writer.wait_committed(
+        seen.applied_index,
+        seen.applied_term,
+        Box::new(move |r| seen_tx.send(r).unwrap()),
+    );
     assert!(
         barrier(&old.writer).is_err(),
         "a leader cut off from its group confirmed a read"
@@ -313,6 +341,10 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
     );
     let new = leader(&members, Some(old.id));
     assert!(new.status().term > 0);
+    assert!(
+        Instant::now() > lease,
+        "another member leads while the cut-off leader's lease lasts"
+    );
     for i in 0..20 {
         create(&new.writer, &new.store, &format!("after{i}")).unwrap();
     }
@@ -324,6 +356,10 @@ fn a_cut_off_leader_is_replaced_and_takes_back_what_it_did_not_commit() {
         Duration::from_secs(15),
         || (old.has("after19") && !old.status().serving).then_some(()),
     );
+    match seen_rx.recv_timeout(Duration::from_secs(20)).unwrap() {
+        Err(FsError::Unavailable(_)) => {}
+        other => panic!("a read that saw an uncommitted change was answered: {other:?}"),
+    }
     for m in &members {
         assert!(
             m.has("before"),

@@ -40,6 +40,15 @@ pub(super) struct Group {
     pub(super) touched: bool,
     /// The last member change applied.
     pub(super) members_index: u64,
+    /// While this node leads: until when no other member can have been
+    /// elected (see [`super::LEASE`]).
+    pub(super) lease_until: Option<std::time::Instant>,
+    /// A term in which this leader handed its leadership on (a member
+    /// told to campaign at once ignores leases): no lease in it.
+    pub(super) no_lease_term: u64,
+    /// When this leader last proposed a change of members: a quorum that
+    /// confirmed it before then may not be one of the new members.
+    pub(super) members_at: Option<std::time::Instant>,
 }
 
 pub(super) fn is_members(e: &Entry) -> bool {
@@ -62,6 +71,9 @@ impl Group {
             late: Vec::new(),
             touched: true,
             members_index: applied.0,
+            lease_until: None,
+            no_lease_term: 0,
+            members_at: None,
         };
         group.follow_role(shard);
         group
@@ -90,7 +102,28 @@ impl Group {
                 "this node leads the shard's group"
             );
         }
+        if !leader {
+            self.lease_until = None;
+        }
         self.leading = leader;
+    }
+
+    /// A quorum confirmed this leader for a read asked at `asked`: no
+    /// other member can be elected before `asked + LEASE`, unless this
+    /// leader handed its leadership on or changed its members since.
+    pub(super) fn renew_lease(&mut self, asked: std::time::Instant) {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader
+            || raft.lead_transferee.is_some()
+            || raft.term == self.no_lease_term
+            || self.members_at.is_some_and(|at| at >= asked)
+        {
+            return;
+        }
+        let until = asked + super::LEASE;
+        if self.lease_until.is_none_or(|t| t < until) {
+            self.lease_until = Some(until);
+        }
     }
 
     /// This node no longer leads: what it changed past the commit is taken

@@ -80,6 +80,17 @@ pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
 /// How long a read waits for a majority to confirm its leader.
 const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long after a leader asked a quorum to confirm it (a ReadIndex
+/// round) it may serve reads without asking again: half the shortest
+/// election timeout (10 ticks). A member that heard from its leader
+/// within an election timeout refuses to vote for another (raft-rs with
+/// `check_quorum`), and a member's ticks are never closer than one tick,
+/// so no other leader can be elected before the confirmation plus 9 ticks;
+/// the other half is margin for the members' clocks running at different
+/// rates. Leader transfers (whose target campaigns regardless of leases)
+/// and member changes end the lease.
+pub const LEASE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// What other threads may know of a group (for reads, reports and tests).
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,6 +113,9 @@ pub struct GroupStatus {
     /// The group is between two sets of voters (joint consensus): a change
     /// of several members at once is half made.
     pub joint: bool,
+    /// While this node leads: until when it may serve reads without a
+    /// quorum round ([`LEASE`]).
+    pub lease_until: Option<std::time::Instant>,
 }
 
 /// Whether this node may start a group of a shard with itself as its only
@@ -483,6 +497,8 @@ impl Groups {
             let applied = group.raw.raft.raft_log.applied;
             group.raw.store().compact_to(applied);
         }
+        Self::end_lease(&self.status, shard, group);
+        group.members_at = Some(std::time::Instant::now());
         match group.raw.propose_conf_change(Vec::new(), change) {
             Ok(()) => {
                 let index = group.raw.raft.raft_log.last_index();
@@ -493,6 +509,19 @@ impl Groups {
             Err(e) => done(Err(FsError::Unavailable(format!(
                 "shard {shard}: member change refused: {e}"
             )))),
+        }
+    }
+
+    /// Ends `group`'s lease, on the status board too (readers trust it
+    /// before this pass's messages go out).
+    fn end_lease(status: &StatusBoard, shard: GroupId, group: &mut Group) {
+        group.lease_until = None;
+        if let Some(s) = status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&shard)
+        {
+            s.lease_until = None;
         }
     }
 
@@ -507,6 +536,8 @@ impl Groups {
                 "shard {shard}: this node does not lead it"
             )));
         }
+        Self::end_lease(&self.status, shard, group);
+        group.no_lease_term = group.raw.raft.term;
         group.raw.transfer_leader(to);
         group.touched = true;
         Ok(())
@@ -523,6 +554,42 @@ impl Groups {
             }
             // Never loaded: nothing of it is waiting for a commit.
             None => done(Ok(())),
+        }
+    }
+
+    /// Answers `done` once `shard`'s entry at `index` of term `term` is
+    /// committed here, or with an error if another entry took its place.
+    /// A leader's LMDB state holds its changes from the moment it proposes
+    /// them: a read that saw the state up to that entry (the group's
+    /// applied index in the state it read) waits for it, so no answer
+    /// shows a change that a new leader could take back.
+    pub fn wait_for(&mut self, shard: GroupId, index: u64, term: u64, done: Done) {
+        let Some(group) = self.groups.get_mut(&shard) else {
+            // Never loaded: nothing of it is speculative.
+            done(Ok(()));
+            return;
+        };
+        let raft = &group.raw.raft;
+        // The entry in this node's log at `index` (none once compacted, or
+        // if the log is shorter now).
+        let logged = index == 0 || raft.raft_log.term(index).ok() == Some(term);
+        if index <= raft.raft_log.committed.min(group.spec_index) {
+            done(if logged {
+                Ok(())
+            } else {
+                Err(FsError::Unavailable(format!(
+                    "shard {shard}: what the read saw was replaced by another leader's entries; read again"
+                )))
+            });
+        } else if raft.state != StateRole::Leader || !logged {
+            // Only this node's own term can still commit it here: a
+            // follower (or a log that lost it) would wait forever.
+            done(Err(FsError::Unavailable(format!(
+                "shard {shard}: what the read saw is not committed and this node no longer leads; read again"
+            ))));
+        } else {
+            let at = group.waiting.partition_point(|(i, _, _)| *i <= index);
+            group.waiting.insert(at, (index, term, done));
         }
     }
 
@@ -678,7 +745,8 @@ impl Groups {
                 // Confirmed reads wait until what was committed when they
                 // asked is applied.
                 for state in rd.take_read_states() {
-                    if let Some((_, done, _)) = self.reads.remove(&state.request_ctx) {
+                    if let Some((_, done, asked)) = self.reads.remove(&state.request_ctx) {
+                        group.renew_lease(asked);
                         let term = group.raw.raft.raft_log.term(state.index).unwrap_or(0);
                         group.waiting.push_back((state.index, term, done));
                     }
@@ -741,9 +809,29 @@ impl Groups {
         Ok(out)
     }
 
-    /// After the record of `pending` is durable and LMDB committed: the
-    /// groups advance, callers whose entry is committed are answered, and
-    /// the messages of the pass go out.
+    /// Sends what the groups have for other members now: a leader's
+    /// appends go out before it makes them durable itself (Raft counts the
+    /// leader's own copy only once it is persisted), so its followers write
+    /// them while it does.
+    pub fn send_now(&mut self) {
+        self.flush();
+    }
+
+    /// Answers the callers whose entry is committed (and in LMDB's
+    /// committed state), as soon as the members' acknowledgements stepped
+    /// in a pass say so, before that pass's own writes.
+    pub fn answer_committed(&mut self) {
+        for (&shard, group) in self.groups.iter_mut() {
+            if !group.waiting.is_empty() {
+                group.answer(shard);
+            }
+        }
+    }
+
+    /// After the record of `pending` is durable: the groups advance and
+    /// the messages of the pass go out (a follower's acknowledgements say
+    /// only that the log holds the entries). Callers are answered by
+    /// [`Groups::settle`], once LMDB committed.
     pub fn persisted(&mut self, pending: Unpersisted) {
         for (shard, mut rd) in pending.readies {
             let Some(group) = self.groups.get_mut(&shard) else {
@@ -774,6 +862,12 @@ impl Groups {
             }
             group.raw.advance_apply();
         }
+        self.flush();
+    }
+
+    /// After LMDB committed the pass: callers whose entry is committed are
+    /// answered, logs are compacted and the groups' status published.
+    pub fn settle(&mut self) {
         for (&shard, group) in self.groups.iter_mut() {
             if !group.waiting.is_empty() {
                 group.answer(shard);
@@ -783,7 +877,6 @@ impl Groups {
             }
         }
         self.publish();
-        self.flush();
     }
 
     /// A pass failed after proposing: every caller waiting on a group is
@@ -854,6 +947,7 @@ impl Groups {
                     commit: raft.raft_log.committed,
                     applied: group.spec_index.min(raft.raft_log.committed),
                     joint: !conf.voters_outgoing.is_empty(),
+                    lease_until: group.lease_until,
                     voters: conf.voters.clone(),
                     learners: conf.learners.clone(),
                     progress: if raft.state == StateRole::Leader {
