@@ -145,23 +145,7 @@ impl ShardStore {
             .collect()
     }
 
-    /// Whether directory `ino` has entries; `Busy` while an operation
-    /// across shards holds a name in it (a mkdir or rename into it not yet
-    /// finished: the directory may be about to have that entry).
     pub(super) fn has_children(&self, txn: &RoTxn, ino: Ino) -> FsResult<bool> {
-        if let Some(lock) = self
-            .locks
-            .prefix_iter(txn, &key_ino(ino))
-            .map_err(lmdb_err)?
-            .next()
-        {
-            let (key, value) = lock.map_err(lmdb_err)?;
-            let op = decode::<curvine_messages::shard::NameLock>(value)?.op;
-            let name = String::from_utf8_lossy(&key[8..]);
-            return Err(FsError::Busy(format!(
-                "'{name}' in directory {ino:#x} is being changed by operation {op:#x}"
-            )));
-        }
         let mut iter = self
             .dentries
             .prefix_iter(txn, &key_ino(ino))
