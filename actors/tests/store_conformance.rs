@@ -228,7 +228,46 @@ fn mkdir_and_rmdir_keep_link_counts(f: Fixture) {
         Err(FsError::IsADirectory(_))
     ));
     f.write(0, |s, t| s.unlink(t, d.ino, "f")).unwrap();
-    f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "d")).unwrap();
+    // A name in it held by a mkdir across shards not yet finished: the
+    // directory is not removed under it (the mkdir's name would have no
+    // directory to go in), and the caller may retry.
+    let pending = f
+        .write(0, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Mkdir {
+                    parent: d.ino,
+                    name: "y".into(),
+                    attrs: dir(),
+                    child_shard: 1,
+                },
+            )
+        })
+        .unwrap();
+    match f.write(0, |s, t| s.rmdir_local(t, ROOT_INO, "d")) {
+        Err(e @ FsError::Busy(_)) => assert!(e.is_retryable()),
+        other => panic!("removed a directory with a name held in it: {other:?}"),
+    }
+    // The operation holding the name is not kept out by its own hold (a
+    // rename of a directory's entry over the directory itself).
+    f.write(0, |s, t| {
+        s.apply_step(t, pending.op, 3, &Step::RemoveDirIfEmpty { ino: d.ino })
+    })
+    .unwrap();
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            pending.op,
+            4,
+            &Step::UnlinkName {
+                parent: ROOT_INO,
+                name: "d".into(),
+                ino: d.ino,
+            },
+        )
+    })
+    .unwrap();
+    f.write(0, |s, t| s.end_intent(t, pending.op)).unwrap();
     assert_eq!(f.read(0, |s, t| s.getattr(t, ROOT_INO)).unwrap().nlink, 2);
     assert!(matches!(
         f.read(0, |s, t| s.getattr(t, d.ino)),

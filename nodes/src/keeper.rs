@@ -56,6 +56,44 @@ pub fn redrive(ns: Arc<Namespace>, shard: ShardId) {
     });
 }
 
+/// How old an intent is before the leader of its shard drives it itself
+/// (its coordinator's calls give up well before).
+const STALE_INTENT: Duration = Duration::from_secs(20);
+
+/// How often a leader looks for intents older than [`STALE_INTENT`].
+const STALE_EVERY: u32 = 10;
+
+/// Drives the intents of `shard` older than [`STALE_INTENT`], unless a
+/// drive of that shard is still running.
+fn redrive_stale(
+    ns: Arc<Namespace>,
+    shard: ShardId,
+    running: Arc<std::sync::Mutex<std::collections::HashSet<ShardId>>>,
+) {
+    if !running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(shard)
+    {
+        return;
+    }
+    tokio::spawn(async move {
+        match ns.redrive_older(shard, STALE_INTENT).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                shard,
+                intents = n,
+                "finished operations their coordinator left"
+            ),
+            Err(e) => tracing::debug!(shard, error = %e, "looking for left operations failed"),
+        }
+        running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&shard);
+    });
+}
+
 pub struct ShardKeeper {
     pub view: Arc<ClusterView>,
     pub namespace: Arc<Namespace>,
@@ -71,8 +109,11 @@ pub struct ShardKeeper {
 pub async fn run(keeper: Arc<ShardKeeper>) {
     // The replicated shards this node leads.
     let mut led = std::collections::HashSet::new();
+    let stale_running = Arc::default();
+    let mut pass: u32 = 0;
     loop {
         tokio::time::sleep(PERIOD).await;
+        pass = pass.wrapping_add(1);
         // A new leader of a replicated shard finishes the operations the
         // last one left.
         let map = keeper.view.map();
@@ -86,6 +127,8 @@ pub async fn run(keeper: Arc<ShardKeeper>) {
         for shard in now {
             if led.insert(shard) {
                 redrive(keeper.namespace.clone(), shard);
+            } else if pass.is_multiple_of(STALE_EVERY) {
+                redrive_stale(keeper.namespace.clone(), shard, Arc::clone(&stale_running));
             }
         }
         if keeper.replicas > 1 {

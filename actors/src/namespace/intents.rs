@@ -335,12 +335,28 @@ impl Namespace {
 
     /// Drives every intent recorded in `shard` (after it started). Returns how many.
     pub async fn redrive(&self, shard: ShardId) -> FsResult<usize> {
-        let intents = self
+        self.redrive_older(shard, std::time::Duration::ZERO).await
+    }
+
+    /// [`Self::redrive`] of the intents recorded at least `age` ago: those
+    /// whose coordinator gave up (its calls timed out, or its node died
+    /// without the shard changing leader) would otherwise hold their names
+    /// until the next change of leader.
+    pub async fn redrive_older(&self, shard: ShardId, age: std::time::Duration) -> FsResult<usize> {
+        let cutoff = curvine_messages::now_ns() - age.as_nanos() as i64;
+        let intents: Vec<_> = self
             .call_until(shard, None, None, |reply| ShardMsg::ListIntents { reply })
-            .await?;
+            .await?
+            .into_iter()
+            .filter(|i| i.created_ns <= cutoff)
+            .collect();
         let count = intents.len();
-        for intent in intents {
+        // All at once: one may wait for another (an rmdir answered Busy
+        // until a mkdir into the directory finishes).
+        let drives = intents.into_iter().map(|intent| async move {
             let op = intent.op;
+            let action = format!("{:?}", intent.action);
+            tracing::info!(shard, op = format!("{op:#x}"), action, "re-driving intent");
             match self.drive(intent).await {
                 Ok(_) => tracing::info!(
                     shard,
@@ -348,10 +364,11 @@ impl Namespace {
                     "re-drove intent to completion"
                 ),
                 Err(e) => {
-                    tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back)")
+                    tracing::info!(shard, op = format!("{op:#x}"), outcome = %e, "re-drove intent (rolled back, or not finished)")
                 }
             }
-        }
+        });
+        futures::future::join_all(drives).await;
         Ok(count)
     }
 }

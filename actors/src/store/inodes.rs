@@ -145,7 +145,32 @@ impl ShardStore {
             .collect()
     }
 
-    pub(super) fn has_children(&self, txn: &RoTxn, ino: Ino) -> FsResult<bool> {
+    /// Whether directory `ino` has entries; `Busy` while an operation
+    /// across shards holds a name in it (a mkdir or rename into it not yet
+    /// finished: the directory may be about to have that entry).
+    /// Names held by `by` itself (a rename of a directory's own entry
+    /// over the directory) do not count.
+    pub(super) fn has_children(
+        &self,
+        txn: &RoTxn,
+        ino: Ino,
+        by: Option<curvine_messages::OpId>,
+    ) -> FsResult<bool> {
+        for lock in self
+            .locks
+            .prefix_iter(txn, &key_ino(ino))
+            .map_err(lmdb_err)?
+        {
+            let (key, value) = lock.map_err(lmdb_err)?;
+            let op = decode::<curvine_messages::shard::NameLock>(value)?.op;
+            if Some(op) == by {
+                continue;
+            }
+            let name = String::from_utf8_lossy(&key[8..]);
+            return Err(FsError::Busy(format!(
+                "'{name}' in directory {ino:#x} is being changed by operation {op:#x}"
+            )));
+        }
         let mut iter = self
             .dentries
             .prefix_iter(txn, &key_ino(ino))
@@ -407,7 +432,7 @@ impl ShardStore {
             )));
         }
         self.check_unlocked(wtxn, parent, name, None)?;
-        if self.has_children(wtxn, entry.ino)? {
+        if self.has_children(wtxn, entry.ino, None)? {
             return Err(FsError::NotEmpty(String::new()));
         }
         self.delete_inode(wtxn, entry.ino)?;
@@ -453,7 +478,7 @@ impl ShardStore {
             if !self.is_local(d.ino) {
                 return Ok(RenameOutcome::NeedsIntent);
             }
-            if d.kind == FileKind::Dir && self.has_children(wtxn, d.ino)? {
+            if d.kind == FileKind::Dir && self.has_children(wtxn, d.ino, None)? {
                 return Err(FsError::NotEmpty(String::new()));
             }
         }

@@ -282,7 +282,7 @@ impl ShardStore {
             }
             Step::RemoveDirIfEmpty { ino } => {
                 if self.inode(wtxn, *ino)?.is_some() {
-                    if self.has_children(wtxn, *ino)? {
+                    if self.has_children(wtxn, *ino, Some(op))? {
                         return Err(FsError::NotEmpty(String::new()));
                     }
                     self.delete_inode(wtxn, *ino)?;
