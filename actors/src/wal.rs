@@ -478,8 +478,6 @@ impl Wal {
         self.speculating = speculating;
     }
 
-    /// Whether a checkpoint is due (the writer then lets its groups'
-    /// uncommitted changes commit before it runs more mutations).
     /// Whether a checkpoint has waited too long for a commit after which
     /// no leader has uncommitted changes (the only moment one can be
     /// taken: `after_commit`). Under a steady stream of replicated changes

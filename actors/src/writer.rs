@@ -541,7 +541,9 @@ fn commit_batch(
     }
     let persisted = (|| -> FsResult<_> {
         let pending = groups.collect(&mut txn)?;
-        groups.send_now();
+        // A leader's appends go out now: its followers write them while
+        // it does.
+        groups.flush();
         match wal {
             None => {
                 txn.commit().map_err(lmdb_err)?;

@@ -709,14 +709,6 @@ impl Groups {
         Ok(out)
     }
 
-    /// Sends what the groups have for other members now: a leader's
-    /// appends go out before it makes them durable itself (Raft counts the
-    /// leader's own copy only once it is persisted), so its followers write
-    /// them while it does.
-    pub fn send_now(&mut self) {
-        self.flush();
-    }
-
     /// Answers the callers whose entry is committed (and in LMDB's
     /// committed state), as soon as the members' acknowledgements stepped
     /// in a pass say so, before that pass's own writes.
@@ -768,10 +760,8 @@ impl Groups {
     /// After LMDB committed the pass: callers whose entry is committed are
     /// answered, logs are compacted and the groups' status published.
     pub fn settle(&mut self) {
-        for (&shard, group) in self.groups.iter_mut() {
-            if !group.waiting.is_empty() {
-                group.answer(shard);
-            }
+        self.answer_committed();
+        for group in self.groups.values_mut() {
             if group.touched {
                 group.compact();
             }
@@ -873,7 +863,10 @@ impl Groups {
         }
     }
 
-    fn flush(&mut self) {
+    /// Sends what the groups have for other members now (a leader's
+    /// appends may go out before it makes them durable itself: Raft counts
+    /// the leader's own copy only once it is persisted).
+    pub fn flush(&mut self) {
         let outbox = std::mem::take(&mut self.outbox);
         let mut snapshots = Vec::new();
         if let Some(transport) = &self.transport {
