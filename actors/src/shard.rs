@@ -62,6 +62,14 @@ fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
     let _ = reply.send(value);
 }
 
+/// A shard's group as a read sees it.
+struct ReadView {
+    /// More than one member: reads go through the leader.
+    replicated: bool,
+    serving: bool,
+    lease_until: Option<std::time::Instant>,
+}
+
 impl ShardState {
     /// The shard's Raft group as of its writer's last pass.
     fn group_status(&self) -> Option<crate::replica::GroupStatus> {
@@ -73,15 +81,28 @@ impl ShardState {
             .cloned()
     }
 
+    /// What a read needs of the group's status, taken under its board's
+    /// lock (every read asks: the member lists are not copied).
+    fn read_view(&self) -> Option<ReadView> {
+        self.writer
+            .status()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.store.shard)
+            .map(|g| ReadView {
+                replicated: g.voters.len() + g.learners.len() > 1,
+                serving: g.serving,
+                lease_until: g.lease_until,
+            })
+    }
+
     fn read<T: Send + 'static>(
         &mut self,
         reply: RpcReplyPort<FsResult<T>>,
         f: impl FnOnce(&ShardStore, &heed::RoTxn) -> FsResult<T> + Send + 'static,
     ) {
-        let status = self.group_status();
-        let replicated = status
-            .as_ref()
-            .is_some_and(|g| g.voters.len() + g.learners.len() > 1);
+        let status = self.read_view();
+        let replicated = status.as_ref().is_some_and(|g| g.replicated);
         if !replicated {
             // One member: LMDB holds what the group committed.
             let result = self.store.read_txn().and_then(|txn| f(&self.store, &txn));
