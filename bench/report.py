@@ -498,7 +498,8 @@ def cluster_section(r, rows, meta):
             if c and op in ("create", "rename"):
                 r.target("Cluster", f"{op}s with 3 copies per shard", ">= 0.50 of 1 copy",
                          f"{c / b:.2f}", c / b >= 0.5,
-                         "each commit also waits for a second node's log")
+                         "each change also waits for a follower's log and pass, two hops "
+                         "between processes, on three nodes sharing 2 cores (notes below)")
     for title, la, lb, action in (
         ("write GiB/s (short-circuit)", "single", "cluster", "fs.write"),
         ("read GiB/s (short-circuit)", "single", "cluster", "fs.read"),
