@@ -187,7 +187,7 @@ pub(super) fn open(
             true => Some(fs.open_lock(ino).lock_owned().await),
             false => None,
         };
-        if writes && fs.passthrough_open(ino) > 0 {
+        if writes && !fs.passthrough_closed(ino).await {
             // The kernel reads the file from its block file now, which
             // is never written in place.
             reply.error(Errno::from_i32(libc::ETXTBSY));

@@ -8,6 +8,10 @@ use fuser::ReplyOpen;
 
 use super::Fs;
 
+/// How long an open for writing waits for passthrough handles being
+/// closed before it is refused with ETXTBSY.
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Fs {
     /// The lock under which opens of an inode choose passthrough or not.
     pub(super) fn open_lock(&self, ino: u64) -> Arc<tokio::sync::Mutex<()>> {
@@ -25,6 +29,21 @@ impl Fs {
             .get(&ino)
             .map(|(n, _)| *n)
             .unwrap_or(0)
+    }
+
+    /// Whether no passthrough handle of `ino` is open, waiting up to
+    /// [`RELEASE_GRACE`] for those being closed: the kernel sends the
+    /// release of a closed file without waiting for it, so an open that
+    /// follows a `close` can reach the mount first.
+    pub(super) async fn passthrough_closed(&self, ino: u64) -> bool {
+        let until = std::time::Instant::now() + RELEASE_GRACE;
+        while self.passthrough_open(ino) > 0 {
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        true
     }
 
     /// Opens a handle whose reads the kernel serves from the file's block
