@@ -76,9 +76,9 @@ print(json.dumps({"action": "ingest", "workload": w, "label": side, "files": n,
                   "seconds": round(t1 - t0, 3), "files_per_sec": n / (t1 - t0)}))' \
     "$workload" "$side" "$n" "$t0" "$t1" | record
 }
-# threads DIR N SIZE: 16 Python threads writing N files of SIZE bytes
+# py_files DIR N SIZE: 16 Python threads writing N files of SIZE bytes
 # (0: created empty) into DIR.
-threads() {
+py_files() {
   python3 - "$@" "$threads" <<'PY'
 import os, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -101,8 +101,8 @@ for r in $(seq "$reps"); do
   if [ $((r % 2)) = 1 ]; then order="mount tmpfs"; else order="tmpfs mount"; fi
   for side in $order; do
     if [ "$side" = mount ]; then base=$mnt/ingest; else base=$shm/ingest; fi
-    run py-write-100k "$side" "$base/w" "$files" threads "$base/w" "$files" 100000
-    run py-create "$side" "$base/c" "$files" threads "$base/c" "$files" 0
+    run py-write-100k "$side" "$base/w" "$files" py_files "$base/w" "$files" 100000
+    run py-create "$side" "$base/c" "$files" py_files "$base/c" "$files" 0
     run rclone-copy "$side" "$base/r" "$files" rclone_ "$src/pics" "$base/r"
     run tar-x "$side" "$base/t" "$tree" tar xf "$work/tree.tar" -C "$base/t"
     same_tree "$base/t"
