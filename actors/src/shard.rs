@@ -208,7 +208,7 @@ impl ShardState {
                     return Ok(answered);
                 }
                 let value = f(&store, txn)?;
-                store.record_answer(txn, req, &value, now_ns())?;
+                store.record_answer(txn, req, &value)?;
                 Ok(value)
             },
             move |result| answer(reply, result),

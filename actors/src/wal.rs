@@ -294,7 +294,8 @@ fn read_records(log: &File, path: &Path, epoch: u64, v1: bool) -> FsResult<Vec<R
 }
 
 /// The named databases of `env` by table number (a record only names
-/// tables that existed at its checkpoint, so opening them writes nothing).
+/// tables that existed at its checkpoint, so opening them writes nothing;
+/// one that names a table the environment lacks is refused when applied).
 fn databases(env: &'static Env<WithoutTls>) -> FsResult<Vec<Db>> {
     let rtxn = env.read_txn().map_err(lmdb)?;
     let opened = env
@@ -309,17 +310,22 @@ fn databases(env: &'static Env<WithoutTls>) -> FsResult<Vec<Db>> {
     let heed::CommitOrAbort::Commit(dbs) = opened else {
         return Err(FsError::Io("cannot open the metadata databases".into()));
     };
-    dbs.iter()
-        .zip(TABLE_NAMES)
-        .map(|(db, name)| {
-            db.ok_or_else(|| {
-                FsError::Corrupt(format!(
-                    "the metadata log of {} changes table {name}, which the environment lacks",
-                    env.path().display()
-                ))
-            })
-        })
-        .collect()
+    // Tables added by a later release (the last ones) are created when
+    // the shards open, after recovery: a log written before cannot name
+    // them. A gap is damage.
+    let present = dbs.iter().take_while(|db| db.is_some()).count();
+    if let Some(name) = TABLE_NAMES[present..]
+        .iter()
+        .zip(&dbs[present..])
+        .find_map(|(name, db)| db.is_some().then_some(name))
+    {
+        return Err(FsError::Corrupt(format!(
+            "the metadata environment {} has table {name} but lacks {}",
+            env.path().display(),
+            TABLE_NAMES[present]
+        )));
+    }
+    Ok(dbs.iter().take(present).flatten().copied().collect())
 }
 
 impl Wal {
@@ -661,5 +667,47 @@ pub fn checkpoint_all() {
                 tracing::warn!(env = %wal.env.path().display(), error = %e, "final metadata checkpoint failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use heed::types::Bytes;
+
+    use super::*;
+
+    fn env_with(tables: &[&str]) -> (tempfile::TempDir, &'static Env<WithoutTls>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = heed::EnvOpenOptions::new().read_txn_without_tls();
+        opts.max_dbs(16);
+        // SAFETY: a fresh directory, opened once.
+        let env: &'static Env<WithoutTls> =
+            Box::leak(Box::new(unsafe { opts.open(dir.path()) }.unwrap()));
+        let wtxn = env.write_txn().unwrap();
+        env.create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
+            for name in tables {
+                opener.create_database::<Bytes, Bytes>(wtxn, Some(name))?;
+            }
+            Ok(heed::CommitOrAbort::<(), ()>::Commit(()))
+        })
+        .unwrap();
+        (dir, env)
+    }
+
+    #[test]
+    fn an_environment_of_a_release_before_a_new_table_is_recovered() {
+        let (_dir, env) = env_with(&TABLE_NAMES[..TABLE_NAMES.len() - 1]);
+        assert_eq!(databases(env).unwrap().len(), TABLE_NAMES.len() - 1);
+        let (_dir, env) = env_with(&TABLE_NAMES);
+        assert_eq!(databases(env).unwrap().len(), TABLE_NAMES.len());
+    }
+
+    #[test]
+    fn an_environment_missing_a_table_before_others_is_refused() {
+        let mut names = TABLE_NAMES.to_vec();
+        names.remove(2);
+        let (_dir, env) = env_with(&names);
+        let err = databases(env).unwrap_err().to_string();
+        assert!(err.contains("lacks dentries"), "{err}");
     }
 }

@@ -34,7 +34,7 @@ use raft::eraftpb::ConfChangeV2;
 use crate::replica::{
     Done, GroupMessage, Groups, MayFound, MemberChange, ShardCopy, StatusBoard, Transport,
 };
-use crate::store::{lmdb_err, ShardStore};
+use crate::store::{expire_answers, lmdb_err, ShardStore, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
 
@@ -136,6 +136,7 @@ impl Writer {
             may_found,
         );
         let status = groups.status();
+        let answers = store.answers_db();
         let (tx, rx) = mpsc::channel::<Input>();
         let name = format!(
             "lmdb-writer-{}",
@@ -143,7 +144,7 @@ impl Writer {
         );
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(env, groups, rx, group_max.max(1), commit_delay))
+            .spawn(move || run(env, groups, answers, rx, group_max.max(1), commit_delay))
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx, status });
         map.insert(path, Arc::downgrade(&inner));
@@ -295,6 +296,7 @@ impl ShardCopy for Copies {
 fn run(
     env: &'static Env<WithoutTls>,
     mut groups: Groups,
+    answers: crate::txn::Db,
     rx: mpsc::Receiver<Input>,
     group_max: usize,
     commit_delay: Duration,
@@ -310,6 +312,7 @@ fn run(
     }
     let mut last_batch = 0;
     let mut next_tick = Instant::now() + RAFT_TICK;
+    let mut next_expiry = Instant::now();
     let mut pass = Pass::default();
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
@@ -357,6 +360,13 @@ fn run(
         if Instant::now() >= next_tick {
             groups.tick();
             next_tick = Instant::now() + RAFT_TICK;
+        }
+        if Instant::now() >= next_expiry {
+            next_expiry = Instant::now() + ANSWER_EXPIRY_EVERY;
+            let before = now_ns() - REQUEST_RECORD_TTL.as_nanos() as i64;
+            if let Err(e) = expire_answers(env, answers, before) {
+                tracing::warn!(env = %env.path().display(), error = %e, "cannot delete expired answers of calls");
+            }
         }
         let jobs = if hold {
             Vec::new()

@@ -687,11 +687,10 @@ fn answers_of_calls_are_kept_per_shard_and_expire(f: Fixture) {
         at_ns: now,
         nonce: 7,
     };
-    let (_, empty) = f.read(0, |s, t| s.digest(t)).unwrap();
     let a = f
         .write(0, |s, t| {
             let a = s.create(t, ROOT_INO, "a", &file(), None)?;
-            s.record_answer(t, first, &a, now)?;
+            s.record_answer(t, first, &a)?;
             Ok(a)
         })
         .unwrap();
@@ -716,33 +715,51 @@ fn answers_of_calls_are_kept_per_shard_and_expire(f: Fixture) {
     // Answers are not step records, and go with their own shard only.
     assert_eq!(f.read(0, |s, t| s.scan(t)).unwrap().op_records, 0);
     assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 1);
-    let moved = f.read(1, |s, t| s.export_all(t)).unwrap();
+    assert_eq!(f.read(1, |s, t| s.answers_kept(t)).unwrap(), 0);
+    let moved = f.read(0, |s, t| s.export_all(t)).unwrap();
     assert!(
-        !moved.iter().any(|r| r.key.len() == 18 && r.key[0] == 0),
+        moved.iter().any(|r| r.table == 11 && r.key.len() == 17),
+        "shard 0's export lacks its answer"
+    );
+    let others = f.read(1, |s, t| s.export_all(t)).unwrap();
+    assert!(
+        !others.iter().any(|r| r.table == 11),
         "shard 1's export carries shard 0's answer"
     );
-    let (records, with_answer) = f.read(0, |s, t| s.digest(t)).unwrap();
-    assert_ne!(with_answer, empty);
-    assert!(records >= 4, "{records} records");
-    // An answer older than the TTL goes when the next one is recorded.
+    // The digest leaves answers out: members expire them on their own.
+    let (_, with_answer) = f.read(0, |s, t| s.digest(t)).unwrap();
+    let other_call = ReqId {
+        at_ns: now,
+        nonce: 11,
+    };
+    f.write(0, |s, t| s.record_answer(t, other_call, &3u32))
+        .unwrap();
+    assert_eq!(f.read(0, |s, t| s.digest(t)).unwrap().1, with_answer);
+    // Answers of calls made more than the TTL ago go at the next expiry.
     let old = ReqId {
         at_ns: now - curvine_actors::store::REQUEST_RECORD_TTL.as_nanos() as i64 - 1_000_000_000,
         nonce: 9,
     };
-    f.write(0, |s, t| s.record_answer(t, old, &1u32, old.at_ns))
-        .unwrap();
+    f.write(0, |s, t| s.record_answer(t, old, &1u32)).unwrap();
+    f.write(1, |s, t| s.record_answer(t, old, &4u32)).unwrap();
     assert_eq!(
         f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(),
         Some(1)
     );
-    let later = ReqId {
-        at_ns: now + 1,
-        nonce: 10,
-    };
-    f.write(0, |s, t| s.record_answer(t, later, &2u32, now))
-        .unwrap();
+    // (Each environment expires the answers of all its shards.)
+    let before = now - curvine_actors::store::REQUEST_RECORD_TTL.as_nanos() as i64;
+    let gone: usize = f
+        .shards
+        .iter()
+        .map(|s| s.expire_answers(before).unwrap())
+        .sum();
+    assert_eq!(gone, 2, "the old answers of both shards go");
     assert_eq!(f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(), None);
+    assert_eq!(f.read(1, |s, t| s.answered::<u32>(t, old)).unwrap(), None);
     assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 2);
+    // Dropping the shard drops its answers.
+    f.write(0, |s, t| s.drop_all(t)).unwrap();
+    assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 0);
 }
 
 #[test]

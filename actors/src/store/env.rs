@@ -92,6 +92,7 @@ impl ShardStore {
                     create(8)?,
                     create(9)?,
                     create(10)?,
+                    create(11)?,
                 ]))
             })
             .map_err(lmdb_err)?;
@@ -120,6 +121,7 @@ impl ShardStore {
             owners: Table::new(dbs[8], 8),
             pending: Table::new(dbs[9], 9),
             freed: Table::new(dbs[10], 10),
+            answers: Table::new(dbs[11], 11),
         };
         store.format_or_check(identity)?;
         // What opening wrote (new databases, a format) is not in the log.

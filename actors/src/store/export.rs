@@ -12,12 +12,15 @@ use curvine_messages::{FsError, FsResult};
 
 use super::cluster::{MAP_KEY, MOUNTS_KEY};
 use super::journal::{JOURNAL_PREFIX, JOURNAL_SEQ_KEY, RECORD_PREFIX};
+use super::requests::REQUEST_KEY_SHARD_AT;
 use super::{lmdb_err, ShardStore};
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
-const TABLE_COUNT: u8 = 11;
+const TABLE_COUNT: u8 = 12;
 
 const OPS_TABLE: u8 = 5;
+
+const ANSWERS_TABLE: u8 = 11;
 
 impl ShardStore {
     fn table(&self, n: u8) -> Option<Table> {
@@ -33,6 +36,7 @@ impl ShardStore {
             8 => self.owners,
             9 => self.pending,
             10 => self.freed,
+            11 => self.answers,
             _ => return None,
         })
     }
@@ -54,11 +58,9 @@ impl ShardStore {
                             || key.starts_with(JOURNAL_PREFIX)
                             || key.starts_with(RECORD_PREFIX)))
             }
-            // A recorded answer goes with its shard only.
-            OPS_TABLE if key.len() == super::requests::REQUEST_KEY_LEN => {
-                key.first() == Some(&(self.shard as u8))
-            }
             OPS_TABLE => true,
+            // Recorded answers of calls are keyed by time, then shard.
+            ANSWERS_TABLE => key.get(REQUEST_KEY_SHARD_AT) == Some(&(self.shard as u8)),
             _ => key.first() == Some(&(self.shard as u8)),
         }
     }
@@ -77,7 +79,7 @@ impl ShardStore {
             let db = self.table(n).expect("table number in range");
             let start: Vec<u8> = if n == first_table && !first_key.is_empty() {
                 first_key.clone()
-            } else if n == 0 || n == OPS_TABLE {
+            } else if n == 0 || n == OPS_TABLE || n == ANSWERS_TABLE {
                 Vec::new()
             } else {
                 vec![self.shard as u8]
@@ -93,7 +95,11 @@ impl ShardStore {
                 .map_err(lmdb_err)?
             {
                 let (k, v) = item.map_err(lmdb_err)?;
-                if n != 0 && n != OPS_TABLE && k.first() != Some(&(self.shard as u8)) {
+                if n != 0
+                    && n != OPS_TABLE
+                    && n != ANSWERS_TABLE
+                    && k.first() != Some(&(self.shard as u8))
+                {
                     break;
                 }
                 if !self.owns_record(n, k) {
@@ -117,8 +123,9 @@ impl ShardStore {
     /// What this copy of the shard holds, as of `txn`: the number of its
     /// records and a hash of them (FNV-1a over table, key and value, in
     /// key order), which two members of the shard's group agree on when
-    /// they applied the same entries. Step records are left out: the `ops`
-    /// table is shared by every shard of the environment.
+    /// they applied the same entries. Step records are left out (the `ops`
+    /// table is shared by every shard of the environment), and so are
+    /// recorded answers, which each member expires on its own clock.
     pub fn digest(&self, txn: &RoTxn) -> FsResult<(u64, u64)> {
         const PRIME: u64 = 0x0000_0100_0000_01b3;
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -132,7 +139,7 @@ impl ShardStore {
         loop {
             let chunk = self.export(txn, from, 4 << 20)?;
             for r in &chunk.records {
-                if r.table == OPS_TABLE && r.key.len() != super::requests::REQUEST_KEY_LEN {
+                if r.table == OPS_TABLE || r.table == ANSWERS_TABLE {
                     continue;
                 }
                 eat(&[r.table]);
@@ -197,8 +204,21 @@ impl ShardStore {
                 None => Bound::Unbounded,
             },
         );
+        let answers: Vec<Vec<u8>> = self
+            .answers
+            .iter(wtxn)
+            .map_err(lmdb_err)?
+            .filter_map(|item| match item {
+                Ok((k, _)) if self.owns_record(ANSWERS_TABLE, k) => Some(Ok(k.to_vec())),
+                Ok(_) => None,
+                Err(e) => Some(Err(lmdb_err(e))),
+            })
+            .collect::<FsResult<_>>()?;
+        for k in answers {
+            self.answers.delete(wtxn, &k).map_err(lmdb_err)?;
+        }
         for n in 1..TABLE_COUNT {
-            if n != OPS_TABLE {
+            if n != OPS_TABLE && n != ANSWERS_TABLE {
                 let db = self.table(n).expect("table number in range");
                 db.delete_range(wtxn, &range).map_err(lmdb_err)?;
             }

@@ -225,9 +225,18 @@ impl ShardStore {
     /// longer recorded as an intent here. Returns how many went.
     pub fn sweep_op_records(&self, wtxn: &mut WriteTxn, before_ns: i64) -> FsResult<u64> {
         let mut stale = Vec::new();
+        let mut old_answers = Vec::new();
         for item in self.ops.iter(wtxn).map_err(lmdb_err)? {
             let (k, v) = item.map_err(lmdb_err)?;
-            // Recorded answers of calls (`requests`) go by age on their own.
+            // Answers of calls recorded here by the release before the
+            // `answers` table (`shard ++ 0xff ++ at ++ nonce`) go by age.
+            if k.len() == 18 && k[1] == 0xff {
+                let at = i64::from_be_bytes(k[2..10].try_into().expect("8 bytes"));
+                if at < before_ns {
+                    old_answers.push(k.to_vec());
+                }
+                continue;
+            }
             if k.len() != 9 {
                 continue;
             }
@@ -235,6 +244,9 @@ impl ShardStore {
             if record.at_ns < before_ns {
                 stale.push(k.to_vec());
             }
+        }
+        for k in old_answers {
+            self.ops.delete(wtxn, &k).map_err(lmdb_err)?;
         }
         let mut removed = 0;
         for k in stale {

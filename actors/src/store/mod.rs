@@ -10,12 +10,12 @@
 //! | `xattrs`   | ino ++ name          | raw bytes (reserved)          |
 //! | `intents`  | op                   | [`Intent`]                    |
 //! | `ops`      | op ++ step_no        | [`StepRecord`]                |
-//! | `ops`      | shard ++ 0xff ++ at ++ nonce | a call's answer (`requests`) |
 //! | `locks`    | parent ++ name       | [`NameLock`]                  |
 //! | `blocks`   | ino ++ index (u32)   | [`BlockInfo`] (committed)     |
 //! | `owners`   | block id             | [`BlockOwner`]                |
 //! | `pending`  | ino ++ block id      | empty: allocated, not closed  |
 //! | `freed`    | block id             | [`FreedBlock`]: to remove     |
+//! | `answers`  | at ++ shard ++ nonce | a call's answer (`requests`)  |
 //!
 //! Every value starts with a version byte (`curvine_messages::codec`).
 //! Mutations check everything before they write, and run inside a nested
@@ -53,7 +53,7 @@ mod xattrs;
 pub(crate) use env::open_env;
 pub use inodes::check_rename_kinds;
 pub use intents::StepRecord;
-pub use requests::REQUEST_RECORD_TTL;
+pub use requests::{expire_answers, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL};
 
 use std::ops::Bound;
 
@@ -123,6 +123,7 @@ pub struct ShardStore {
     owners: Table,
     pending: Table,
     freed: Table,
+    answers: Table,
 }
 
 impl ShardStore {
@@ -141,6 +142,7 @@ impl ShardStore {
             self.owners,
             self.pending,
             self.freed,
+            self.answers,
         ]
         .iter()
         .map(|t| **t)
@@ -170,6 +172,7 @@ impl ShardStore {
             owners: self.owners,
             pending: self.pending,
             freed: self.freed,
+            answers: self.answers,
         }
     }
 
@@ -285,8 +288,7 @@ impl ShardStore {
         }
         scan.intents = self.intents(txn)?;
         scan.locks = self.count_own(self.locks, txn)?;
-        // Step records only: recorded answers of calls are counted apart.
-        scan.op_records = self.count_own(self.ops, txn)? - self.answers_kept(txn)?;
+        scan.op_records = self.count_own(self.ops, txn)?;
         Ok(scan)
     }
 }
