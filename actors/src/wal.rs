@@ -641,14 +641,31 @@ fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<
 
 /// Extends `file` from `from` to `to` bytes with zeros, and syncs it.
 fn preallocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
-    let zeros = vec![0u8; 1 << 20];
+    fill_zeros(file, from, to)?;
+    file.sync_all()
+}
+
+/// Writes zeros into `file` from `from` to `to`, one 4 KiB page per call.
+///
+/// The page cache sizes a folio by the write that creates it: one large
+/// write leaves folios of up to 2 MiB (ext4 has large folios since Linux
+/// 6.16), and every later small write into one walks all of its buffers.
+/// The log only ever takes small appends, each synced: measured here, 700-
+/// byte appends with an fdatasync each run at 9,100/s and 29 us of CPU
+/// into a file filled by 4 KiB writes, against 7,900/s and 38 us into one
+/// filled by 1 MiB writes. (LMDB's data file is still extended by large
+/// writes: with small folios its commits cost less CPU, but checkpoints
+/// flush it in more, smaller writes, and creates measured 13% slower.)
+fn fill_zeros(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    const PAGE: u64 = 4096;
+    let zeros = [0u8; PAGE as usize];
     let mut at = from;
     while at < to {
-        let n = (to - at).min(zeros.len() as u64) as usize;
+        let n = (to - at).min(PAGE - at % PAGE) as usize;
         file.write_all_at(&zeros[..n], at)?;
         at += n as u64;
     }
-    file.sync_all()
+    Ok(())
 }
 
 /// Ends every log of this process with a checkpoint (a clean stop leaves
