@@ -265,6 +265,21 @@ impl Inodes {
         }
     }
 
+    /// A file was just made in directory `ino` by this mount, at
+    /// `changed_ns` (the new file's ctime, which the cluster gave the
+    /// directory's mtime and ctime in the same change): cached attributes
+    /// of the directory take those times and stay fresh, so the next
+    /// create in it (the kernel checks the directory's permissions before
+    /// each) needs no request. Attributes already expired stay expired.
+    pub fn file_made_in(&self, ino: u64, changed_ns: i64) {
+        if let Some(node) = self.nodes.write().get_mut(&ino) {
+            if node.fetched.elapsed() < self.ttl && node.attr.kind == FileKind::Dir {
+                node.attr.mtime_ns = node.attr.mtime_ns.max(changed_ns);
+                node.attr.ctime_ns = node.attr.ctime_ns.max(changed_ns);
+            }
+        }
+    }
+
     /// Makes the next attribute request of an inode go to the cluster.
     pub fn expire(&self, ino: u64) {
         if let Some(node) = self.nodes.write().get_mut(&ino) {

@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess};
+use curvine_integration::{
+    http_get, random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess,
+};
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     match r {
@@ -321,6 +323,52 @@ fn check_permission_holds_other_users_to_modes_and_owners() {
     assert!(ok && out == "mine\n", "{out}");
     // Root is not held back.
     assert_eq!(fs::read(m.path("shared/a")).unwrap(), b"mine\n");
+}
+
+/// A counter of the mount's `/metrics`, summed over its label sets that
+/// contain `label`.
+fn mount_counter(m: &FuseMount, name: &str, label: &str) -> u64 {
+    let addr = m.metrics_addr().expect("the mount serves metrics");
+    let (status, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
+    let (_dir, node, m) = setup(&[]);
+    fs::create_dir(m.path("d")).unwrap();
+    let client = runtime().block_on(node.client());
+    let cluster_mtime = || runtime().block_on(async { client.stat("/d").await.unwrap().mtime_ns });
+    let mount_mtime = || {
+        let md = fs::metadata(m.path("d")).unwrap();
+        md.mtime() * 1_000_000_000 + md.mtime_nsec()
+    };
+    assert_eq!(mount_mtime(), cluster_mtime());
+    let stats_before = mount_counter(&m, "curvine_client_calls_total", "call=\"Stat\"");
+    let mut last = mount_mtime();
+    for i in 0..20 {
+        let mut f = File::create(m.path(&format!("d/f{i}"))).unwrap();
+        f.write_all(b"some bytes").unwrap();
+        drop(f);
+        // The directory's times, as the mount shows them, are the ones
+        // the cluster gave it.
+        let now = mount_mtime();
+        assert_eq!(now, cluster_mtime(), "after file {i}");
+        assert!(now >= last);
+        last = now;
+        assert_eq!(fs::metadata(m.path(&format!("d/f{i}"))).unwrap().len(), 10);
+    }
+    // Neither the kernel's check of the directory before each create nor
+    // its look for security.capability before each first write went to
+    // the node (what remains: the lookup of each new name).
+    let stats = mount_counter(&m, "curvine_client_calls_total", "call=\"Stat\"") - stats_before;
+    assert!(stats <= 25, "{stats} Stat calls for 20 files");
+    let xattr_calls = mount_counter(&m, "curvine_client_calls_total", "call=\"GetXattr\"");
+    assert_eq!(xattr_calls, 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use fuser::{Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyCreate, Rep
 
 use curvine_client::io::{FileWriter, WriteOptions};
 use curvine_messages::rpc;
-use curvine_messages::FsResult;
+use curvine_messages::{Attr, FileKind, FsResult};
 
 use super::perms::Caller;
 use super::replies::{name_str, ErrorReply};
@@ -152,7 +152,11 @@ impl CurvineFs {
                 }
             };
             let attr = try_reply!(reply, made);
-            fs.inodes.expire(new.parent);
+            if attr.kind == FileKind::File {
+                fs.made_file(new.parent, &attr);
+            } else {
+                fs.inodes.expire(new.parent);
+            }
             fs.reply_entry(reply, new.parent, &new.name, attr);
         });
     }
@@ -178,7 +182,7 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
         FileWriter::open(&fs.client, &new.path, &options).await
     );
     let attr = w.attr.clone();
-    fs.inodes.expire(new.parent);
+    fs.made_file(new.parent, &attr);
     let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
     fs.inodes.drop_cached(ino);
     let writer = fs.join_writer(ino, (new.uid, new.gid), Some(w));
@@ -213,6 +217,16 @@ impl Fs {
             return Ok((caller.uid, pattr.gid, mode));
         }
         Ok((caller.uid, caller.gid, mode))
+    }
+
+    /// After this mount made file `attr` in directory `parent`: the
+    /// directory's cached times move to the file's (a file's inode is
+    /// made in its parent's shard, in one change that gives the directory
+    /// the same mtime and ctime), and the file is known to have no
+    /// security.capability (the kernel asks before its first write).
+    fn made_file(&self, parent: u64, attr: &Attr) {
+        self.inodes.file_made_in(parent, attr.ctime_ns);
+        self.remember_absent_xattr(self.inodes.fuse_ino(attr.ino), "security.capability");
     }
 
     /// Path, owner and mode of something a caller creates as `name` in

@@ -23,7 +23,7 @@ impl Fs {
             .is_some_and(|at| at.elapsed() < ttl)
     }
 
-    fn remember_absent_xattr(&self, ino: u64, name: &str) {
+    pub(super) fn remember_absent_xattr(&self, ino: u64, name: &str) {
         if self.conf.meta_cache_ttl.0.is_zero() {
             return;
         }

@@ -423,6 +423,12 @@ impl Client {
     /// Sends a request and waits for its typed reply.
     pub async fn call<R: Call>(&self, request: R) -> FsResult<R::Reply> {
         let request: Request = request.into();
+        curvine_runtime::stats::process().add(
+            "curvine_client_calls_total",
+            "Calls the client library made to the cluster, per kind (an attempt made again counts once).",
+            &[("call", request.kind_name())],
+            1,
+        );
         let retry_in_flight = read_only(&request);
         let mut attempts = 0;
         loop {
