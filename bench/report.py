@@ -501,7 +501,8 @@ def ingest_section(r, rows, meta):
         if want and a and b:
             r.target("Ingest", name, f">= {want:.1f} of tmpfs", f"{a / b:.2f}", a / b >= want,
                      "each file costs several serial round trips through /dev/fuse and the "
-                     "node, two of them durable commits (notes below)")
+                     "node, two durable commits for an empty file and three syncs one after "
+                     "the other for one with bytes (notes below)")
     r.p("", r.plots.bars("ingest", "Writing small files: mount vs tmpfs", "files/s (log)", cats,
                          [("FUSE mount", mnt), ("tmpfs", tmp)], log=True))
     r.notes("ingest")
