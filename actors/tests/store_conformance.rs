@@ -113,6 +113,7 @@ conformance!(
     unlink_rules_and_remote_inodes,
     rename_local_rules,
     steps_are_idempotent_and_locks_hold_names,
+    a_refused_step_is_refused_for_every_driver,
     xattr_rules,
     stats_and_scan_see_only_their_shard,
     file_blocks_lease_commit_and_free,
@@ -585,6 +586,52 @@ fn steps_are_idempotent_and_locks_hold_names(f: Fixture) {
         kept, 0,
         "the held operation's record stays where its intent is seen"
     );
+}
+
+/// A step refused by one driver of an operation is refused for all: a
+/// later driver cannot apply it. A step applied first stays applied, and
+/// the refusal returns what it did.
+fn a_refused_step_is_refused_for_every_driver(f: Fixture) {
+    let begin = |name: &str| {
+        let action = IntentOp::Mkdir {
+            parent: ROOT_INO,
+            name: name.into(),
+            attrs: dir(),
+            child_shard: 1,
+        };
+        f.write(0, |s, t| s.begin_intent(t, &action)).unwrap()
+    };
+    let (refused, applied) = (begin("p"), begin("q"));
+    let lock = |name: &str| Step::LockName {
+        parent: ROOT_INO,
+        name: name.into(),
+    };
+    let refuse = Step::Refuse {
+        error: FsError::NotEmpty(String::new()),
+    };
+    let first = f
+        .write(0, |s, t| s.apply_step(t, refused.op, 5, &refuse))
+        .unwrap();
+    assert_eq!(first, StepResult::Refused(FsError::NotEmpty(String::new())));
+    let late = f
+        .write(0, |s, t| s.apply_step(t, refused.op, 5, &lock("r")))
+        .unwrap();
+    assert_eq!(late, first, "the refused step is not applied afterwards");
+    let locks = || f.read(0, |s, t| s.stats(t)).unwrap().locks;
+    assert_eq!(locks(), 2, "only the intents' own names are held");
+    let locked = f
+        .write(0, |s, t| s.apply_step(t, applied.op, 5, &lock("s")))
+        .unwrap();
+    assert_eq!(locked, StepResult::Existing(None));
+    let refusal = f
+        .write(0, |s, t| s.apply_step(t, applied.op, 5, &refuse))
+        .unwrap();
+    assert_eq!(refusal, locked, "a step applied first stays applied");
+    assert_eq!(locks(), 3, "'s' stays held");
+    // Rolling back an operation another driver already ended is no error.
+    f.write(0, |s, t| s.abort_intent(t, refused.op)).unwrap();
+    f.write(0, |s, t| s.end_intent(t, refused.op)).unwrap();
+    f.write(0, |s, t| s.abort_intent(t, refused.op)).unwrap();
 }
 
 fn xattr_rules(f: Fixture) {

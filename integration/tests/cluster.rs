@@ -619,6 +619,107 @@ fn crossing_directory_moves_through_different_nodes_never_make_a_cycle() {
     assert_consistent(&cluster.nodes[0]);
 }
 
+/// `x -> y` and `y -> x` at once, both directories whose inodes live on
+/// other shards than their parent: each rename is an intent that holds its
+/// own name and asks for the other's. One waits for the other or steps
+/// back and tries again; neither waits forever.
+#[test]
+fn renames_that_cross_each_other_never_wait_for_each_other_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 1, &["-c", "client.request_timeout=10s"]);
+    runtime().block_on(async {
+        let c = cluster.nodes[0].client().await;
+        c.mkdir("/swap", false).await.unwrap();
+        let tasks: Vec<_> = [("/swap/x", "/swap/y"), ("/swap/y", "/swap/x")]
+            .into_iter()
+            .map(|(from, to)| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut renamed = 0;
+                    for round in 0..200 {
+                        match c.mkdir(from, false).await {
+                            Ok(_) | Err(FsError::AlreadyExists(_)) => {}
+                            Err(e) => panic!("round {round}: mkdir {from}: {e}"),
+                        }
+                        match c.rename(from, to).await {
+                            Ok(()) => renamed += 1,
+                            // The other rename took `from` away first.
+                            Err(FsError::NotFound(_)) => {}
+                            Err(e) => panic!("round {round}: rename {from} {to}: {e}"),
+                        }
+                    }
+                    renamed
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap() > 0);
+        }
+        let names: Vec<String> = c
+            .list_all("/swap")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert!(!names.is_empty() && names.len() <= 2, "{names:?}");
+    });
+    assert_consistent(&cluster.nodes[0]);
+}
+
+/// An rmdir of a directory whose inode its parent's shard holds, while
+/// another client renames over that name a directory whose inode another
+/// shard holds: the rmdir removes whichever directory the name holds when
+/// it acts, never fails with EIO.
+#[test]
+fn rmdir_of_a_name_renamed_over_by_a_directory_of_another_shard() {
+    use curvine_messages::{dir_shard, shard_of};
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 1, &[]);
+    runtime().block_on(async {
+        let c = cluster.nodes[0].client().await;
+        let parent = c.mkdir("/rm", false).await.unwrap();
+        let home = shard_of(parent.ino);
+        let shards = 16;
+        // `y` made in place lives in the parent's shard; `z`, renamed over
+        // it, in another.
+        let name = |local: bool| {
+            (0..)
+                .map(|i| format!("n{i}"))
+                .find(|n| (dir_shard(parent.ino, n, shards) == home) == local)
+                .unwrap()
+        };
+        let (y, z) = (format!("/rm/{}", name(true)), format!("/rm/{}", name(false)));
+        let removing = {
+            let (c, y) = (c.clone(), y.clone());
+            tokio::spawn(async move {
+                for round in 0..300 {
+                    match c.mkdir(&y, false).await {
+                        Ok(_) | Err(FsError::AlreadyExists(_)) => {}
+                        Err(e) => panic!("round {round}: mkdir {y}: {e}"),
+                    }
+                    match c.rmdir(&y).await {
+                        Ok(_) | Err(FsError::NotFound(_)) => {}
+                        Err(e) => panic!("round {round}: rmdir {y}: {e}"),
+                    }
+                }
+            })
+        };
+        for round in 0..300 {
+            match c.mkdir(&z, false).await {
+                Ok(_) | Err(FsError::AlreadyExists(_)) => {}
+                Err(e) => panic!("round {round}: mkdir {z}: {e}"),
+            }
+            match c.rename(&z, &y).await {
+                Ok(()) | Err(FsError::NotFound(_)) => {}
+                Err(e) => panic!("round {round}: rename {z} {y}: {e}"),
+            }
+        }
+        removing.await.unwrap();
+    });
+    assert_consistent(&cluster.nodes[0]);
+}
+
 #[test]
 fn a_client_moves_to_another_node_when_its_node_dies() {
     let dir = tempfile::tempdir().unwrap();

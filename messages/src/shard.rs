@@ -87,6 +87,13 @@ pub enum Step {
     UnlinkName { parent: Ino, name: String, ino: Ino },
     /// Release a name reserved by this op.
     UnlockName { parent: Ino, name: String },
+    /// Close the step of this number for every driver of the operation:
+    /// a driver whose step failed (or that stopped waiting for it) records
+    /// `error` as the step's result before it rolls the operation back, so
+    /// another driver of the same operation (the node that re-drives it
+    /// after a change of leader) cannot apply the step afterwards and go
+    /// on. If the step was applied first, its result is returned instead.
+    Refuse { error: FsError },
 }
 
 impl Step {
@@ -100,6 +107,7 @@ impl Step {
             Step::LinkName { .. } => "link_name",
             Step::UnlinkName { .. } => "unlink_name",
             Step::UnlockName { .. } => "unlock_name",
+            Step::Refuse { .. } => "refuse",
         }
     }
 }
@@ -110,6 +118,9 @@ pub enum StepResult {
     Done,
     Created(Box<Attr>),
     Existing(Option<DirEntry>),
+    /// The step was refused ([`Step::Refuse`]): the operation is rolled
+    /// back with this error.
+    Refused(FsError),
 }
 
 impl Versioned for StepResult {

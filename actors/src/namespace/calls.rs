@@ -154,6 +154,18 @@ impl Namespace {
         deadline: Option<Instant>,
         build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
     ) -> FsResult<T> {
+        self.call_waiting(shard, at, (deadline, None), build).await
+    }
+
+    /// [`Self::call_until`] that also gives up on `Busy` once `busy_until`
+    /// has passed (`deadline`, `busy_until`).
+    async fn call_waiting<T: Send + 'static>(
+        &self,
+        shard: ShardId,
+        at: Option<&str>,
+        (deadline, busy_until): (Option<Instant>, Option<Instant>),
+        build: impl Fn(RpcReplyPort<FsResult<T>>) -> ShardMsg + Send + Sync,
+    ) -> FsResult<T> {
         let req = next_call();
         let mut delay = Duration::from_micros(500);
         loop {
@@ -171,7 +183,10 @@ impl Namespace {
                         || matches!(e, FsError::TimedOut(_))
                         || (deadline.is_none() && matches!(e, FsError::NodeDown(_))) =>
                 {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d)
+                        || (matches!(e, FsError::Busy(_)) && busy_until.is_some_and(|b| now >= b))
+                    {
                         return Err(e);
                     }
                     tokio::time::sleep(delay).await;
@@ -249,6 +264,29 @@ impl Namespace {
             reply,
         })
         .await
+    }
+
+    /// An intent's step that takes a lock: waits while another operation
+    /// holds what it locks, but only until `busy_until`, then answers
+    /// `Busy`. (Two operations that each hold a name and ask for the
+    /// other's, as `x -> y` and `y -> x` do, would otherwise wait for each
+    /// other forever; the one that gives up first rolls back.)
+    pub(super) async fn lock_step(
+        &self,
+        shard: ShardId,
+        op: OpId,
+        step_no: u8,
+        step: Step,
+        busy_until: Instant,
+    ) -> FsResult<StepResult> {
+        let build = move |reply| ShardMsg::ApplyStep {
+            op,
+            step_no,
+            step: step.clone(),
+            reply,
+        };
+        self.call_waiting(shard, None, (None, Some(busy_until)), build)
+            .await
     }
 
     pub(super) async fn end_intent(&self, op: OpId) -> FsResult<()> {

@@ -2,11 +2,21 @@
 //! is driven step by step (each step idempotent), rolled back when a step
 //! fails before the irreversible one, and driven again after a restart.
 
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
 use curvine_messages::shard::{Intent, IntentOp, ShardMsg, Step, StepResult};
 use curvine_messages::{shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId};
 
 use super::Namespace;
 use crate::store::check_rename_kinds;
+
+/// How long a rename waits for a target name another operation holds
+/// before it rolls back and tries again (a random length in this range,
+/// so that two renames waiting for each other do not step back together).
+const LOCK_WAIT: Range<Duration> = Duration::from_millis(50)..Duration::from_millis(300);
 
 impl Namespace {
     /// Drives an intent in a task of its own: a caller that gives up (timeout,
@@ -37,7 +47,7 @@ impl Namespace {
                 Ok(Ok(result)) => result,
                 Ok(Err(join)) => Err(FsError::Io(format!("intent driver failed: {join}"))),
                 Err(_) => Err(FsError::TimedOut(
-                    "operation still in progress; it will complete".into(),
+                    "operation still in progress; it is finished or rolled back in the background".into(),
                 )),
             },
             e = down => Err(match e {
@@ -150,7 +160,13 @@ impl Namespace {
             return Err(FsError::Io("mkdir was rolled back".into()));
         }
         let created = match self
-            .step(child_shard, op, 1, Step::CreateDirInode { attrs, parent })
+            .decisive_step(
+                child_shard,
+                op,
+                1,
+                Step::CreateDirInode { attrs, parent },
+                None,
+            )
             .await
         {
             Ok(StepResult::Created(attr)) => *attr,
@@ -189,7 +205,7 @@ impl Namespace {
             return Err(FsError::NotEmpty(String::new()));
         }
         if let Err(e) = self
-            .step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino })
+            .decisive_step(shard_of(ino), op, 1, Step::RemoveDirIfEmpty { ino }, None)
             .await
         {
             return self.abort(op, &[], e).await;
@@ -231,8 +247,11 @@ impl Namespace {
             self.end_intent(op).await?;
             return Err(FsError::Io("rename was rolled back".into()));
         }
+        // Another operation may hold the target name and wait for this
+        // one's source name: after a wait of random length, step back.
+        let busy_until = Instant::now() + rand::thread_rng().gen_range(LOCK_WAIT);
         let existing = match self
-            .step(
+            .decisive_step(
                 dst_home,
                 op,
                 1,
@@ -240,6 +259,7 @@ impl Namespace {
                     parent: dst_parent,
                     name: dst_name.clone(),
                 },
+                Some(busy_until),
             )
             .await
         {
@@ -263,11 +283,12 @@ impl Namespace {
             }
             if e.kind == FileKind::Dir {
                 if let Err(err) = self
-                    .step(
+                    .decisive_step(
                         shard_of(e.ino),
                         op,
                         2,
                         Step::RemoveDirIfEmpty { ino: e.ino },
+                        None,
                     )
                     .await
                 {
@@ -320,6 +341,38 @@ impl Namespace {
         }
         self.end_intent(op).await?;
         Ok(None)
+    }
+
+    /// A step before the irreversible one, after which the operation goes
+    /// on or is rolled back: its failure is recorded for every driver of
+    /// the operation ([`Step::Refuse`]), so that all of them choose alike
+    /// (a driver that found a directory not empty, or stopped waiting for
+    /// a name, never rolls back what another finishes). `busy_until`
+    /// bounds the wait for a name another operation holds
+    /// ([`Self::lock_step`]).
+    async fn decisive_step(
+        &self,
+        shard: ShardId,
+        op: OpId,
+        step_no: u8,
+        step: Step,
+        busy_until: Option<Instant>,
+    ) -> FsResult<StepResult> {
+        let tried = match busy_until {
+            Some(until) => self.lock_step(shard, op, step_no, step, until).await,
+            None => self.step(shard, op, step_no, step).await,
+        };
+        let result = match tried {
+            Ok(result) => result,
+            Err(error) => {
+                self.step(shard, op, step_no, Step::Refuse { error })
+                    .await?
+            }
+        };
+        match result {
+            StepResult::Refused(error) => Err(error),
+            other => Ok(other),
+        }
     }
 
     /// Rolls an intent back before anything irreversible happened: mark it,

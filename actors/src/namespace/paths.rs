@@ -337,18 +337,30 @@ impl Namespace {
         }
     }
 
+    /// Removes directory `parent/name`, looked up as `ino`: in one message
+    /// when its inode lives in the parent's shard, else through an intent.
     pub async fn rmdir_at(&self, parent: Ino, name: &str, ino: Ino) -> FsResult<()> {
         let home = shard_of(parent);
         let name = name.to_string();
         if shard_of(ino) == home {
-            return self
+            let n = name.clone();
+            match self
                 .call(home, move |reply| ShardMsg::RmdirLocal {
                     parent,
-                    name: name.clone(),
+                    name: n.clone(),
                     reply,
                 })
                 .await
-                .map(|_| ());
+            {
+                // Since it was looked up, the name may have been renamed
+                // over by a directory whose inode another shard holds,
+                // which the parent's shard cannot remove on its own.
+                Err(e @ FsError::Io(_)) => match self.lookup(parent, &name).await {
+                    Ok(now) if now.kind == FileKind::Dir && shard_of(now.ino) != home => {}
+                    _ => return Err(e),
+                },
+                other => return other.map(|_| ()),
+            }
         }
         let action = IntentOp::Rmdir {
             parent,

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use rand::Rng;
+
 use curvine_messages::path::{check_name, components};
 use curvine_messages::shard::{IntentOp, RenameOutcome, ShardMsg};
 use curvine_messages::{shard_of, FileKind, FsError, FsResult, Ino, SetAttr, ROOT_INO};
@@ -108,7 +110,33 @@ impl Namespace {
         )))
     }
 
+    /// Renames `src_name` in `src_parent` to `dst_name` in `dst_parent`.
+    /// A rename across shards that stepped back because another operation
+    /// held its target name (which may have waited for this one's source)
+    /// is made again after a short random pause, up to the request timeout.
     pub(super) async fn rename_at(
+        &self,
+        src_parent: Ino,
+        src_name: &str,
+        dst_parent: Ino,
+        dst_name: &str,
+    ) -> FsResult<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self
+                .rename_once(src_parent, src_name, dst_parent, dst_name)
+                .await
+            {
+                Err(FsError::Busy(_)) if Instant::now() < deadline => {
+                    let pause = rand::thread_rng().gen_range(1..20);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn rename_once(
         &self,
         src_parent: Ino,
         src_name: &str,

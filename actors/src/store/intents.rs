@@ -183,8 +183,14 @@ impl ShardStore {
         Ok(intent)
     }
 
+    /// Marks intent `op` as rolling back. An intent no longer recorded was
+    /// ended by another driver that rolled it back (no driver finishes an
+    /// operation one of its steps refused).
     pub fn abort_intent(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
-        let mut intent = self.intent(wtxn, op)?;
+        let mut intent = match self.intent(wtxn, op) {
+            Err(FsError::NotFound(_)) => return Ok(()),
+            other => other?,
+        };
         intent.aborting = true;
         self.intents
             .put(wtxn, &key_ino(op), &encode_versioned(&intent))
@@ -359,6 +365,7 @@ impl ShardStore {
                 self.unlock_name(wtxn, *parent, name, op)?;
                 StepResult::Done
             }
+            Step::Refuse { error } => StepResult::Refused(error.clone()),
         };
         let record = StepRecord {
             at_ns: now,
