@@ -161,15 +161,24 @@ impl Model {
 
 /// Runs an operation against the cluster; returns the error kind name.
 pub async fn run(client: &curvine_client::Client, op: &Op) -> Result<(), String> {
-    let result = match op {
+    run_full(client, op)
+        .await
+        .map_err(|e| e.kind_name().to_string())
+}
+
+/// Runs an operation against the cluster; returns the error as it came.
+pub async fn run_full(
+    client: &curvine_client::Client,
+    op: &Op,
+) -> Result<(), curvine_messages::FsError> {
+    match op {
         Op::Mkdir(p) => client.mkdir(p, false).await.map(|_| ()),
         Op::Create(p) => client.create(p).await.map(|_| ()),
         Op::Symlink(p) => client.symlink(SYMLINK_TARGET, p).await.map(|_| ()),
         Op::Rename(a, b) => client.rename(a, b).await,
         Op::Unlink(p) => client.remove(p, false).await.map(|_| ()),
         Op::Rmdir(p) => client.rmdir(p).await.map(|_| ()),
-    };
-    result.map_err(|e| e.kind_name().to_string())
+    }
 }
 
 /// Everything below `root` in the cluster, as path -> kind.

@@ -182,8 +182,12 @@ async fn record(
     failed: &Mutex<Vec<String>>,
 ) {
     let called = Instant::now();
-    let r = model::run(c, &op).await;
+    let full = model::run_full(c, &op).await;
     let returned = Instant::now();
+    let r = full
+        .as_ref()
+        .map_err(|e| e.kind_name().to_string())
+        .copied();
     let model_kinds = [
         "not_found",
         "already_exists",
@@ -194,10 +198,11 @@ async fn record(
     ];
     let outcome = match &r {
         Err(kind) if !model_kinds.contains(&kind.as_str()) => {
-            failed
-                .lock()
-                .unwrap()
-                .push(format!("client {client} {op:?}: {kind}"));
+            failed.lock().unwrap().push(format!(
+                "client {client} {op:?} after {:?}: {}",
+                returned - called,
+                full.as_ref().unwrap_err()
+            ));
             Outcome::Unknown
         }
         _ => Outcome::Done(r),
@@ -225,7 +230,18 @@ fn histories_of_concurrent_clients_stay_linearizable_through_kills_and_cuts() {
         .unwrap_or_else(rand::random);
     eprintln!("HISTORY_SEED={seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().unwrap();
+    // HISTORY_KEEP=1 keeps the nodes' data and logs for a look afterwards.
+    let keep = std::env::var_os("HISTORY_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .disable_cleanup(keep)
+        .tempdir()
+        .unwrap();
+    if keep {
+        eprintln!(
+            "the nodes' data and logs are kept in {}",
+            dir.path().display()
+        );
+    }
     let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
     args.extend_from_slice(&["-c", "meta.replicas=3"]);
     // The founder, in its own network namespace, leads every shard's group
@@ -286,6 +302,29 @@ fn histories_of_concurrent_clients_stay_linearizable_through_kills_and_cuts() {
         "schedule {schedule:?}: {} calls, {known} with a known outcome",
         history.len()
     );
+    if keep {
+        let origin = history.iter().map(|c| c.called).min();
+        let at = |t: Instant| origin.map_or(0, |o| t.duration_since(o).as_micros());
+        let mut lines: Vec<_> = history
+            .iter()
+            .map(|c| {
+                let end = c.returned.map_or("-".into(), |r| at(r).to_string());
+                (
+                    at(c.called),
+                    format!(
+                        "{} {end} client {} {:?} -> {:?}",
+                        at(c.called),
+                        c.client,
+                        c.op,
+                        c.outcome
+                    ),
+                )
+            })
+            .collect();
+        lines.sort();
+        let text: Vec<_> = lines.into_iter().map(|l| l.1).collect();
+        std::fs::write(dir.path().join("history.txt"), text.join("\n")).unwrap();
+    }
     let started = Instant::now();
     if let Err(v) = linear::check("/lin", &history) {
         panic!("HISTORY_SEED={seed}, schedule {schedule:?}: {v}");
