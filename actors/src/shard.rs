@@ -41,7 +41,7 @@ pub struct ShardState {
     store: Arc<ShardStore>,
     writer: Writer,
     /// The cluster's rename lock (used on shard 0): holder and lease end.
-    rename_lock: Option<(String, std::time::Instant)>,
+    rename_lock: Option<RenameLock>,
     tracer: Tracer,
     stats: Arc<ActorStats>,
     /// The actor's name in trace events (`shard-3`).
@@ -68,6 +68,15 @@ struct ReadView {
     replicated: bool,
     serving: bool,
     lease_until: Option<std::time::Instant>,
+}
+
+/// The cluster's rename lock (see [`ShardState::rename_lock`]).
+struct RenameLock {
+    holder: String,
+    /// The end of its lease.
+    until: std::time::Instant,
+    /// The term of shard 0's group in which it was taken.
+    term: u64,
 }
 
 impl ShardState {
@@ -669,7 +678,10 @@ impl ShardState {
         }
     }
 
-    /// The cluster's rename lock, held in memory (by shard 0).
+    /// The cluster's rename lock, held in memory by shard 0's leader. A
+    /// lock taken in an earlier term of the group is void: this node may
+    /// have lost the leadership since, and its holder's unlock gone to
+    /// another leader.
     fn rename_lock(&mut self, message: ShardMsg) {
         match message {
             ShardMsg::LockRenames {
@@ -677,19 +689,40 @@ impl ShardState {
                 lease_ms,
                 reply,
             } => {
+                let term = match self.group_status() {
+                    Some(g) if !g.serving => {
+                        return answer(
+                            reply,
+                            Err(curvine_messages::FsError::Unavailable(format!(
+                                "shard {}: this node does not lead it, and the rename lock is its leader's",
+                                self.store.shard
+                            ))),
+                        )
+                    }
+                    Some(g) => g.term,
+                    None => 0,
+                };
                 let now = std::time::Instant::now();
                 let free = match &self.rename_lock {
                     None => true,
-                    Some((h, until)) => *h == holder || *until <= now,
+                    Some(lock) => lock.holder == holder || lock.until <= now || lock.term != term,
                 };
                 if free {
                     let lease = Duration::from_millis(lease_ms as u64);
-                    self.rename_lock = Some((holder, now + lease));
+                    self.rename_lock = Some(RenameLock {
+                        holder,
+                        until: now + lease,
+                        term,
+                    });
                 }
                 answer(reply, Ok(free));
             }
             ShardMsg::UnlockRenames { holder, reply } => {
-                if self.rename_lock.as_ref().is_some_and(|(h, _)| *h == holder) {
+                if self
+                    .rename_lock
+                    .as_ref()
+                    .is_some_and(|l| l.holder == holder)
+                {
                     self.rename_lock = None;
                 }
                 answer(reply, Ok(()));

@@ -689,7 +689,10 @@ fn rmdir_of_a_name_renamed_over_by_a_directory_of_another_shard() {
                 .find(|n| (dir_shard(parent.ino, n, shards) == home) == local)
                 .unwrap()
         };
-        let (y, z) = (format!("/rm/{}", name(true)), format!("/rm/{}", name(false)));
+        let (y, z) = (
+            format!("/rm/{}", name(true)),
+            format!("/rm/{}", name(false)),
+        );
         let removing = {
             let (c, y) = (c.clone(), y.clone());
             tokio::spawn(async move {
