@@ -65,8 +65,11 @@ impl ShardStore {
         }
     }
 
+    /// The entry `parent/name`; `Busy` while an operation across shards
+    /// holds the name (see [`Self::check_unlocked`]).
     pub fn lookup(&self, txn: &RoTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
         self.dir(txn, parent)?;
+        self.check_unlocked(txn, parent, name, None)?;
         match self.dentry(txn, parent, name)? {
             Some(v) => Ok(DirEntry {
                 name: name.to_string(),
@@ -383,13 +386,13 @@ impl ShardStore {
     /// local; otherwise an intent to drop the remote link is recorded.
     pub fn unlink(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
         self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
         let entry = self
             .dentry(wtxn, parent, name)?
             .ok_or_else(|| FsError::NotFound(String::new()))?;
         if entry.kind == FileKind::Dir {
             return Err(FsError::IsADirectory(String::new()));
         }
-        self.check_unlocked(wtxn, parent, name, None)?;
         let now = now_ns();
         self.delete_dentry(wtxn, parent, name)?;
         self.touch_dir(wtxn, parent, 0, now)?;
@@ -419,6 +422,7 @@ impl ShardStore {
     /// Removes an empty directory whose inode lives here.
     pub fn rmdir_local(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
         self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
         let entry = self
             .dentry(wtxn, parent, name)?
             .ok_or_else(|| FsError::NotFound(String::new()))?;
@@ -431,7 +435,6 @@ impl ShardStore {
                 entry.ino, self.shard
             )));
         }
-        self.check_unlocked(wtxn, parent, name, None)?;
         if self.has_children(wtxn, entry.ino, None)? {
             return Err(FsError::NotEmpty(String::new()));
         }
@@ -456,12 +459,12 @@ impl ShardStore {
         dst_name: &str,
     ) -> FsResult<RenameOutcome> {
         self.dir(wtxn, src_parent)?;
-        let src = self
-            .dentry(wtxn, src_parent, src_name)?
-            .ok_or_else(|| FsError::NotFound(String::new()))?;
         self.dir(wtxn, dst_parent)?;
         self.check_unlocked(wtxn, src_parent, src_name, None)?;
         self.check_unlocked(wtxn, dst_parent, dst_name, None)?;
+        let src = self
+            .dentry(wtxn, src_parent, src_name)?
+            .ok_or_else(|| FsError::NotFound(String::new()))?;
         if src_parent == dst_parent && src_name == dst_name {
             return Ok(RenameOutcome::Done);
         }

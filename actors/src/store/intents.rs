@@ -119,13 +119,13 @@ impl ShardStore {
             }
             IntentOp::Rmdir { parent, name, .. } => {
                 self.dir(wtxn, parent)?;
+                self.check_unlocked(wtxn, parent, &name, None)?;
                 let entry = self
                     .dentry(wtxn, parent, &name)?
                     .ok_or_else(|| FsError::NotFound(String::new()))?;
                 if entry.kind != FileKind::Dir {
                     return Err(FsError::NotADirectory(String::new()));
                 }
-                self.check_unlocked(wtxn, parent, &name, None)?;
                 IntentOp::Rmdir {
                     parent,
                     name,
@@ -140,10 +140,10 @@ impl ShardStore {
                 ..
             } => {
                 self.dir(wtxn, src_parent)?;
+                self.check_unlocked(wtxn, src_parent, &src_name, None)?;
                 let entry = self
                     .dentry(wtxn, src_parent, &src_name)?
                     .ok_or_else(|| FsError::NotFound(String::new()))?;
-                self.check_unlocked(wtxn, src_parent, &src_name, None)?;
                 IntentOp::Rename {
                     src_parent,
                     src_name,
