@@ -457,6 +457,52 @@ fn enospc_when_every_tier_is_full_and_nothing_written_is_lost() {
     });
 }
 
+/// Many writers of small files at once on a tier far smaller than one
+/// block per writer (24 MiB against 64 MiB blocks): each reserves room as
+/// it writes, not a whole block, so all of them fit, through short-circuit
+/// and through the data port; a larger file grows its reservation as it
+/// goes; the tier's reservations are all given back.
+#[test]
+fn many_small_file_writers_fit_a_tier_smaller_than_their_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!("data.tiers=[MEM:24MiB]{}", dir.path().join("mem").display());
+    let node = NodeProcess::start(&dir.path().join("n"), &["-c", &tiers]);
+    runtime().block_on(async {
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            let writers: Vec<_> = (0..16u64)
+                .map(|w| {
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        for f in 0..2u64 {
+                            let path = format!("/small-{short_circuit}-{w}-{f}");
+                            let bytes = data(100_000, w * 10 + f);
+                            put(&c, &path, &bytes, &WriteOptions::create(), 16 << 10).await;
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.await.expect("a writer failed");
+            }
+            for w in 0..16u64 {
+                for f in 0..2u64 {
+                    let path = format!("/small-{short_circuit}-{w}-{f}");
+                    assert!(get(&c, &path).await == data(100_000, w * 10 + f), "{path}");
+                }
+            }
+            let big = data(3 << 20, 99);
+            let path = format!("/big-{short_circuit}");
+            put(&c, &path, &big, &WriteOptions::create(), 128 << 10).await;
+            assert!(get(&c, &path).await == big);
+        }
+        let report = node.client().await.report().await.unwrap();
+        let mem = &report.nodes[0].tiers[0];
+        assert_eq!(mem.reserved, 0, "{mem:?}");
+        assert_eq!(mem.used, 2 * (32 * 100_000 + (3 << 20)), "{mem:?}");
+    });
+}
+
 #[test]
 fn the_data_port_refuses_bad_peers_and_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();

@@ -35,6 +35,18 @@ pub const MIN_BLOCK_SIZE: u64 = CHECKSUM_UNIT as u64;
 /// Largest block size a file may have.
 pub const MAX_BLOCK_SIZE: u64 = 2 << 30;
 
+/// Room a writer reserves in a tier for a new block at first. It reserves
+/// more as it writes ([`next_reservation`]), so that many writers of small
+/// files on a small tier do not each hold a whole block's room.
+pub const FIRST_RESERVATION: u64 = 256 << 10;
+
+/// The room a writer that has reserved `reserved` bytes of a block of at
+/// most `cap` bytes asks for when it needs `need`: at least double, so a
+/// whole block takes a few requests.
+pub fn next_reservation(reserved: u64, need: u64, cap: u64) -> u64 {
+    need.max(reserved.saturating_mul(2)).min(cap).max(need)
+}
+
 /// Checks a requested block size: a multiple of the checksum unit within limits.
 pub fn check_block_size(size: u64) -> FsResult<u64> {
     if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&size)

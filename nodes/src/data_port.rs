@@ -20,8 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{
-    units, verify_units, Access, BlockMsg, DataFrame, DataReply, DataRequest, CHECKSUM_UNIT,
-    DATA_MAGIC, DATA_VERSION, MAX_BLOCK_SIZE, MAX_CHUNK,
+    next_reservation, units, verify_units, Access, BlockMsg, DataFrame, DataReply, DataRequest,
+    CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, FIRST_RESERVATION, MAX_BLOCK_SIZE, MAX_CHUNK,
 };
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
@@ -557,7 +557,9 @@ async fn write(
     size_hint: u64,
 ) -> Result<FsResult<DataReply>, Fatal> {
     let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
-    let reservation = match reserve(ctx, block, tier, size).await {
+    // Room is reserved as the bytes arrive, up to what was announced.
+    let mut reserved = size.min(FIRST_RESERVATION);
+    let reservation = match reserve(ctx, block, tier, reserved).await {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };
@@ -604,6 +606,10 @@ async fn write(
                 return Err(Err(Fatal(format!(
                     "block {block:#x}: more bytes than the {size} announced"
                 ))));
+            }
+            if total + n as u64 > reserved {
+                reserved = next_reservation(reserved, total + n as u64, size);
+                reserve(ctx, block, tier, reserved).await.map_err(Ok)?;
             }
             last_short = !n.is_multiple_of(CHECKSUM_UNIT);
             let mut chunk_crcs = vec![0u32; units(n as u64)];

@@ -84,10 +84,11 @@ impl BlockState {
         want: Option<TierKind>,
         size: u64,
     ) -> FsResult<Reservation> {
-        if let Some(r) = self.reservations.get(&block) {
+        if self.reservations.contains_key(&block) {
+            let tier = self.grow(block, size)?;
             return Ok(Reservation {
-                tier: self.store().tier_kind(r.tier),
-                path: self.store().tmp_path(r.tier, block).display().to_string(),
+                tier: self.store().tier_kind(tier),
+                path: self.store().tmp_path(tier, block).display().to_string(),
             });
         }
         let store = &self.args.store;
@@ -131,6 +132,39 @@ impl BlockState {
         })
     }
 
+    /// Grows the reservation of a block being written to `size` bytes (a
+    /// writer reserves as it writes, not a whole block at once); a smaller
+    /// `size` keeps it. Returns its tier.
+    fn grow(&mut self, block: BlockId, size: u64) -> FsResult<usize> {
+        let store = self.args.store.clone();
+        let Some(r) = self.reservations.get_mut(&block) else {
+            return Err(FsError::InvalidArgument(format!(
+                "block {block:#x} is not being written on this node"
+            )));
+        };
+        let tier = r.tier;
+        if size <= r.size {
+            return Ok(tier);
+        }
+        let more = size - r.size;
+        let t = &store.tiers[tier];
+        if t.free() < more {
+            return Err(FsError::NoSpace(format!(
+                "{}, no room for block {block:#x} to grow to {}; blocks that are the only copy of their data are never dropped",
+                t.describe(),
+                human(size)
+            )));
+        }
+        t.reserved.fetch_add(more, Ordering::Relaxed);
+        r.size = size;
+        if store.usage(tier) > self.args.conf.high_watermark {
+            if let Some(e) = self.evictors.get(tier).and_then(Slot::current) {
+                let _ = e.cast(EvictMsg::Check);
+            }
+        }
+        Ok(tier)
+    }
+
     fn release(&mut self, block: BlockId) -> Option<usize> {
         let r = self.reservations.remove(&block)?;
         self.store().tiers[r.tier]
@@ -146,6 +180,8 @@ impl BlockState {
             )));
         };
         let tier = r.tier;
+        // A writer that wrote past what it reserved needs room for it now.
+        self.grow(block, len)?;
         if crcs.len() != units(len) {
             return Err(FsError::InvalidArgument(format!(
                 "block {block:#x}: {} checksums for {len} bytes (expected {})",

@@ -10,7 +10,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use curvine_messages::block::{
-    BlockInfo, Crc32c, DataReply, DataRequest, FileSpec, TierKind, CHECKSUM_UNIT, MAX_CHUNK,
+    next_reservation, BlockInfo, Crc32c, DataReply, DataRequest, FileSpec, TierKind, CHECKSUM_UNIT,
+    FIRST_RESERVATION, MAX_CHUNK,
 };
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
 use curvine_messages::{Attr, FsError, FsResult};
@@ -58,6 +59,9 @@ enum SinkKind {
         crcs: Vec<u32>,
         unit_crc: Box<Crc32c>,
         unit_fill: usize,
+        /// Room the node reserved for the block so far (more is asked for
+        /// before writing past it).
+        reserved: u64,
     },
     Remote {
         tx: mpsc::Sender<Vec<u8>>,
@@ -217,11 +221,12 @@ impl FileWriter {
         let mut kind = None;
         if local {
             let mut conn = self.client.data.get(&grant.node.data_addr).await?;
+            let reserved = self.bs.min(FIRST_RESERVATION);
             let reply = conn
                 .call(&DataRequest::CreateLocal {
                     token: grant.token.clone(),
                     tier: self.storage,
-                    size_hint: self.bs,
+                    size_hint: reserved,
                 })
                 .await?;
             if let DataReply::Local { path, .. } = reply {
@@ -238,6 +243,7 @@ impl FileWriter {
                             crcs: Vec::new(),
                             unit_crc: Box::default(),
                             unit_fill: 0,
+                            reserved,
                         })
                     }
                     Err(e) => {
@@ -291,7 +297,20 @@ impl FileWriter {
             return Err(FsError::Io("no block open".into()));
         };
         match &mut sink.kind {
-            SinkKind::Local { .. } => write_local(sink, data)?,
+            SinkKind::Local { conn, reserved, .. } => {
+                let need = sink.len + data.len() as u64;
+                if need > *reserved {
+                    let more = next_reservation(*reserved, need, self.bs);
+                    conn.call(&DataRequest::CreateLocal {
+                        token: sink.grant.token.clone(),
+                        tier: self.storage,
+                        size_hint: more,
+                    })
+                    .await?;
+                    *reserved = more;
+                }
+                write_local(sink, data)?
+            }
             SinkKind::Remote { tx, buf, task } => {
                 let mut rest = data;
                 while !rest.is_empty() {
@@ -347,8 +366,11 @@ impl FileWriter {
             return None;
         }
         let sink = self.sink.as_mut()?;
-        if !matches!(sink.kind, SinkKind::Local { .. })
-            || self.pos % self.bs + data.len() as u64 >= self.bs
+        let SinkKind::Local { reserved, .. } = sink.kind else {
+            return None;
+        };
+        if self.pos % self.bs + data.len() as u64 >= self.bs
+            || sink.len + data.len() as u64 > reserved
         {
             return None;
         }
@@ -388,6 +410,7 @@ impl FileWriter {
                 mut crcs,
                 unit_crc,
                 unit_fill,
+                ..
             } => {
                 if unit_fill > 0 {
                     crcs.push(unit_crc.value());
