@@ -511,10 +511,16 @@ pub struct FreeSummary {
 #[derive(Debug)]
 pub enum BlockMsg {
     /// Reserve space for a new block in `tier` (or the fastest with room).
+    /// Asked again for a block being written, grows its reservation to
+    /// `size`.
     Reserve {
         block: BlockId,
         tier: Option<TierKind>,
         size: u64,
+        /// The writer grows the reservation as it writes: where no tier
+        /// has room for `size`, a first part ([`FIRST_RESERVATION`]) is
+        /// enough. Writers of a known length (fills, copies) ask for all.
+        grows: bool,
         reply: Reply<Reservation>,
     },
     /// Make a written block permanent: the index records it, then its file

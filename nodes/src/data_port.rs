@@ -480,6 +480,7 @@ async fn reserve(
             block,
             tier,
             size,
+            grows: true,
             reply,
         })
         .await
@@ -557,9 +558,10 @@ async fn write(
     size_hint: u64,
 ) -> Result<FsResult<DataReply>, Fatal> {
     let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
-    // Room is reserved as the bytes arrive, up to what was announced.
+    // The node reserves what was announced where a tier has room for it,
+    // else a first part, grown as the bytes arrive (a no-op for the whole).
     let mut reserved = size.min(FIRST_RESERVATION);
-    let reservation = match reserve(ctx, block, tier, reserved).await {
+    let reservation = match reserve(ctx, block, tier, size).await {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };

@@ -15,6 +15,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 
 use curvine_messages::block::{
     block_crc, units, BlockId, BlockMsg, BlockRecord, FreeSummary, MovePlan, Reservation, TierKind,
+    FIRST_RESERVATION,
 };
 use curvine_messages::{now_ns, FsError, FsResult};
 
@@ -83,6 +84,7 @@ impl BlockState {
         block: BlockId,
         want: Option<TierKind>,
         size: u64,
+        grows: bool,
     ) -> FsResult<Reservation> {
         if self.reservations.contains_key(&block) {
             let tier = self.grow(block, size)?;
@@ -101,7 +103,25 @@ impl BlockState {
                 want.map(|k| k.name()).unwrap_or("storage")
             )));
         }
-        let Some(&tier) = candidates.iter().find(|&&t| store.tiers[t].free() >= size) else {
+        // The fastest tier with room for the whole block, as a lower tier
+        // with room is better than a write that fails when it grows;
+        // else the fastest with room for its first part, which the writer
+        // grows as it writes (many small files on a small tier).
+        let room = |need: u64| {
+            candidates
+                .iter()
+                .copied()
+                .find(|&t| store.tiers[t].free() >= need)
+        };
+        let first = if grows {
+            size.min(FIRST_RESERVATION)
+        } else {
+            size
+        };
+        let Some((tier, size)) = room(size)
+            .map(|t| (t, size))
+            .or_else(|| room(first).map(|t| (t, first)))
+        else {
             let t = &store.tiers[candidates[0]];
             return Err(FsError::NoSpace(format!(
                 "{}, no room for a block of {}{}; blocks that are the only copy of their data are never dropped",
@@ -441,8 +461,9 @@ impl Actor for BlockManager {
                 block,
                 tier,
                 size,
+                grows,
                 reply,
-            } => answer(reply, state.reserve(block, tier, size)),
+            } => answer(reply, state.reserve(block, tier, size, grows)),
             BlockMsg::Commit {
                 block,
                 len,

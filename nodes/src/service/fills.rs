@@ -192,6 +192,7 @@ impl Fills {
                         block: id,
                         tier,
                         size: block_len,
+                        grows: false,
                         reply,
                     })
                     .await;

@@ -260,6 +260,7 @@ impl Replicas {
                 block: id,
                 tier: None,
                 size: pull.len.max(1),
+                grows: false,
                 reply,
             })
             .await?;

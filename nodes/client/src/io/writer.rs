@@ -221,12 +221,16 @@ impl FileWriter {
         let mut kind = None;
         if local {
             let mut conn = self.client.data.get(&grant.node.data_addr).await?;
+            // The node reserves the whole block where a tier has room for
+            // it, else only a first part: the writer counts on the first
+            // part and asks for more as it passes it (a no-op for a block
+            // reserved whole).
             let reserved = self.bs.min(FIRST_RESERVATION);
             let reply = conn
                 .call(&DataRequest::CreateLocal {
                     token: grant.token.clone(),
                     tier: self.storage,
-                    size_hint: reserved,
+                    size_hint: self.bs,
                 })
                 .await?;
             if let DataReply::Local { path, .. } = reply {
