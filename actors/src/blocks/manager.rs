@@ -88,10 +88,7 @@ impl BlockState {
     ) -> FsResult<Reservation> {
         if self.reservations.contains_key(&block) {
             let tier = self.grow(block, size)?;
-            return Ok(Reservation {
-                tier: self.store().tier_kind(tier),
-                path: self.store().tmp_path(tier, block).display().to_string(),
-            });
+            return Ok(self.reservation(tier, block));
         }
         let store = &self.args.store;
         let candidates: Vec<usize> = (0..store.tier_count())
@@ -130,26 +127,26 @@ impl BlockState {
                 if candidates.len() > 1 { " in any tier" } else { "" }
             )));
         };
-        store.tiers[tier]
-            .reserved
-            .fetch_add(size, Ordering::Relaxed);
         self.reservations.insert(
             block,
             Reserved {
                 tier,
-                size,
+                size: 0,
                 since: Instant::now(),
             },
         );
-        if store.usage(tier) > self.args.conf.high_watermark {
-            if let Some(e) = self.evictors.get(tier).and_then(Slot::current) {
-                let _ = e.cast(EvictMsg::Check);
-            }
+        if let Err(e) = self.grow(block, size) {
+            self.reservations.remove(&block);
+            return Err(e);
         }
-        Ok(Reservation {
-            tier: store.tier_kind(tier),
-            path: store.tmp_path(tier, block).display().to_string(),
-        })
+        Ok(self.reservation(tier, block))
+    }
+
+    fn reservation(&self, tier: usize, block: BlockId) -> Reservation {
+        Reservation {
+            tier: self.store().tier_kind(tier),
+            path: self.store().tmp_path(tier, block).display().to_string(),
+        }
     }
 
     /// Grows the reservation of a block being written to `size` bytes (a

@@ -257,27 +257,21 @@ impl Namespace {
         step_no: u8,
         step: Step,
     ) -> FsResult<StepResult> {
-        self.call_until(shard, None, None, move |reply| ShardMsg::ApplyStep {
-            op,
-            step_no,
-            step: step.clone(),
-            reply,
-        })
-        .await
+        self.step_waiting(shard, op, step_no, step, None).await
     }
 
-    /// An intent's step that takes a lock: waits while another operation
-    /// holds what it locks, but only until `busy_until`, then answers
-    /// `Busy`. (Two operations that each hold a name and ask for the
-    /// other's, as `x -> y` and `y -> x` do, would otherwise wait for each
-    /// other forever; the one that gives up first rolls back.)
-    pub(super) async fn lock_step(
+    /// [`Self::step`], but a step that waits while another operation holds
+    /// what it locks answers `Busy` once `busy_until` has passed. (Two
+    /// operations that each hold a name and ask for the other's, as
+    /// `x -> y` and `y -> x` do, would otherwise wait for each other
+    /// forever; the one that gives up first rolls back.)
+    pub(super) async fn step_waiting(
         &self,
         shard: ShardId,
         op: OpId,
         step_no: u8,
         step: Step,
-        busy_until: Instant,
+        busy_until: Option<Instant>,
     ) -> FsResult<StepResult> {
         let build = move |reply| ShardMsg::ApplyStep {
             op,
@@ -285,7 +279,7 @@ impl Namespace {
             step: step.clone(),
             reply,
         };
-        self.call_waiting(shard, None, (None, Some(busy_until)), build)
+        self.call_waiting(shard, None, (None, busy_until), build)
             .await
     }
 

@@ -349,7 +349,7 @@ impl Namespace {
     /// (a driver that found a directory not empty, or stopped waiting for
     /// a name, never rolls back what another finishes). `busy_until`
     /// bounds the wait for a name another operation holds
-    /// ([`Self::lock_step`]).
+    /// ([`Self::step_waiting`]).
     async fn decisive_step(
         &self,
         shard: ShardId,
@@ -358,10 +358,9 @@ impl Namespace {
         step: Step,
         busy_until: Option<Instant>,
     ) -> FsResult<StepResult> {
-        let tried = match busy_until {
-            Some(until) => self.lock_step(shard, op, step_no, step, until).await,
-            None => self.step(shard, op, step_no, step).await,
-        };
+        let tried = self
+            .step_waiting(shard, op, step_no, step, busy_until)
+            .await;
         let result = match tried {
             Ok(result) => result,
             Err(error) => {
