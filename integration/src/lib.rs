@@ -185,8 +185,28 @@ impl NodeProcess {
         self.wait_started();
     }
 
+    /// SIGKILL, then starts the node again with the arguments it was
+    /// started with, on the client and cluster ports it had (a mount or
+    /// client that knows only this address finds it again).
+    pub fn restart_on_same_ports(&mut self) {
+        self.kill();
+        let args = self.args.clone();
+        let extra: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ports = (self.addr.clone(), self.cluster_addr.clone());
+        self.launch_on(&extra, Some(ports));
+        self.wait_started();
+    }
+
     /// Starts the process without waiting for it to serve.
     fn launch(&mut self, extra: &[&str]) {
+        self.launch_on(extra, None);
+    }
+
+    /// [`Self::launch`], on the given client and cluster addresses (free
+    /// ports when `None`).
+    fn launch_on(&mut self, extra: &[&str], ports: Option<(String, String)>) {
+        let (listen, cluster_listen) =
+            ports.unwrap_or_else(|| (format!("{}:0", self.host), format!("{}:0", self.host)));
         // The log of an earlier run of the node is kept beside (log.1, ...).
         if std::fs::metadata(&self.log).is_ok_and(|m| m.len() > 0) {
             let kept = (1..)
@@ -215,9 +235,9 @@ impl NodeProcess {
             .args(["start", "--data-dir"])
             .arg(&self.data_dir)
             .arg("--listen")
-            .arg(format!("{}:0", self.host))
+            .arg(&listen)
             .arg("-c")
-            .arg(format!("node.cluster_listen={}:0", self.host))
+            .arg(format!("node.cluster_listen={cluster_listen}"))
             .arg("-c")
             .arg(format!("data.listen={}:0", self.host))
             .args(["-c", &tiers])
