@@ -206,9 +206,20 @@ impl ShardState {
         T: Serialize + DeserializeOwned + Send + 'static,
         F: FnOnce(&ShardStore, &mut crate::txn::WriteTxn<'_>) -> FsResult<T> + Send + 'static,
     {
+        self.write_when(reply, false, f)
+    }
+
+    /// [`Self::write`], answered as soon as the change is applied (before it
+    /// is durable) when `early`: for a change a later durable one of the
+    /// same caller makes durable (see [`crate::writer::Writer::submit_early`]).
+    fn write_when<T, F>(&mut self, reply: RpcReplyPort<FsResult<T>>, early: bool, f: F)
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        F: FnOnce(&ShardStore, &mut crate::txn::WriteTxn<'_>) -> FsResult<T> + Send + 'static,
+    {
         let store = self.store.clone();
         let req = self.req.take();
-        self.writer.submit_traced(
+        self.writer.submit_with(
             move |txn| {
                 let Some(req) = req else {
                     return f(&store, txn);
@@ -222,6 +233,7 @@ impl ShardState {
             },
             move |result| answer(reply, result),
             self.span.take(),
+            early,
         );
     }
 
@@ -423,9 +435,14 @@ impl ShardState {
                 attrs,
                 file,
                 reply,
-            } => self.write(reply, move |s, t| {
-                s.create_file(t, parent, &name, &attrs, &file)
-            }),
+            } => {
+                // A file made by its writer's open is made durable by its
+                // close (or fsync), whose commit in this shard comes after
+                // this one: the open is answered once the file is applied.
+                self.write_when(reply, true, move |s, t| {
+                    s.create_file(t, parent, &name, &attrs, &file)
+                })
+            }
             ShardMsg::AddBlock {
                 ino,
                 handle,

@@ -433,9 +433,36 @@ impl Wal {
     /// Makes what the groups wrote durable (one record), before LMDB
     /// commits it.
     pub fn append(&mut self, record: &LogRecord) -> FsResult<()> {
+        let started = Instant::now();
+        if self.write(record)? {
+            self.sync_written(started)?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the records written so far (`started`: when the last one's
+    /// write began, for the log's metrics).
+    pub fn sync_written(&mut self, started: Instant) -> FsResult<()> {
+        if self.opts.sync {
+            if let Err(e) = self.log.sync_data() {
+                // After a failed fsync the kernel may have dropped the
+                // pages: nothing written since can be trusted.
+                let why = format!("fdatasync: {e}");
+                tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
+                self.broken = Some(why);
+                return self.check();
+            }
+        }
+        self.syncs.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// Writes what the groups wrote as the next record, unsynced; false
+    /// when there was nothing to write.
+    pub fn write(&mut self, record: &LogRecord) -> FsResult<bool> {
         self.check()?;
         if record.groups.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let payload = postcard::to_allocvec(record)
             .map_err(|e| FsError::Io(format!("encoding a metadata log record: {e}")))?;
@@ -449,7 +476,6 @@ impl Wal {
                 self.len = want;
             }
         }
-        let started = Instant::now();
         let mut record = Vec::with_capacity(need as usize);
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         record.extend_from_slice(&[0u8; 4]);
@@ -461,20 +487,9 @@ impl Wal {
         self.log
             .write_all_at(&record, self.offset)
             .map_err(|e| io("write", &self.path(), e))?;
-        if self.opts.sync {
-            if let Err(e) = self.log.sync_data() {
-                // After a failed fsync the kernel may have dropped the
-                // pages: nothing written since can be trusted.
-                let why = format!("fdatasync: {e}");
-                tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
-                self.broken = Some(why);
-                return self.check();
-            }
-        }
-        self.syncs.observe(started.elapsed());
         self.offset += need;
         self.next_seq += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// What the groups have not applied, and whether a leader has

@@ -9,7 +9,9 @@
 //! without a log, with LMDB's own synced commit), commits, and only then
 //! answers each caller. A mutation that fails or panics is rolled back
 //! alone; the others still commit. An acknowledged mutation is therefore
-//! durable.
+//! durable, but for those submitted `early` (a file's creation by its
+//! open, which its close or fsync makes durable): they are answered once
+//! LMDB committed them, before the record's sync.
 //!
 //! The thread also keeps zero-filled space ahead of the end of LMDB's data
 //! file: a commit that writes inside the file costs one journal-free
@@ -48,6 +50,8 @@ type Run = Box<dyn FnOnce(Result<&mut WriteTxn<'_>, FsError>) -> (bool, Completi
 struct Job {
     shard: ShardId,
     run: Run,
+    /// Answered once applied, before its change is durable.
+    early: bool,
 }
 
 /// What the write thread takes.
@@ -219,6 +223,26 @@ impl Writer {
         F: FnOnce(&mut WriteTxn<'_>) -> FsResult<T> + Send + 'static,
         R: FnOnce(FsResult<T>) + Send + 'static,
     {
+        self.submit_with(mutation, reply, span, false)
+    }
+
+    /// [`Self::submit_traced`]; with `early`, `reply` gets the result as
+    /// soon as LMDB committed the change, before the log's sync makes it
+    /// durable (and, in a replicated group, before a quorum has it). For
+    /// a change that the caller's own later change in the same shard makes
+    /// durable, as a file's close does for its creation: the log is one
+    /// sequence, so when that later change is durable (committed) this
+    /// one is too. Until then a machine crash (not a crash of the process:
+    /// the record is in the page cache) or a lost leadership may take it
+    /// back, and the later change then fails. A reader of a group with one
+    /// member may see such a change before it is durable, as on a local
+    /// file system; readers of a replicated group wait for its commit.
+    pub fn submit_with<T, F, R>(&self, mutation: F, reply: R, span: Option<Span>, early: bool)
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> FsResult<T> + Send + 'static,
+        R: FnOnce(FsResult<T>) + Send + 'static,
+    {
         let queued_ns = span.as_ref().map_or(0, |_| now_ns());
         let run: Run = Box::new(move |txn| {
             let start_ns = span.as_ref().map_or(0, |_| now_ns());
@@ -257,6 +281,7 @@ impl Writer {
         let _ = self.inner.tx.send(Input::Job(Job {
             shard: self.shard,
             run,
+            early,
         }));
     }
 }
@@ -450,10 +475,11 @@ fn run_jobs(
     txn: &mut heed::RwTxn<'_>,
     groups: &mut Groups,
     jobs: Vec<Job>,
-    completions: &mut Vec<(ShardId, Completion)>,
+    completions: &mut Vec<(ShardId, Completion, bool)>,
 ) -> FsResult<BTreeMap<ShardId, (Vec<Change>, Vec<crate::txn::Undo>)>> {
     let mut changes: BTreeMap<ShardId, (Vec<Change>, Vec<crate::txn::Undo>)> = BTreeMap::new();
     for job in jobs {
+        let mut early = job.early;
         let completion = match groups.check_leader(txn, job.shard) {
             Ok(()) => {
                 let nested = env.nested_write_txn(txn).map_err(lmdb_err)?;
@@ -475,9 +501,12 @@ fn run_jobs(
                 }
                 completion
             }
-            Err(refused) => (job.run)(Err(refused)).1,
+            Err(refused) => {
+                early = false;
+                (job.run)(Err(refused)).1
+            }
         };
-        completions.push((job.shard, completion));
+        completions.push((job.shard, completion, early));
     }
     Ok(changes)
 }
@@ -495,7 +524,7 @@ fn commit_batch(
     others: Others,
 ) -> FsResult<()> {
     let mut txn = env.write_txn().map_err(lmdb_err)?;
-    let mut completions: Vec<(ShardId, Completion)> = Vec::with_capacity(jobs.len());
+    let mut completions: Vec<(ShardId, Completion, bool)> = Vec::with_capacity(jobs.len());
     let ran = (|| -> FsResult<_> {
         for (shard, leader, done) in others.joins {
             done(groups.join(&mut txn, shard, leader));
@@ -527,7 +556,7 @@ fn commit_batch(
     let changes = match ran {
         Ok(changes) => changes,
         Err(e) => {
-            for (_, completion) in completions {
+            for (_, completion, _) in completions {
                 completion(Err(e.clone()));
             }
             return Err(e);
@@ -542,13 +571,30 @@ fn commit_batch(
         }
         Ok(())
     })();
-    for (shard, completion) in completions {
-        groups.wait(shard, completion);
+    // Early callers are answered once LMDB committed; the others once
+    // their group committed what they saw.
+    let mut early: Vec<Completion> = Vec::new();
+    for (shard, completion, answer_early) in completions {
+        if answer_early {
+            early.push(completion);
+        } else {
+            groups.wait(shard, completion);
+        }
     }
     if let Err(e) = proposed {
         groups.stop(&e);
+        for completion in early {
+            completion(Err(e.clone()));
+        }
         return Err(e);
     }
+    let has_early = !early.is_empty();
+    let mut early = Some(early);
+    let mut answer_early = |result: FsResult<()>| {
+        for completion in early.take().into_iter().flatten() {
+            completion(result.clone());
+        }
+    };
     let persisted = (|| -> FsResult<_> {
         let pending = groups.collect(&mut txn)?;
         // A leader's appends go out now: its followers write them while
@@ -557,6 +603,7 @@ fn commit_batch(
         match wal {
             None => {
                 txn.commit().map_err(lmdb_err)?;
+                answer_early(Ok(()));
                 groups.persisted(pending);
                 groups.settle();
                 // LMDB's synced commit made every installed snapshot durable.
@@ -566,11 +613,28 @@ fn commit_batch(
                 // The record is durable before LMDB commits: a reader never
                 // sees a change that a crash could take back.
                 let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
-                wal.append(&pending.record)?;
-                // The log holds the pass: members may hear so before LMDB
-                // commits (answers to callers wait for that commit).
-                groups.persisted(pending);
-                txn.commit().map_err(lmdb_err)?;
+                if has_early {
+                    // Early callers need the change applied, not durable:
+                    // LMDB commits before the record is synced (a reader
+                    // may see it a moment before it is durable; a crash of
+                    // the process keeps the written record, a crash of the
+                    // machine may take both back).
+                    let started = Instant::now();
+                    let written = wal.write(&pending.record)?;
+                    txn.commit().map_err(lmdb_err)?;
+                    answer_early(Ok(()));
+                    if written {
+                        wal.sync_written(started)?;
+                    }
+                    groups.persisted(pending);
+                } else {
+                    wal.append(&pending.record)?;
+                    // The log holds the pass: members may hear so before
+                    // LMDB commits (answers to callers wait for that
+                    // commit).
+                    groups.persisted(pending);
+                    txn.commit().map_err(lmdb_err)?;
+                }
                 groups.settle();
                 wal.set_groups(groups.carry(), groups.speculating());
                 // An installed snapshot is durable only with a checkpoint.
@@ -591,6 +655,7 @@ fn commit_batch(
     })();
     if let Err(e) = persisted {
         groups.stop(&e);
+        answer_early(Err(e.clone()));
         return Err(e);
     }
     groups.make_snapshots();

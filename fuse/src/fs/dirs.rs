@@ -191,7 +191,18 @@ pub(super) fn releasedir(cfs: &CurvineFs, fh: FileHandle, reply: ReplyEmpty) {
     reply.ok();
 }
 
-pub(super) fn fsyncdir(reply: ReplyEmpty) {
-    // Namespace changes are durable when they are acknowledged.
-    reply.ok();
+pub(super) fn fsyncdir(cfs: &CurvineFs, reply: ReplyEmpty) {
+    // Namespace changes are durable when they are acknowledged, but for
+    // the creation of a file by its open: that is durable with the file's
+    // first commit (close or fsync). The files this mount has open for
+    // writing commit, as an fsync of each would, so every name made
+    // through the mount is durable when this returns.
+    let fs = cfs.0.clone();
+    cfs.spawn("fsyncdir", async move {
+        let writers: Vec<_> = fs.writers.lock().values().cloned().collect();
+        for w in writers {
+            try_reply!(reply, w.commit().await);
+        }
+        reply.ok();
+    });
 }

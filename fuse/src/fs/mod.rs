@@ -401,7 +401,7 @@ impl Filesystem for CurvineFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        dirs::fsyncdir(reply)
+        dirs::fsyncdir(self, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
