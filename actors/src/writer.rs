@@ -610,15 +610,15 @@ fn commit_batch(
                 groups.durable();
             }
             Some(wal) => {
-                // The record is durable before LMDB commits: a reader never
-                // sees a change that a crash could take back.
                 let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
                 if has_early {
-                    // Early callers need the change applied, not durable:
-                    // LMDB commits before the record is synced (a reader
-                    // may see it a moment before it is durable; a crash of
-                    // the process keeps the written record, a crash of the
-                    // machine may take both back).
+                    // Early callers need their change applied, not durable:
+                    // LMDB commits before the record is synced, so a
+                    // reader of a one-member group may see the pass's
+                    // changes a moment before they are durable (a crash of
+                    // the process keeps the written record; one of the
+                    // machine may take both back). Other callers are still
+                    // answered after the sync.
                     let started = Instant::now();
                     let written = wal.write(&pending.record)?;
                     txn.commit().map_err(lmdb_err)?;
@@ -628,6 +628,8 @@ fn commit_batch(
                     }
                     groups.persisted(pending);
                 } else {
+                    // The record is durable before LMDB commits: a reader
+                    // never sees a change that a crash could take back.
                     wal.append(&pending.record)?;
                     // The log holds the pass: members may hear so before
                     // LMDB commits (answers to callers wait for that
