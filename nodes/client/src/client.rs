@@ -476,7 +476,17 @@ impl Client {
             Err(e) => return Ok(Err(FsError::from(e))),
         };
         let (tx, rx) = oneshot::channel();
-        conn.pending.lock().insert(id, tx);
+        {
+            // The reader marks the connection closed, then fails what is
+            // pending under this lock: a request added after that would
+            // wait for a reply that never comes (until the timeout), so
+            // the flag is checked under the lock.
+            let mut pending = conn.pending.lock();
+            if conn.closed.load(Ordering::SeqCst) {
+                return Err(closed());
+            }
+            pending.insert(id, tx);
+        }
         if conn.tx.send(bytes).is_err() {
             conn.pending.lock().remove(&id);
             return Err(closed());
