@@ -444,16 +444,21 @@ impl Wal {
     /// write began, for the log's metrics).
     pub fn sync_written(&mut self, started: Instant) -> FsResult<()> {
         if self.opts.sync {
-            if let Err(e) = self.log.sync_data() {
-                // After a failed fsync the kernel may have dropped the
-                // pages: nothing written since can be trusted.
-                let why = format!("fdatasync: {e}");
-                tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
-                self.broken = Some(why);
-                return self.check();
-            }
+            self.sync_log()?;
         }
         self.syncs.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// fdatasync of the log. After a failed one the kernel may have dropped
+    /// the pages: nothing written since can be trusted, and the log
+    /// refuses every change from then on.
+    fn sync_log(&mut self) -> FsResult<()> {
+        if let Err(e) = self.log.sync_data() {
+            tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
+            self.broken = Some(format!("fdatasync: {e}"));
+            return self.check();
+        }
         Ok(())
     }
 
@@ -589,10 +594,7 @@ impl Wal {
         self.log
             .write_all_at(&slot, at)
             .map_err(|e| io("write", &path, e))?;
-        if let Err(e) = self.log.sync_data() {
-            self.broken = Some(format!("fdatasync: {e}"));
-            return self.check();
-        }
+        self.sync_log()?;
         // The new base is durable: the old one may go.
         self.pin = Some(pin);
         self.epoch = epoch;

@@ -583,18 +583,9 @@ fn commit_batch(
     }
     if let Err(e) = proposed {
         groups.stop(&e);
-        for completion in early {
-            completion(Err(e.clone()));
-        }
+        answer_all(&mut early, Err(e.clone()));
         return Err(e);
     }
-    let has_early = !early.is_empty();
-    let mut early = Some(early);
-    let mut answer_early = |result: FsResult<()>| {
-        for completion in early.take().into_iter().flatten() {
-            completion(result.clone());
-        }
-    };
     let persisted = (|| -> FsResult<_> {
         let pending = groups.collect(&mut txn)?;
         // A leader's appends go out now: its followers write them while
@@ -603,7 +594,7 @@ fn commit_batch(
         match wal {
             None => {
                 txn.commit().map_err(lmdb_err)?;
-                answer_early(Ok(()));
+                answer_all(&mut early, Ok(()));
                 groups.persisted(pending);
                 groups.settle();
                 // LMDB's synced commit made every installed snapshot durable.
@@ -611,7 +602,7 @@ fn commit_batch(
             }
             Some(wal) => {
                 let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
-                if has_early {
+                if !early.is_empty() {
                     // Early callers need their change applied, not durable:
                     // LMDB commits before the record is synced, so a
                     // reader of a one-member group may see the pass's
@@ -622,7 +613,7 @@ fn commit_batch(
                     let started = Instant::now();
                     let written = wal.write(&pending.record)?;
                     txn.commit().map_err(lmdb_err)?;
-                    answer_early(Ok(()));
+                    answer_all(&mut early, Ok(()));
                     if written {
                         wal.sync_written(started)?;
                     }
@@ -657,11 +648,18 @@ fn commit_batch(
     })();
     if let Err(e) = persisted {
         groups.stop(&e);
-        answer_early(Err(e.clone()));
+        answer_all(&mut early, Err(e.clone()));
         return Err(e);
     }
     groups.make_snapshots();
     Ok(())
+}
+
+/// Answers the callers of `early` (those not answered yet) with `result`.
+fn answer_all(early: &mut Vec<Completion>, result: FsResult<()>) {
+    for completion in early.drain(..) {
+        completion(result.clone());
+    }
 }
 
 /// Zero-filled space kept ahead of LMDB's last page.

@@ -174,10 +174,7 @@ impl NodeProcess {
     /// Starts the node again (after `kill` or `terminate`) with the
     /// arguments it was started with, on new ports.
     pub fn start_again(&mut self) {
-        self.kill();
-        let args = self.args.clone();
-        let extra: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn(&extra);
+        self.relaunch(None);
     }
 
     fn spawn(&mut self, extra: &[&str]) {
@@ -189,11 +186,17 @@ impl NodeProcess {
     /// started with, on the client and cluster ports it had (a mount or
     /// client that knows only this address finds it again).
     pub fn restart_on_same_ports(&mut self) {
+        let ports = (self.addr.clone(), self.cluster_addr.clone());
+        self.relaunch(Some(ports));
+    }
+
+    /// SIGKILL, then the node again with the arguments it was started
+    /// with, on `ports` (client, cluster) or new ones.
+    fn relaunch(&mut self, ports: Option<(String, String)>) {
         self.kill();
         let args = self.args.clone();
         let extra: Vec<&str> = args.iter().map(String::as_str).collect();
-        let ports = (self.addr.clone(), self.cluster_addr.clone());
-        self.launch_on(&extra, Some(ports));
+        self.launch_on(&extra, ports);
         self.wait_started();
     }
 
@@ -412,6 +415,17 @@ pub fn wait_for_voters(node: &NodeProcess, shards: usize, voters: usize) {
         },
     );
 }
+
+/// Arguments that make a node persist fs_mode files within a second and
+/// try failed uploads again within one.
+pub const FAST_PERSIST: &[&str] = &[
+    "-c",
+    "ufs.persist_retry_delay=200ms",
+    "-c",
+    "ufs.persist_max_delay=1s",
+    "-c",
+    "ufs.persist_sweep=1s",
+];
 
 /// Arguments that make a test cluster react within seconds.
 pub const FAST_CLUSTER: &[&str] = &[

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use curvine_integration::{
     random_bytes, wait_for, wait_for_voters, FuseMount, Lazily, NodeProcess, ProcessCluster,
+    FAST_PERSIST,
 };
 
 const FILES: usize = 240;
@@ -321,19 +322,9 @@ fn closed_files_are_whole_and_persisted_after_the_mount_or_the_node_is_killed() 
     let dir = tempfile::tempdir().unwrap();
     let ufs = dir.path().join("ufs");
     std::fs::create_dir_all(&ufs).unwrap();
-    let mut node = NodeProcess::start(
-        &dir.path().join("n"),
-        &[
-            "-c",
-            "ufs.persist_retry_delay=200ms",
-            "-c",
-            "ufs.persist_max_delay=1s",
-            "-c",
-            "ufs.persist_sweep=1s",
-            "-c",
-            &format!("data.write_lease={}s", WRITE_LEASE.as_secs()),
-        ],
-    );
+    let lease = format!("data.write_lease={}s", WRITE_LEASE.as_secs());
+    let args: Vec<&str> = FAST_PERSIST.iter().copied().chain(["-c", &lease]).collect();
+    let mut node = NodeProcess::start(&dir.path().join("n"), &args);
     node.cli_ok(&[
         "mount",
         &format!("file://{}", ufs.display()),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use curvine_client::io::FileReader;
 use curvine_integration::{
-    random_bytes, runtime, wait_for, wait_for_async, Lazily, NodeProcess, TestS3,
+    random_bytes, runtime, wait_for, wait_for_async, Lazily, NodeProcess, TestS3, FAST_PERSIST,
 };
 use curvine_messages::FsError;
 
@@ -417,17 +417,7 @@ fn fs_mode_failed_uploads_retry_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let ufs_dir = dir.path().join("ufs");
     std::fs::create_dir_all(&ufs_dir).unwrap();
-    let mut node = NodeProcess::start(
-        &dir.path().join("n"),
-        &[
-            "-c",
-            "ufs.persist_retry_delay=200ms",
-            "-c",
-            "ufs.persist_max_delay=1s",
-            "-c",
-            "ufs.persist_sweep=1s",
-        ],
-    );
+    let mut node = NodeProcess::start(&dir.path().join("n"), FAST_PERSIST);
     let loc = format!("file://{}", ufs_dir.display());
     node.cli_ok(&["mount", &loc, "/local", "--write-type", "fs_mode"]);
     std::fs::write(ufs_dir.join("blocker"), b"not a directory").unwrap();
