@@ -134,6 +134,32 @@ pub struct NodeProcess {
     /// A command the node runs under (`ip netns exec NS`), if any.
     wrapper: Vec<String>,
     child: Option<Child>,
+    /// Client and cluster addresses it keeps across restarts.
+    pinned: Option<(String, String)>,
+}
+
+/// Two free ports on `host` below the kernel's ephemeral range (which no
+/// `bind` to port 0 or `connect` takes), as `host:port`.
+fn pinned_ports(host: &str) -> (String, String) {
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let span = u32::from((low / 2).max(1));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ std::process::id();
+    let mut held: Vec<std::net::TcpListener> = (0..4096u32)
+        .map(|i| low - (span - seed.wrapping_add(i.wrapping_mul(7919)) % span) as u16)
+        .filter_map(|port| std::net::TcpListener::bind((host, port)).ok())
+        .take(2)
+        .collect();
+    assert_eq!(held.len(), 2, "two free ports below {low} on {host}");
+    let second = held.pop().unwrap().local_addr().unwrap();
+    let first = held.pop().unwrap().local_addr().unwrap();
+    (first.to_string(), second.to_string())
 }
 
 impl NodeProcess {
@@ -154,8 +180,28 @@ impl NodeProcess {
         extra: &[&str],
         wrapper: &[&str],
     ) -> NodeProcess {
+        let mut node = Self::unstarted(data_dir, host, extra, wrapper);
+        node.spawn(extra);
+        node
+    }
+
+    /// Starts a node on 127.0.0.1 whose client and cluster ports lie below
+    /// the kernel's ephemeral range, so that [`Self::restart_on_same_ports`]
+    /// finds them free: a port the kernel handed out (`:0`) may go to any
+    /// other process once the node is killed.
+    pub fn start_pinned(data_dir: &Path, extra: &[&str]) -> NodeProcess {
+        let host = "127.0.0.1";
+        let mut node = Self::unstarted(data_dir, host, extra, &[]);
+        let ports = pinned_ports(host);
+        node.launch_on(extra, Some(ports.clone()));
+        node.wait_started();
+        node.pinned = Some(ports);
+        node
+    }
+
+    fn unstarted(data_dir: &Path, host: &str, extra: &[&str], wrapper: &[&str]) -> NodeProcess {
         let log = data_dir.with_extension("log");
-        let mut node = NodeProcess {
+        NodeProcess {
             data_dir: data_dir.to_path_buf(),
             addr: String::new(),
             cluster_addr: String::new(),
@@ -166,9 +212,8 @@ impl NodeProcess {
             args: extra.iter().map(|s| s.to_string()).collect(),
             wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
             child: None,
-        };
-        node.spawn(extra);
-        node
+            pinned: None,
+        }
     }
 
     /// Starts the node again (after `kill` or `terminate`) with the
@@ -184,9 +229,13 @@ impl NodeProcess {
 
     /// SIGKILL, then starts the node again with the arguments it was
     /// started with, on the client and cluster ports it had (a mount or
-    /// client that knows only this address finds it again).
+    /// client that knows only this address finds it again). For a node of
+    /// [`Self::start_pinned`].
     pub fn restart_on_same_ports(&mut self) {
-        let ports = (self.addr.clone(), self.cluster_addr.clone());
+        let ports = self
+            .pinned
+            .clone()
+            .expect("restart_on_same_ports needs a node of start_pinned");
         self.relaunch(Some(ports));
     }
 
@@ -380,6 +429,29 @@ impl NodeProcess {
 impl Drop for NodeProcess {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            print_warnings(&self.log);
+        }
+    }
+}
+
+/// The warnings and errors of a node's log (its last 40), for a test that
+/// failed: the log itself goes with the test's temporary directory.
+fn print_warnings(log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    let from = lines.len().saturating_sub(40);
+    eprintln!(
+        "--- {}: {} warnings and errors, the last {}:",
+        log.display(),
+        lines.len(),
+        lines.len() - from
+    );
+    for line in &lines[from..] {
+        eprintln!("{line}");
     }
 }
 
@@ -458,18 +530,8 @@ impl ProcessCluster {
         // The others join at the same time, as a cluster starting up does.
         for i in 1..n {
             let data_dir = dir.join(format!("n{i}"));
-            let mut node = NodeProcess {
-                log: data_dir.with_extension("log"),
-                data_dir,
-                addr: String::new(),
-                cluster_addr: String::new(),
-                node_id: String::new(),
-                http_addr: String::new(),
-                host: format!("127.0.0.{}", i + 1),
-                args: with_seed.iter().map(|s| s.to_string()).collect(),
-                wrapper: Vec::new(),
-                child: None,
-            };
+            let host = format!("127.0.0.{}", i + 1);
+            let mut node = NodeProcess::unstarted(&data_dir, &host, &with_seed, &[]);
             node.launch(&with_seed);
             nodes.push(node);
         }

@@ -324,7 +324,7 @@ fn closed_files_are_whole_and_persisted_after_the_mount_or_the_node_is_killed() 
     std::fs::create_dir_all(&ufs).unwrap();
     let lease = format!("data.write_lease={}s", WRITE_LEASE.as_secs());
     let args: Vec<&str> = FAST_PERSIST.iter().copied().chain(["-c", &lease]).collect();
-    let mut node = NodeProcess::start(&dir.path().join("n"), &args);
+    let mut node = NodeProcess::start_pinned(&dir.path().join("n"), &args);
     node.cli_ok(&[
         "mount",
         &format!("file://{}", ufs.display()),
