@@ -1,5 +1,15 @@
-//! The node's block files in their tiers and the LMDB index of them: paths,
-//! index records, reconciliation at open, and tier accounting.
+//! The node's block files in their tiers and the LMDB indexes of them:
+//! paths, index records, reconciliation at open, and tier accounting.
+//!
+//! The records of blocks in disk tiers are committed with sync into the
+//! node's data directory; each MEM tier keeps its records in an index of
+//! its own beside its blocks (`ROOT/index`), on the tier's file system, so
+//! that they live exactly as long as the blocks (a tmpfs empties at a
+//! machine restart and keeps both across a restart of the node) and a
+//! block's commit there writes nothing to disk. A block is recorded in the
+//! index of its tier alone; opening the store moves records written where
+//! an earlier version kept them, and keeps the first record of a block
+//! found in two indexes (a move between tiers cut off by a crash).
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -52,8 +62,11 @@ impl Tier {
 /// The node's block files and their index. Reads (the data port) use it
 /// directly; every change goes through the [`BlockManager`](super::BlockManager).
 pub struct BlockStore {
-    env: &'static Env<WithoutTls>,
-    db: Database<'static, Bytes, Bytes>,
+    /// The environments holding block records: the node's own first (in
+    /// its data directory, for disk tiers), then one per MEM tier.
+    indexes: Vec<Index>,
+    /// Which of `indexes` holds the records of each tier.
+    index_of: Vec<usize>,
     pub(super) tiers: Vec<Tier>,
     sync_blocks: bool,
     /// Last reads not yet written to the index.
@@ -98,32 +111,34 @@ impl BlockStore {
                 })?;
             }
         }
-        let options = crate::store::StoreOptions {
-            wal: false,
-            wal_size: 0,
-            checkpoint_interval: std::time::Duration::ZERO,
-            replica_id: 1,
-            map_size: 4 << 30,
-            max_readers: 254,
-            sync_commit: true,
-        };
-        let env = crate::store::open_env(index_dir, &options)?;
-        let wtxn = env.write_txn().map_err(crate::store::lmdb_err)?;
-        let db = match env
-            .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
-                let db = opener.create_database::<Bytes, Bytes>(wtxn, Some("blocks"))?;
-                Ok(heed::CommitOrAbort::<_, ()>::Commit([db]))
-            })
-            .map_err(crate::store::lmdb_err)?
-        {
-            heed::CommitOrAbort::Commit([db]) => db,
-            heed::CommitOrAbort::Abort(()) => {
-                return Err(FsError::Io("cannot create the block index".into()))
+        // A MEM tier's records live beside its blocks, on its own file
+        // system: they go when the blocks go (a machine restart empties a
+        // tmpfs), and a synced commit there costs no disk write. Records
+        // of disk tiers are synced into the node's data directory.
+        let own = Index::open(index_dir)?;
+        let store_id = own.own_store_id()?;
+        let mut indexes = vec![own];
+        let mut index_of = Vec::with_capacity(tiers.len());
+        for t in &tiers {
+            if t.kind != TierKind::Mem {
+                index_of.push(0);
+                continue;
             }
-        };
+            let dir = t.root.join("index");
+            let at = match indexes.iter().position(|i| i.dir == dir) {
+                Some(at) => at,
+                None => {
+                    let index = Index::open(&dir)?;
+                    index.adopt(&store_id)?;
+                    indexes.push(index);
+                    indexes.len() - 1
+                }
+            };
+            index_of.push(at);
+        }
         let store = BlockStore {
-            env,
-            db,
+            indexes,
+            index_of,
             tiers: tiers
                 .into_iter()
                 .map(|info| Tier {
@@ -190,21 +205,15 @@ impl BlockStore {
         self.sync_blocks && self.tiers[tier].info.kind != TierKind::Mem
     }
 
-    fn index_key(id: BlockId) -> [u8; 8] {
-        id.to_be_bytes()
-    }
-
     /// The index record of a block.
     pub fn get(&self, id: BlockId) -> FsResult<Option<BlockRecord>> {
-        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
-        match self
-            .db
-            .get(&txn, &Self::index_key(id))
-            .map_err(crate::store::lmdb_err)?
-        {
-            Some(v) => Ok(Some(decode_versioned(v)?)),
-            None => Ok(None),
+        // MEM tiers' indexes first: they hold the blocks read most.
+        for index in self.indexes.iter().rev() {
+            if let Some(record) = index.get(id)? {
+                return Ok(Some(record));
+            }
         }
+        Ok(None)
     }
 
     /// A block's record and file path, or ENOENT naming the block.
@@ -221,33 +230,33 @@ impl BlockStore {
         self.accessed.lock().insert(id, now_ns());
     }
 
+    /// Records a block in the index of its tier, and only there (a block
+    /// moved between tiers leaves the index of its old one).
     pub(super) fn put(&self, id: BlockId, record: &BlockRecord) -> FsResult<()> {
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        self.db
-            .put(&mut wtxn, &Self::index_key(id), &encode_versioned(record))
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        let home = self.index_of[record.tier as usize];
+        self.indexes[home].put(id, record)?;
+        for (at, index) in self.indexes.iter().enumerate() {
+            if at != home && index.get(id)?.is_some() {
+                index.delete(id)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn delete(&self, id: BlockId) -> FsResult<()> {
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        self.db
-            .delete(&mut wtxn, &Self::index_key(id))
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        for index in &self.indexes {
+            if index.get(id)?.is_some() {
+                index.delete(id)?;
+            }
+        }
+        Ok(())
     }
 
     /// Every block with its record.
     pub fn all(&self) -> FsResult<Vec<(BlockId, BlockRecord)>> {
-        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
         let mut out = Vec::new();
-        for item in self.db.iter(&txn).map_err(crate::store::lmdb_err)? {
-            let (k, v) = item.map_err(crate::store::lmdb_err)?;
-            let id = u64::from_be_bytes(
-                k.try_into()
-                    .map_err(|_| FsError::Corrupt("short key in block index".into()))?,
-            );
-            out.push((id, decode_versioned(v)?));
+        for index in &self.indexes {
+            out.extend(index.all()?);
         }
         Ok(out)
     }
@@ -257,19 +266,10 @@ impl BlockStore {
         if accessed.is_empty() {
             return Ok(());
         }
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        for (id, at) in accessed {
-            let key = Self::index_key(id);
-            let current = self.db.get(&wtxn, &key).map_err(crate::store::lmdb_err)?;
-            if let Some(v) = current {
-                let mut record: BlockRecord = decode_versioned(v)?;
-                record.last_access_ns = record.last_access_ns.max(at);
-                self.db
-                    .put(&mut wtxn, &key, &encode_versioned(&record))
-                    .map_err(crate::store::lmdb_err)?;
-            }
+        for index in &self.indexes {
+            index.record_access(&accessed)?;
         }
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        Ok(())
     }
 
     /// Brings the index and the tier directories into agreement (see the
@@ -277,17 +277,37 @@ impl BlockStore {
     fn reconcile(&self) -> FsResult<Reconciled> {
         let mut report = Reconciled::default();
         let mut known: HashMap<PathBuf, ()> = HashMap::new();
-        for (id, record) in self.all()? {
+        let mut seen: HashMap<BlockId, ()> = HashMap::new();
+        let mut moving = Vec::new();
+        let mut records = Vec::new();
+        for (at, index) in self.indexes.iter().enumerate() {
+            records.extend(index.all()?.into_iter().map(|(id, r)| (at, id, r)));
+        }
+        for (at, id, record) in records {
+            let index = &self.indexes[at];
             let tier = record.tier as usize;
             if tier >= self.tiers.len() || self.tiers[tier].info.kind != record.kind {
                 tracing::warn!(
                     block = id,
                     "block index names a tier this node no longer has; dropping the record"
                 );
-                self.delete(id)?;
+                index.delete(id)?;
                 report.missing += 1;
                 continue;
             }
+            if seen.contains_key(&id) {
+                // A move between tiers cut off by a crash: the block's
+                // first record stands, this copy's file goes as unindexed.
+                index.delete(id)?;
+                continue;
+            }
+            let home = self.index_of[tier];
+            if home != at {
+                // Written where its tier's records were kept before: it
+                // moves to the index of its tier (below, all at once).
+                moving.push((at, home, id, record.clone()));
+            }
+            seen.insert(id, ());
             let path = self.block_path(tier, id);
             let tmp = self.tmp_path(tier, id);
             let have = fs::metadata(&path).map(|m| m.len()).ok();
@@ -307,7 +327,8 @@ impl BlockStore {
             };
             if !ok {
                 tracing::warn!(block = id, path = %path.display(), "block file missing or short; dropping it from the index");
-                self.delete(id)?;
+                moving.retain(|m| m.2 != id);
+                index.delete(id)?;
                 report.missing += 1;
                 continue;
             }
@@ -316,6 +337,18 @@ impl BlockStore {
             t.used.fetch_add(record.len, Ordering::Relaxed);
             t.blocks.fetch_add(1, Ordering::Relaxed);
             report.blocks += 1;
+        }
+        for (at, index) in self.indexes.iter().enumerate() {
+            let arriving: Vec<(BlockId, BlockRecord)> = moving
+                .iter()
+                .filter(|m| m.1 == at)
+                .map(|m| (m.2, m.3.clone()))
+                .collect();
+            index.put_all(&arriving)?;
+        }
+        for (at, index) in self.indexes.iter().enumerate() {
+            let leaving: Vec<BlockId> = moving.iter().filter(|m| m.0 == at).map(|m| m.2).collect();
+            index.delete_all(&leaving)?;
         }
         for tier in &self.tiers {
             for entry in read_dir_all(&tier.info.root.join("tmp"))? {
@@ -379,6 +412,206 @@ impl BlockStore {
     }
 }
 
+/// One LMDB environment of block records, committed with sync.
+struct Index {
+    dir: PathBuf,
+    env: &'static Env<WithoutTls>,
+    db: Database<'static, Bytes, Bytes>,
+    /// Which store the index belongs to (`STORE_KEY`).
+    meta: Database<'static, Bytes, Bytes>,
+}
+
+/// The key, in an index's `meta` database, of the random id of the node's
+/// store: set once in the node's own index, copied into each MEM tier's.
+const STORE_KEY: &[u8] = b"store";
+
+fn key(id: BlockId) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+impl Index {
+    fn open(dir: &Path) -> FsResult<Index> {
+        let options = crate::store::StoreOptions {
+            wal: false,
+            wal_size: 0,
+            checkpoint_interval: std::time::Duration::ZERO,
+            replica_id: 1,
+            map_size: 4 << 30,
+            max_readers: 254,
+            sync_commit: true,
+        };
+        let env = crate::store::open_env(dir, &options)?;
+        let wtxn = env.write_txn().map_err(crate::store::lmdb_err)?;
+        let (db, meta) = match env
+            .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
+                let db = opener.create_database::<Bytes, Bytes>(wtxn, Some("blocks"))?;
+                let meta = opener.create_database::<Bytes, Bytes>(wtxn, Some("meta"))?;
+                Ok(heed::CommitOrAbort::<_, ()>::Commit([db, meta]))
+            })
+            .map_err(crate::store::lmdb_err)?
+        {
+            heed::CommitOrAbort::Commit([db, meta]) => (db, meta),
+            heed::CommitOrAbort::Abort(()) => {
+                return Err(FsError::Io(format!(
+                    "cannot create the block index in {}",
+                    dir.display()
+                )))
+            }
+        };
+        Ok(Index {
+            dir: dir.to_path_buf(),
+            env,
+            db,
+            meta,
+        })
+    }
+
+    /// The id of the store this index belongs to, if it has one.
+    fn store_id(&self) -> FsResult<Option<Vec<u8>>> {
+        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
+        Ok(self
+            .meta
+            .get(&txn, STORE_KEY)
+            .map_err(crate::store::lmdb_err)?
+            .map(<[u8]>::to_vec))
+    }
+
+    /// The node's own index: its store id, made at its first open.
+    fn own_store_id(&self) -> FsResult<Vec<u8>> {
+        if let Some(id) = self.store_id()? {
+            return Ok(id);
+        }
+        let id: [u8; 16] = rand::random();
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        self.meta
+            .put(&mut wtxn, STORE_KEY, &id)
+            .map_err(crate::store::lmdb_err)?;
+        wtxn.commit().map_err(crate::store::lmdb_err)?;
+        Ok(id.to_vec())
+    }
+
+    /// Makes a MEM tier's index one of the store `id`: records it holds for
+    /// another store (a node whose data directory was lost, on a tier that
+    /// kept its files) are dropped, and their files go as unindexed.
+    fn adopt(&self, id: &[u8]) -> FsResult<()> {
+        if self.store_id()?.as_deref() == Some(id) {
+            return Ok(());
+        }
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        let dropped = self.db.len(&wtxn).map_err(crate::store::lmdb_err)?;
+        if dropped > 0 {
+            tracing::warn!(index = %self.dir.display(), blocks = dropped, "the tier's block index belongs to another store (the node's data directory was replaced); dropping its records");
+        }
+        self.db.clear(&mut wtxn).map_err(crate::store::lmdb_err)?;
+        self.meta
+            .put(&mut wtxn, STORE_KEY, id)
+            .map_err(crate::store::lmdb_err)?;
+        wtxn.commit().map_err(crate::store::lmdb_err)
+    }
+
+    fn get(&self, id: BlockId) -> FsResult<Option<BlockRecord>> {
+        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
+        match self
+            .db
+            .get(&txn, &key(id))
+            .map_err(crate::store::lmdb_err)?
+        {
+            Some(v) => Ok(Some(decode_versioned(v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put(&self, id: BlockId, record: &BlockRecord) -> FsResult<()> {
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        self.db
+            .put(&mut wtxn, &key(id), &encode_versioned(record))
+            .map_err(crate::store::lmdb_err)?;
+        wtxn.commit().map_err(crate::store::lmdb_err)
+    }
+
+    fn delete(&self, id: BlockId) -> FsResult<()> {
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        self.db
+            .delete(&mut wtxn, &key(id))
+            .map_err(crate::store::lmdb_err)?;
+        wtxn.commit().map_err(crate::store::lmdb_err)
+    }
+
+    /// Records many blocks in one commit.
+    fn put_all(&self, records: &[(BlockId, BlockRecord)]) -> FsResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        for (id, record) in records {
+            self.db
+                .put(&mut wtxn, &key(*id), &encode_versioned(record))
+                .map_err(crate::store::lmdb_err)?;
+        }
+        wtxn.commit().map_err(crate::store::lmdb_err)
+    }
+
+    /// Forgets many blocks in one commit.
+    fn delete_all(&self, ids: &[BlockId]) -> FsResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+        for id in ids {
+            self.db
+                .delete(&mut wtxn, &key(*id))
+                .map_err(crate::store::lmdb_err)?;
+        }
+        wtxn.commit().map_err(crate::store::lmdb_err)
+    }
+
+    fn all(&self) -> FsResult<Vec<(BlockId, BlockRecord)>> {
+        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
+        let mut out = Vec::new();
+        for item in self.db.iter(&txn).map_err(crate::store::lmdb_err)? {
+            let (k, v) = item.map_err(crate::store::lmdb_err)?;
+            let id = u64::from_be_bytes(k.try_into().map_err(|_| {
+                FsError::Corrupt(format!(
+                    "short key in the block index in {}",
+                    self.dir.display()
+                ))
+            })?);
+            out.push((id, decode_versioned(v)?));
+        }
+        Ok(out)
+    }
+
+    /// Moves the last-access times of the blocks this index holds forward.
+    fn record_access(&self, accessed: &[(BlockId, i64)]) -> FsResult<()> {
+        let mut wtxn = None;
+        for &(id, at) in accessed {
+            let txn = match &mut wtxn {
+                Some(txn) => txn,
+                None => {
+                    // No write (and no synced commit) for an index that
+                    // holds none of them.
+                    if self.get(id)?.is_none() {
+                        continue;
+                    }
+                    wtxn.insert(self.env.write_txn().map_err(crate::store::lmdb_err)?)
+                }
+            };
+            let current = self.db.get(txn, &key(id)).map_err(crate::store::lmdb_err)?;
+            if let Some(v) = current {
+                let mut record: BlockRecord = decode_versioned(v)?;
+                record.last_access_ns = record.last_access_ns.max(at);
+                self.db
+                    .put(txn, &key(id), &encode_versioned(&record))
+                    .map_err(crate::store::lmdb_err)?;
+            }
+        }
+        match wtxn {
+            Some(txn) => txn.commit().map_err(crate::store::lmdb_err),
+            None => Ok(()),
+        }
+    }
+}
+
 fn read_dir_all(dir: &Path) -> FsResult<Vec<PathBuf>> {
     match fs::read_dir(dir) {
         Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
@@ -390,5 +623,112 @@ fn read_dir_all(dir: &Path) -> FsResult<Vec<PathBuf>> {
 pub(super) fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiers(dir: &Path) -> Vec<TierInfo> {
+        vec![
+            TierInfo {
+                kind: TierKind::Mem,
+                root: dir.join("mem"),
+                capacity: 64 << 20,
+            },
+            TierInfo {
+                kind: TierKind::Hdd,
+                root: dir.join("hdd"),
+                capacity: 64 << 20,
+            },
+        ]
+    }
+
+    fn open(dir: &Path) -> (BlockStore, Reconciled) {
+        BlockStore::open(&dir.join("index"), tiers(dir), true).unwrap()
+    }
+
+    /// A committed block of `len` bytes in `tier`: its file and its record.
+    fn block(store: &BlockStore, tier: usize, id: BlockId, len: usize) -> BlockRecord {
+        let path = store.block_path(tier, id);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, vec![7u8; len]).unwrap();
+        BlockRecord {
+            tier: tier as u8,
+            kind: store.tier_kind(tier),
+            len: len as u64,
+            crcs: vec![0],
+            created_ns: 1,
+            last_access_ns: 1,
+        }
+    }
+
+    #[test]
+    fn a_mem_tier_keeps_its_records_beside_its_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path());
+        let mem = block(&store, 0, 1, 10);
+        store.put(1, &mem).unwrap();
+        let hdd = block(&store, 1, 2, 20);
+        store.put(2, &hdd).unwrap();
+        assert_eq!(store.indexes.len(), 2);
+        assert_eq!(store.indexes[1].dir, dir.path().join("mem/index"));
+        assert_eq!(store.indexes[1].all().unwrap(), vec![(1, mem.clone())]);
+        assert_eq!(store.indexes[0].all().unwrap(), vec![(2, hdd.clone())]);
+        assert_eq!(store.get(1).unwrap(), Some(mem.clone()));
+        assert_eq!(store.get(2).unwrap(), Some(hdd));
+        // A block moved to the disk tier leaves the MEM tier's index.
+        let moved = BlockRecord {
+            tier: 1,
+            kind: TierKind::Hdd,
+            ..mem
+        };
+        store.put(1, &moved).unwrap();
+        assert!(store.indexes[1].all().unwrap().is_empty());
+        assert_eq!(store.get(1).unwrap(), Some(moved));
+        store.delete(1).unwrap();
+        assert_eq!(store.get(1).unwrap(), None);
+        // Reads are recorded in whichever index holds the block.
+        store.touch(2);
+        store.flush_access().unwrap();
+        assert!(store.get(2).unwrap().unwrap().last_access_ns > 1);
+    }
+
+    #[test]
+    fn opening_moves_records_into_their_tiers_index_and_drops_duplicates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path());
+        // Where an earlier version kept a MEM block's record: the node's index.
+        let old = block(&store, 0, 5, 10);
+        store.indexes[0].put(5, &old).unwrap();
+        // A move from MEM to disk cut off between its two records.
+        let from = block(&store, 0, 6, 30);
+        store.indexes[1].put(6, &from).unwrap();
+        let to = block(&store, 1, 6, 30);
+        store.indexes[0].put(6, &to).unwrap();
+        let (store, report) = open(dir.path());
+        assert_eq!((report.blocks, report.unindexed), (2, 1), "{report:?}");
+        assert_eq!(store.indexes[1].all().unwrap(), vec![(5, old.clone())]);
+        assert_eq!(store.indexes[0].all().unwrap(), vec![(6, to.clone())]);
+        assert!(store.block_path(0, 5).exists());
+        assert!(store.block_path(1, 6).exists() && !store.block_path(0, 6).exists());
+        let stats = store.stats();
+        assert_eq!((stats[0].used, stats[1].used), (10, 30));
+    }
+
+    #[test]
+    fn a_mem_tier_outliving_its_nodes_data_directory_is_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = BlockStore::open(&dir.path().join("a"), tiers(dir.path()), true).unwrap();
+        let mem = block(&store, 0, 3, 10);
+        store.put(3, &mem).unwrap();
+        // The same tiers under a new data directory (the old one was lost):
+        // the MEM tier's blocks belong to no file of the new store.
+        let (store, report) =
+            BlockStore::open(&dir.path().join("b"), tiers(dir.path()), true).unwrap();
+        assert_eq!((report.blocks, report.unindexed), (0, 1), "{report:?}");
+        assert_eq!(store.get(3).unwrap(), None);
+        assert!(!store.block_path(0, 3).exists());
     }
 }
