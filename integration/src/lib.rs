@@ -4,7 +4,10 @@
 pub mod fuzzing;
 pub mod linear;
 pub mod model;
+mod mount;
 pub mod netns;
+
+pub use mount::FuseMount;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -435,9 +438,9 @@ impl Drop for NodeProcess {
     }
 }
 
-/// The warnings and errors of a node's log (its last 40), for a test that
-/// failed: the log itself goes with the test's temporary directory.
-fn print_warnings(log: &Path) {
+/// The warnings and errors of a node's or mount's log (its last 40), for a
+/// test that failed: the log itself goes with the test's temporary directory.
+pub(crate) fn print_warnings(log: &Path) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text
         .lines()
@@ -880,123 +883,6 @@ impl TestS3 {
             &curvine_actors::ufs::UfsOptions::default(),
         )
         .expect("UFS client")
-    }
-}
-
-/// A `curvine-fuse mount` process in the foreground on `dir`.
-pub struct FuseMount {
-    pub dir: PathBuf,
-    pub log: PathBuf,
-    child: Option<Child>,
-}
-
-impl FuseMount {
-    /// Mounts the node's namespace on `dir` (created if missing) and waits
-    /// until the mount answers.
-    pub fn start(node: &NodeProcess, dir: &Path, extra: &[&str]) -> FuseMount {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            // A dead mount there is the mount command's to clear.
-            assert_eq!(
-                e.kind(),
-                std::io::ErrorKind::AlreadyExists,
-                "mount point: {e}"
-            );
-        }
-        let log = dir.with_extension("fuse.log");
-        let out = std::fs::File::create(&log).expect("fuse log");
-        let err = out.try_clone().expect("fuse log");
-        let child = node
-            .command("curvine-fuse")
-            .args(["--cluster", &node.addr, "mount"])
-            .arg(dir)
-            // Metrics on a free port: mounts of parallel tests never collide.
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(extra)
-            .env_remove("CURVINE_CONF")
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start curvine-fuse");
-        let mut m = FuseMount {
-            dir: dir.to_path_buf(),
-            log,
-            child: Some(child),
-        };
-        m.wait_mounted();
-        m
-    }
-
-    fn wait_mounted(&mut self) {
-        let log = self.log.clone();
-        let what = format!("{} to be mounted", self.dir.display());
-        wait_for(WithLog(what, &log), Duration::from_secs(30), || {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!(
-                    "curvine-fuse exited ({status}) before mounting: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            (curvine_fuse::mountpoint::is_mounted(&self.dir)
-                && !curvine_fuse::mountpoint::is_dead(&self.dir))
-            .then_some(())
-        });
-    }
-
-    /// The mount's process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The address of the mount's `/metrics` (from its log).
-    pub fn metrics_addr(&self) -> Option<String> {
-        self.log_text()
-            .lines()
-            .find_map(|l| l.split("metrics on http://").nth(1))
-            .and_then(|rest| rest.split('/').next())
-            .map(str::to_string)
-    }
-
-    /// SIGKILL: the mount is left dead.
-    pub fn kill(&mut self) {
-        kill_child(&mut self.child);
-    }
-
-    /// SIGTERM and wait; returns the exit code.
-    pub fn terminate(&mut self) -> Option<i32> {
-        terminate_child(&mut self.child)
-    }
-
-    /// Waits for the process to exit by itself (after an unmount).
-    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                self.child = None;
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// A path inside the mount.
-    pub fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel.trim_start_matches('/'))
-    }
-}
-
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.terminate();
-        }
-        if curvine_fuse::mountpoint::is_mounted(&self.dir) {
-            let _ = curvine_fuse::mountpoint::clear(&self.dir);
-        }
     }
 }
 

@@ -56,13 +56,13 @@ fn make_source(src: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
-fn start_writer(src: &Path, dst: &Path, log: &Path, listing: &Path) -> Child {
+fn start_writer(src: &Path, dst: &Path, log: &Path, listing: &Path, err: std::fs::File) -> Child {
     Command::new("python3")
         .arg("-c")
         .arg(WRITER)
         .args([src, dst, log, listing])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(err)
         .spawn()
         .expect("python3")
 }
@@ -149,7 +149,7 @@ fn check_after_kill(
     whole
 }
 
-fn wait_exit(child: &mut Child, within: Duration) {
+fn wait_exit(child: &mut Child, within: Duration, log: &Path) {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if child.try_wait().unwrap().is_some() {
@@ -157,9 +157,30 @@ fn wait_exit(child: &mut Child, within: Duration) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Where it waits: each thread's kernel stack (a request to the mount
+    // shows as fuse_* frames), and the end of its own log.
+    let mut stacks = String::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", child.id())) {
+        for task in tasks.flatten() {
+            let stack = std::fs::read_to_string(task.path().join("stack")).unwrap_or_default();
+            let top: Vec<&str> = stack.lines().take(6).collect();
+            stacks.push_str(&format!("{:?}: {}\n", task.file_name(), top.join(" < ")));
+        }
+    }
+    // A Go program (rclone) prints where each goroutine waits on SIGQUIT.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+    std::thread::sleep(Duration::from_secs(2));
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("Copied (new)"))
+        .filter(|l| !l.starts_with('\t') || l.contains("rclone/") || l.contains("os."))
+        .collect();
+    let tail = lines[lines.len().saturating_sub(120)..].join("\n");
     let _ = child.kill();
     let _ = child.wait();
-    panic!("the writer did not finish within {within:?}");
+    panic!("the copy did not finish within {within:?}\n{stacks}--- its log:\n{tail}");
 }
 
 /// What copies the files in a phase.
@@ -237,13 +258,20 @@ impl Setup {
         }
     }
 
+    /// Starts `tool` copying the source into `dst`; its messages go to
+    /// `log` with `.err` added.
     fn start(&self, tool: Tool, dst: &Path, log: &Path) -> Child {
         std::fs::create_dir_all(dst).unwrap();
+        let err = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(err_log(log))
+            .unwrap();
         let mut command = match tool {
-            Tool::Writer => return start_writer(&self.src, dst, log, &self.listing),
+            Tool::Writer => return start_writer(&self.src, dst, log, &self.listing, err),
             Tool::Rclone => {
                 let mut c = Command::new("rclone");
-                c.args(["--config", "/dev/null", "copy", "--transfers=16"])
+                c.args(["--config", "/dev/null", "copy", "--transfers=16", "-v"])
                     .arg(&self.src)
                     .arg(dst);
                 c
@@ -256,10 +284,15 @@ impl Setup {
         };
         command
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("{tool:?}: {e}"))
     }
+}
+
+/// Where a copy started for `log` writes its messages.
+fn err_log(log: &Path) -> PathBuf {
+    log.with_extension("err")
 }
 
 /// One phase: `tool` copies the source into `/ing/NAME` through the mount,
@@ -287,7 +320,7 @@ fn phase(
     match kill {
         Kill::Mount => {
             slot.as_mut().expect("a mount").kill();
-            wait_exit(&mut copy, Duration::from_secs(60));
+            wait_exit(&mut copy, Duration::from_secs(60), &err_log(&log));
             // The dead mount's handle goes first: dropping it clears
             // whatever is mounted on its directory.
             *slot = None;
@@ -295,7 +328,7 @@ fn phase(
         }
         Kill::Node => {
             node.restart_on_same_ports();
-            wait_exit(&mut copy, Duration::from_secs(180));
+            wait_exit(&mut copy, Duration::from_secs(180), &err_log(&log));
         }
     }
     let closed = closed(&log);
@@ -305,7 +338,7 @@ fn phase(
         // `data.write_lease` passes (another writer meanwhile gets EBUSY).
         std::thread::sleep(WRITE_LEASE + Duration::from_millis(500));
         let mut again = setup.start(tool, &dst, &log);
-        wait_exit(&mut again, Duration::from_secs(180));
+        wait_exit(&mut again, Duration::from_secs(180), &err_log(&log));
         whole = check_after_kill(&format!("{what}, copied again"), &dst, &setup.source, &[]);
         assert_eq!(
             whole.len(),
