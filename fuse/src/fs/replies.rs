@@ -19,7 +19,20 @@ pub fn errno(e: &FsError) -> Errno {
         &[("error", e.kind_name())],
         1,
     );
-    Errno::from_i32(e.errno())
+    Errno::from_i32(kernel_errno(e))
+}
+
+/// The errno the kernel passes on for `e`: a cluster that cannot be
+/// reached is EIO, never EAGAIN. To a program using non-blocking I/O,
+/// EAGAIN means "try when poll says so", and FUSE files take part in
+/// poll: Go's runtime (rclone's) answered EAGAIN for a write waits for a
+/// readiness event that never comes, and hung for good after a node's
+/// restart.
+fn kernel_errno(e: &FsError) -> i32 {
+    match e.errno() {
+        libc::EAGAIN => libc::EIO,
+        errno => errno,
+    }
 }
 
 /// An I/O error of a local file, keeping ENOSPC and EDQUOT.
@@ -108,5 +121,18 @@ impl Fs {
         let ino = self.inodes.remember(parent, name, attr.clone());
         let fattr = self.file_attr(ino, &self.with_writes(ino, attr));
         reply.entry_with_ttls(&self.attr_ttl, &self.entry_ttl, &fattr, Generation(0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_cluster_is_eio_not_eagain() {
+        let e = FsError::Unavailable("node 1 is restarting".into());
+        assert_eq!(e.errno(), libc::EAGAIN);
+        assert_eq!(kernel_errno(&e), libc::EIO);
+        assert_eq!(kernel_errno(&FsError::Busy("x".into())), libc::EBUSY);
     }
 }
