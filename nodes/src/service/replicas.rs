@@ -63,7 +63,17 @@ impl Replicas {
     pub fn wanted(&self, attr: &Attr) -> usize {
         let own = attr.replicas.max(1);
         if only_in_cluster(attr) {
-            own.max(self.pending_replicas) as usize
+            // Capped by the cluster's members (not by those up: a member
+            // down is a copy missing, and said so), so a cluster of one
+            // node does not warn at every close.
+            let members = self
+                .view
+                .members()
+                .iter()
+                .filter(|m| m.state != MemberState::Left)
+                .count()
+                .clamp(1, usize::from(u16::MAX)) as u16;
+            own.max(self.pending_replicas.min(members)) as usize
         } else {
             own as usize
         }
