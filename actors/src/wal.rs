@@ -622,6 +622,12 @@ impl Wal {
 /// intact again. Returns how many records and changes it applied.
 fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<(usize, usize)> {
     let dbs = databases(env)?;
+    if dbs.is_empty() {
+        return Err(FsError::Corrupt(format!(
+            "the metadata environment {} has none of its tables: its checkpoint is damaged",
+            env.path().display()
+        )));
+    }
     let mut wtxn = env.write_txn().map_err(lmdb)?;
     let mut count = 0;
     let mut states: HashMap<GroupId, (GroupState, crate::replica::Tail)> = HashMap::new();
