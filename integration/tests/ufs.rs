@@ -687,14 +687,7 @@ fn an_fs_mode_file_closed_on_a_node_that_dies_before_its_upload_is_read_and_pers
     let mut cluster = curvine_integration::ProcessCluster::start(
         dir.path(),
         3,
-        &[
-            "-c",
-            "ufs.persist_retry_delay=200ms",
-            "-c",
-            "ufs.persist_max_delay=1s",
-            "-c",
-            "ufs.persist_sweep=1s",
-        ],
+        curvine_integration::FAST_PERSIST,
     );
     let loc = format!("file://{}", ufs_dir.display());
     let founder = &cluster.nodes[0];

@@ -11,7 +11,7 @@
 //! an earlier version kept them, and keeps the first record of a block
 //! found in two indexes (a move between tiers cut off by a crash).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +25,7 @@ use curvine_messages::codec::{decode_versioned, encode_versioned};
 use curvine_messages::{now_ns, FsError, FsResult};
 
 use super::{human, io_err};
+use crate::store::lmdb_err;
 
 /// A configured tier.
 #[derive(Debug, Clone)]
@@ -277,7 +278,7 @@ impl BlockStore {
     fn reconcile(&self) -> FsResult<Reconciled> {
         let mut report = Reconciled::default();
         let mut known: HashMap<PathBuf, ()> = HashMap::new();
-        let mut seen: HashMap<BlockId, ()> = HashMap::new();
+        let mut seen: HashSet<BlockId> = HashSet::new();
         let mut moving = Vec::new();
         let mut records = Vec::new();
         for (at, index) in self.indexes.iter().enumerate() {
@@ -295,7 +296,7 @@ impl BlockStore {
                 report.missing += 1;
                 continue;
             }
-            if seen.contains_key(&id) {
+            if !seen.insert(id) {
                 // A move between tiers cut off by a crash: the block's
                 // first record stands, this copy's file goes as unindexed.
                 index.delete(id)?;
@@ -307,7 +308,6 @@ impl BlockStore {
                 // moves to the index of its tier (below, all at once).
                 moving.push((at, home, id, record.clone()));
             }
-            seen.insert(id, ());
             let path = self.block_path(tier, id);
             let tmp = self.tmp_path(tier, id);
             let have = fs::metadata(&path).map(|m| m.len()).ok();
@@ -338,17 +338,16 @@ impl BlockStore {
             t.blocks.fetch_add(1, Ordering::Relaxed);
             report.blocks += 1;
         }
+        // Each index's arrivals in one commit, then its departures.
         for (at, index) in self.indexes.iter().enumerate() {
-            let arriving: Vec<(BlockId, BlockRecord)> = moving
-                .iter()
-                .filter(|m| m.1 == at)
-                .map(|m| (m.2, m.3.clone()))
-                .collect();
-            index.put_all(&arriving)?;
+            if moving.iter().any(|m| m.1 == at) {
+                index.put_all(moving.iter().filter(|m| m.1 == at).map(|m| (m.2, &m.3)))?;
+            }
         }
         for (at, index) in self.indexes.iter().enumerate() {
-            let leaving: Vec<BlockId> = moving.iter().filter(|m| m.0 == at).map(|m| m.2).collect();
-            index.delete_all(&leaving)?;
+            if moving.iter().any(|m| m.0 == at) {
+                index.delete_all(moving.iter().filter(|m| m.0 == at).map(|m| m.2))?;
+            }
         }
         for tier in &self.tiers {
             for entry in read_dir_all(&tier.info.root.join("tmp"))? {
@@ -441,14 +440,14 @@ impl Index {
             sync_commit: true,
         };
         let env = crate::store::open_env(dir, &options)?;
-        let wtxn = env.write_txn().map_err(crate::store::lmdb_err)?;
+        let wtxn = env.write_txn().map_err(lmdb_err)?;
         let (db, meta) = match env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
                 let db = opener.create_database::<Bytes, Bytes>(wtxn, Some("blocks"))?;
                 let meta = opener.create_database::<Bytes, Bytes>(wtxn, Some("meta"))?;
                 Ok(heed::CommitOrAbort::<_, ()>::Commit([db, meta]))
             })
-            .map_err(crate::store::lmdb_err)?
+            .map_err(lmdb_err)?
         {
             heed::CommitOrAbort::Commit([db, meta]) => (db, meta),
             heed::CommitOrAbort::Abort(()) => {
@@ -468,11 +467,11 @@ impl Index {
 
     /// The id of the store this index belongs to, if it has one.
     fn store_id(&self) -> FsResult<Option<Vec<u8>>> {
-        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
+        let txn = self.env.read_txn().map_err(lmdb_err)?;
         Ok(self
             .meta
             .get(&txn, STORE_KEY)
-            .map_err(crate::store::lmdb_err)?
+            .map_err(lmdb_err)?
             .map(<[u8]>::to_vec))
     }
 
@@ -482,11 +481,9 @@ impl Index {
             return Ok(id);
         }
         let id: [u8; 16] = rand::random();
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        self.meta
-            .put(&mut wtxn, STORE_KEY, &id)
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)?;
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
+        self.meta.put(&mut wtxn, STORE_KEY, &id).map_err(lmdb_err)?;
+        wtxn.commit().map_err(lmdb_err)?;
         Ok(id.to_vec())
     }
 
@@ -497,79 +494,60 @@ impl Index {
         if self.store_id()?.as_deref() == Some(id) {
             return Ok(());
         }
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        let dropped = self.db.len(&wtxn).map_err(crate::store::lmdb_err)?;
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
+        let dropped = self.db.len(&wtxn).map_err(lmdb_err)?;
         if dropped > 0 {
             tracing::warn!(index = %self.dir.display(), blocks = dropped, "the tier's block index belongs to another store (the node's data directory was replaced); dropping its records");
         }
-        self.db.clear(&mut wtxn).map_err(crate::store::lmdb_err)?;
-        self.meta
-            .put(&mut wtxn, STORE_KEY, id)
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        self.db.clear(&mut wtxn).map_err(lmdb_err)?;
+        self.meta.put(&mut wtxn, STORE_KEY, id).map_err(lmdb_err)?;
+        wtxn.commit().map_err(lmdb_err)
     }
 
     fn get(&self, id: BlockId) -> FsResult<Option<BlockRecord>> {
-        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
-        match self
-            .db
-            .get(&txn, &key(id))
-            .map_err(crate::store::lmdb_err)?
-        {
+        let txn = self.env.read_txn().map_err(lmdb_err)?;
+        match self.db.get(&txn, &key(id)).map_err(lmdb_err)? {
             Some(v) => Ok(Some(decode_versioned(v)?)),
             None => Ok(None),
         }
     }
 
     fn put(&self, id: BlockId, record: &BlockRecord) -> FsResult<()> {
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        self.db
-            .put(&mut wtxn, &key(id), &encode_versioned(record))
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        self.put_all([(id, record)])
     }
 
     fn delete(&self, id: BlockId) -> FsResult<()> {
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
-        self.db
-            .delete(&mut wtxn, &key(id))
-            .map_err(crate::store::lmdb_err)?;
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        self.delete_all([id])
     }
 
-    /// Records many blocks in one commit.
-    fn put_all(&self, records: &[(BlockId, BlockRecord)]) -> FsResult<()> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+    /// Records blocks in one commit.
+    fn put_all<'a>(
+        &self,
+        records: impl IntoIterator<Item = (BlockId, &'a BlockRecord)>,
+    ) -> FsResult<()> {
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
         for (id, record) in records {
             self.db
-                .put(&mut wtxn, &key(*id), &encode_versioned(record))
-                .map_err(crate::store::lmdb_err)?;
+                .put(&mut wtxn, &key(id), &encode_versioned(record))
+                .map_err(lmdb_err)?;
         }
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        wtxn.commit().map_err(lmdb_err)
     }
 
-    /// Forgets many blocks in one commit.
-    fn delete_all(&self, ids: &[BlockId]) -> FsResult<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut wtxn = self.env.write_txn().map_err(crate::store::lmdb_err)?;
+    /// Forgets blocks in one commit.
+    fn delete_all(&self, ids: impl IntoIterator<Item = BlockId>) -> FsResult<()> {
+        let mut wtxn = self.env.write_txn().map_err(lmdb_err)?;
         for id in ids {
-            self.db
-                .delete(&mut wtxn, &key(*id))
-                .map_err(crate::store::lmdb_err)?;
+            self.db.delete(&mut wtxn, &key(id)).map_err(lmdb_err)?;
         }
-        wtxn.commit().map_err(crate::store::lmdb_err)
+        wtxn.commit().map_err(lmdb_err)
     }
 
     fn all(&self) -> FsResult<Vec<(BlockId, BlockRecord)>> {
-        let txn = self.env.read_txn().map_err(crate::store::lmdb_err)?;
+        let txn = self.env.read_txn().map_err(lmdb_err)?;
         let mut out = Vec::new();
-        for item in self.db.iter(&txn).map_err(crate::store::lmdb_err)? {
-            let (k, v) = item.map_err(crate::store::lmdb_err)?;
+        for item in self.db.iter(&txn).map_err(lmdb_err)? {
+            let (k, v) = item.map_err(lmdb_err)?;
             let id = u64::from_be_bytes(k.try_into().map_err(|_| {
                 FsError::Corrupt(format!(
                     "short key in the block index in {}",
@@ -593,20 +571,20 @@ impl Index {
                     if self.get(id)?.is_none() {
                         continue;
                     }
-                    wtxn.insert(self.env.write_txn().map_err(crate::store::lmdb_err)?)
+                    wtxn.insert(self.env.write_txn().map_err(lmdb_err)?)
                 }
             };
-            let current = self.db.get(txn, &key(id)).map_err(crate::store::lmdb_err)?;
+            let current = self.db.get(txn, &key(id)).map_err(lmdb_err)?;
             if let Some(v) = current {
                 let mut record: BlockRecord = decode_versioned(v)?;
                 record.last_access_ns = record.last_access_ns.max(at);
                 self.db
                     .put(txn, &key(id), &encode_versioned(&record))
-                    .map_err(crate::store::lmdb_err)?;
+                    .map_err(lmdb_err)?;
             }
         }
         match wtxn {
-            Some(txn) => txn.commit().map_err(crate::store::lmdb_err),
+            Some(txn) => txn.commit().map_err(lmdb_err),
             None => Ok(()),
         }
     }
