@@ -20,6 +20,8 @@ use crate::store::ShardStore;
 use crate::trace::{outcome_of, Span, Tracer};
 use crate::writer::Writer;
 
+mod delegation;
+
 pub struct NamespaceShard;
 
 /// A shard's store is opened once when the node starts (LMDB must not open
@@ -51,6 +53,8 @@ pub struct ShardState {
     span: Option<Span>,
     /// The call the message being handled is an attempt of.
     req: Option<ReqId>,
+    /// Leases of the directories this shard delegated to mounts.
+    delegations: delegation::Delegations,
 }
 
 /// The least time left on a leader's lease for a read to rely on it (the
@@ -313,6 +317,11 @@ impl ShardState {
             m @ (ShardMsg::LockRenames { .. } | ShardMsg::UnlockRenames { .. }) => {
                 self.rename_lock(m)
             }
+            m @ (ShardMsg::Delegate { .. }
+            | ShardMsg::RenewDelegation { .. }
+            | ShardMsg::AwaitRecall { .. }
+            | ShardMsg::DirOps { .. }
+            | ShardMsg::ReleaseDelegation { .. }) => self.delegation(m),
         }
     }
 
@@ -675,9 +684,13 @@ impl ShardState {
                 s.export(t, from, (max_bytes as usize).clamp(4096, 4 << 20))
             }),
             ShardMsg::Import { records, reply } => {
+                self.delegations.clear();
                 self.write(reply, move |s, t| s.import(t, &records))
             }
-            ShardMsg::DropAll { reply } => self.write(reply, |s, t| s.drop_all(t)),
+            ShardMsg::DropAll { reply } => {
+                self.delegations.clear();
+                self.write(reply, |s, t| s.drop_all(t))
+            }
             ShardMsg::Freeze { reply } => {
                 self.store
                     .frozen
@@ -822,6 +835,7 @@ impl Actor for NamespaceShard {
             stats,
             span: None,
             req: None,
+            delegations: Default::default(),
         })
     }
 
@@ -870,6 +884,9 @@ impl Actor for NamespaceShard {
             state.refuse_frozen(message);
             return Ok(());
         }
+        let Some(message) = state.check_delegations(message) else {
+            return Ok(());
+        };
         state.dispatch(message, ctx);
         // Messages answered in the actor itself (locks, unfreeze).
         if let Some(span) = state.span.take() {

@@ -19,9 +19,20 @@ use curvine_messages::FsError;
 pub type Db = Database<'static, Bytes, Bytes>;
 
 /// The named databases of a metadata environment, by table number.
-pub const TABLE_NAMES: [&str; 12] = [
-    "meta", "inodes", "dentries", "xattrs", "intents", "ops", "locks", "blocks", "owners",
-    "pending", "freed", "answers",
+pub const TABLE_NAMES: [&str; 13] = [
+    "meta",
+    "inodes",
+    "dentries",
+    "xattrs",
+    "intents",
+    "ops",
+    "locks",
+    "blocks",
+    "owners",
+    "pending",
+    "freed",
+    "answers",
+    "delegations",
 ];
 
 /// Converts an LMDB error into the error a caller sees.

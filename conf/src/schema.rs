@@ -362,6 +362,12 @@ pub struct FuseConf {
     /// straight from the block file in the kernel (FUSE passthrough, Linux
     /// 6.9 and later, root only).
     pub passthrough: bool,
+    /// Ask a directory's shard to delegate it to this mount when files are
+    /// created in it one after another: the mount then answers lookups of
+    /// new names and creates there itself, and sends the creates in
+    /// batches (a close still waits for its file's). Another client's
+    /// change in the directory asks the mount to give it back first.
+    pub delegations: bool,
     /// Let other users than the one who mounted use the mount.
     pub allow_other: bool,
     /// Let the kernel check permissions from the mode, owner and group of
@@ -396,6 +402,7 @@ impl Default for FuseConf {
             writeback_cache: false,
             direct_io: false,
             passthrough: false,
+            delegations: true,
             allow_other: false,
             default_permissions: true,
             stage_dir: String::new(),

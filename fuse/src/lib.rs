@@ -85,6 +85,10 @@ pub struct MountArgs {
     /// file in the kernel (fuse.passthrough; Linux 6.9+, root).
     #[arg(long)]
     pub passthrough: bool,
+    /// Never ask for directory delegations: every create goes to the
+    /// cluster as it happens (fuse.delegations = false).
+    #[arg(long)]
+    pub no_delegations: bool,
     /// Let other users use the mount (fuse.allow_other).
     #[arg(long)]
     pub allow_other: bool,
@@ -167,6 +171,12 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             args.passthrough,
             "true",
             "--passthrough",
+        ),
+        (
+            "fuse.delegations",
+            args.no_delegations,
+            "false",
+            "--no-delegations",
         ),
         (
             "fuse.allow_other",

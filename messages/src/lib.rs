@@ -8,6 +8,7 @@ pub mod attr;
 pub mod block;
 pub mod cluster;
 pub mod codec;
+pub mod delegation;
 pub mod error;
 pub mod members;
 pub mod mount;

@@ -14,6 +14,7 @@ use crate::attr::Attr;
 use crate::block::{
     BlockId, BlockInfo, DataNode, FileSpec, FreeSummary, ReadBlock, TierKind, TierStats, Token,
 };
+use crate::delegation::{AwaitRecall, Delegate, DirOps, ReleaseDelegation, RenewDelegation};
 use crate::error::{FsError, FsResult};
 use crate::types::{SetAttr, ShardStats, XattrMode};
 
@@ -519,6 +520,11 @@ calls! {
     Actors => Vec<crate::stats::NodeActors>, ActorTrees;
     RecordTrace => (), Done;
     Scrub => Vec<NodeScrub>, Scrubbed;
+    Delegate => crate::delegation::DirGrant, DirGrant;
+    RenewDelegation => crate::delegation::Renewal, Renewal;
+    AwaitRecall => bool, Recall;
+    DirOps => Vec<FsResult<crate::delegation::DirOpReply>>, DirOps;
+    ReleaseDelegation => (), Done;
 }
 
 /// Verify every block of every node (or of `node`) against the checksums in
@@ -620,6 +626,10 @@ pub enum Response {
     Traces(Vec<NodeTrace>),
     ActorTrees(Vec<crate::stats::NodeActors>),
     Scrubbed(Vec<NodeScrub>),
+    DirGrant(crate::delegation::DirGrant),
+    Renewal(crate::delegation::Renewal),
+    Recall(bool),
+    DirOps(Vec<FsResult<crate::delegation::DirOpReply>>),
 }
 
 impl Response {
@@ -650,6 +660,10 @@ impl Response {
             Response::Traces(_) => "Traces",
             Response::ActorTrees(_) => "ActorTrees",
             Response::Scrubbed(_) => "Scrubbed",
+            Response::DirGrant(_) => "DirGrant",
+            Response::Renewal(_) => "Renewal",
+            Response::Recall(_) => "Recall",
+            Response::DirOps(_) => "DirOps",
         }
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::attr::Attr;
 use crate::block::{BlockId, BlockInfo, BlockUse, FileSpec, FreedBlock, WriteLease};
 use crate::codec::Versioned;
+use crate::delegation::{DirGrant, DirOp, DirOpDone, Renewal};
 use crate::error::FsError;
 use crate::error::FsResult;
 use crate::members::ClusterMap;
@@ -524,6 +525,18 @@ shard_messages! {
             UfsAbortBlock { ino: Ino, id: BlockId } -> ();
             /// Drops the cached blocks of a file whose content is in the UFS.
             UfsEvict { ino: Ino } -> u32;
+            /// Delegates directory `dir` to mount `holder` (see
+            /// `crate::delegation`), setting `inos` inode numbers aside.
+            Delegate { dir: Ino, holder: u64, inos: u32 } -> DirGrant;
+            /// Renews `holder`'s delegation of `dir`.
+            RenewDelegation { dir: Ino, holder: u64 } -> Renewal;
+            /// Answered `true` once the shard wants `dir` back from `holder`,
+            /// `false` at the holder's next renewal.
+            AwaitRecall { dir: Ino, holder: u64 } -> bool;
+            /// The holder's changes in its delegated directory `dir`, in order.
+            DirOps { dir: Ino, holder: u64, ops: Vec<DirOp> } -> Vec<FsResult<DirOpDone>>;
+            /// Ends `holder`'s delegation of `dir`.
+            ReleaseDelegation { dir: Ino, holder: u64 } -> ();
         }
         casts {
             /// Forget freed blocks once their nodes removed them. May be lost: they
@@ -614,6 +627,11 @@ impl ShardMsg {
             ShardMsg::UfsAddBlock { .. } => "ufs_add_block",
             ShardMsg::UfsCommitBlock { .. } => "ufs_commit_block",
             ShardMsg::UfsEvict { .. } => "ufs_evict",
+            ShardMsg::Delegate { .. } => "delegate",
+            ShardMsg::RenewDelegation { .. } => "renew_delegation",
+            ShardMsg::AwaitRecall { .. } => "await_recall",
+            ShardMsg::DirOps { .. } => "dir_ops",
+            ShardMsg::ReleaseDelegation { .. } => "release_delegation",
             ShardMsg::UfsAbortBlock { .. } => "ufs_abort_block",
             ShardMsg::UfsPersisted { .. } => "ufs_persisted",
             ShardMsg::JournalAppend { .. } => "journal_append",

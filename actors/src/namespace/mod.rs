@@ -17,6 +17,7 @@
 //! and `fsck` (inspection and the namespace's consistency rules).
 
 mod calls;
+mod delegations;
 mod files;
 mod fsck;
 mod intents;

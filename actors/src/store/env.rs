@@ -93,6 +93,7 @@ impl ShardStore {
                     create(9)?,
                     create(10)?,
                     create(11)?,
+                    create(12)?,
                 ]))
             })
             .map_err(lmdb_err)?;
@@ -122,6 +123,7 @@ impl ShardStore {
             pending: Table::new(dbs[9], 9),
             freed: Table::new(dbs[10], 10),
             answers: Table::new(dbs[11], 11),
+            delegations: Table::new(dbs[12], 12),
         };
         store.format_or_check(identity)?;
         // What opening wrote (new databases, a format) is not in the log.

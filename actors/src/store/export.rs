@@ -16,7 +16,7 @@ use super::requests::REQUEST_KEY_SHARD_AT;
 use super::{lmdb_err, ShardStore};
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
-const TABLE_COUNT: u8 = 12;
+const TABLE_COUNT: u8 = 13;
 
 const OPS_TABLE: u8 = 5;
 
@@ -37,6 +37,7 @@ impl ShardStore {
             9 => self.pending,
             10 => self.freed,
             11 => self.answers,
+            12 => self.delegations,
             _ => return None,
         })
     }

@@ -289,6 +289,20 @@ impl ShardStore {
         attrs: &NewInode,
         file: Option<&NewFile>,
     ) -> FsResult<Attr> {
+        self.create_as(wtxn, parent, name, attrs, file, None)
+    }
+
+    /// [`Self::create`] with inode number `ino` when given (one set aside
+    /// earlier, see `delegations`), a new one otherwise.
+    pub(super) fn create_as(
+        &self,
+        wtxn: &mut WriteTxn,
+        parent: Ino,
+        name: &str,
+        attrs: &NewInode,
+        file: Option<&NewFile>,
+        ino: Option<Ino>,
+    ) -> FsResult<Attr> {
         if attrs.kind == FileKind::Dir {
             return Err(FsError::InvalidArgument(
                 "create makes files and symlinks; use mkdir".into(),
@@ -299,7 +313,10 @@ impl ShardStore {
         if self.dentry(wtxn, parent, name)?.is_some() {
             return Err(FsError::AlreadyExists(String::new()));
         }
-        let ino = self.alloc_ino(wtxn)?;
+        let ino = match ino {
+            Some(ino) => ino,
+            None => self.alloc_ino(wtxn)?,
+        };
         let mut attr = Self::new_attr(ino, attrs, parent);
         if let (Some(file), FileKind::File) = (file, attrs.kind) {
             attr.block_size = file.spec.block_size;

@@ -16,6 +16,7 @@
 //! | `pending`  | ino ++ block id      | empty: allocated, not closed  |
 //! | `freed`    | block id             | [`FreedBlock`]: to remove     |
 //! | `answers`  | at ++ shard ++ nonce | a call's answer (`requests`)  |
+//! | `delegations` | directory ino     | [`DelegationRecord`]          |
 //!
 //! Every value starts with a version byte (`curvine_messages::codec`).
 //! Mutations check everything before they write, and run inside a nested
@@ -28,6 +29,7 @@
 //! [`BlockInfo`]: curvine_messages::block::BlockInfo
 //! [`BlockOwner`]: curvine_messages::block::BlockOwner
 //! [`FreedBlock`]: curvine_messages::block::FreedBlock
+//! [`DelegationRecord`]: curvine_messages::delegation::DelegationRecord
 //!
 //! The code is split by record kind: `env` (the environment registry,
 //! opening and formatting a shard), `keys` (key encoding), `inodes`
@@ -40,6 +42,7 @@
 
 mod blocks;
 mod cluster;
+mod delegations;
 mod env;
 mod export;
 mod inodes;
@@ -124,6 +127,7 @@ pub struct ShardStore {
     pending: Table,
     freed: Table,
     answers: Table,
+    delegations: Table,
 }
 
 impl ShardStore {
@@ -143,6 +147,7 @@ impl ShardStore {
             self.pending,
             self.freed,
             self.answers,
+            self.delegations,
         ]
         .iter()
         .map(|t| **t)
@@ -173,6 +178,7 @@ impl ShardStore {
             pending: self.pending,
             freed: self.freed,
             answers: self.answers,
+            delegations: self.delegations,
         }
     }
 

@@ -55,6 +55,9 @@ impl Fs {
         if let Some((ino, attr)) = self.inodes.fresh_name(parent, name) {
             return Ok((ino, self.with_writes(ino, attr)));
         }
+        if self.delegations.absent(parent, name) {
+            return Err(FsError::NotFound(String::new()));
+        }
         let path = self.inodes.child_path(parent, name)?;
         let attr = self.client.call(rpc::Stat { path }).await?;
         let ino = self.inodes.fuse_ino(attr.ino);
@@ -62,6 +65,8 @@ impl Fs {
     }
 
     async fn setattr(&self, ino: u64, caller: Caller, mut set: SetAttr) -> FsResult<Attr> {
+        // A directory's attributes are not something a delegation covers.
+        self.delegations.give_back(ino).await;
         let attr = self.getattr(ino).await?;
         self.check_setattr(caller, &attr, &mut set)?;
         if let Some(w) = self.writer(ino).filter(|w| w.dirty()) {
@@ -169,6 +174,11 @@ pub(super) fn lookup(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Repl
         if let Some((ino, attr)) = fs.inodes.fresh_name(parent, n) {
             let attr = fs.with_writes(ino, attr);
             fs.reply_entry(reply, parent, n, attr);
+            return;
+        }
+        // A name absent from a directory this mount holds.
+        if fs.negative_ttl.is_zero() && fs.delegations.absent(parent, n) {
+            reply.error(fuser::Errno::ENOENT);
             return;
         }
     }

@@ -29,6 +29,9 @@ pub(super) struct DirHandleState {
 impl Fs {
     /// Fetches the next page of a directory listing.
     async fn load_dir(&self, dir: &DirHandleState, st: &mut DirState) -> FsResult<()> {
+        // A listing shows the creates this mount made in a directory it
+        // holds once they are in the cluster.
+        self.delegations.give_back(dir.ino).await;
         let path = self.inodes.path(dir.ino)?;
         let after = st.entries.last().map(|e| e.name.clone());
         let page = self

@@ -14,6 +14,7 @@ use curvine_messages::{Attr, FileKind, FsResult};
 
 use super::perms::Caller;
 use super::replies::{name_str, ErrorReply};
+use super::write;
 use super::CurvineFs;
 use super::Fs;
 
@@ -120,6 +121,8 @@ impl CurvineFs {
         reply: ReplyEntry,
     ) {
         self.spawn_new(op, new, kind, reply, |fs, new, reply| async move {
+            // Only files are made in a delegated directory.
+            fs.delegations.give_back(new.parent).await;
             let made = match new.kind {
                 NewKind::File => {
                     let touch = rpc::Touch {
@@ -163,8 +166,23 @@ impl CurvineFs {
 }
 
 /// Answers a create: opens the new file for writing (its `FileWriter`) and
-/// a handle on it.
+/// a handle on it. In a directory this mount holds (see `delegated`), the
+/// file is made here and its writer opens once the create is back.
 async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate) {
+    let owner = (new.uid, new.gid);
+    let local = fs
+        .delegations
+        .create(
+            new.parent,
+            || fs.inodes.path(new.parent),
+            &new.name,
+            new.mode,
+            owner,
+        )
+        .await;
+    if let Some((attr, created)) = local {
+        return fs.made_here(new.parent, &new.name, owner, attr, created, reply);
+    }
     let options = WriteOptions {
         create: true,
         exclusive: flags & libc::O_EXCL != 0,
@@ -185,8 +203,14 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
     fs.made_file(new.parent, &attr);
     let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
     fs.inodes.drop_cached(ino);
-    let writer = fs.join_writer(ino, (new.uid, new.gid), Some(w));
+    let writer = fs.join_writer(ino, owner, write::Opened::Now(Box::new(w)));
     let fh = fs.add_file_handle(ino, Some(writer), None);
+    reply_created(&fs, reply, ino, attr, fh);
+}
+
+/// The kernel's answer to a create: the entry, its attributes and the
+/// handle.
+fn reply_created(fs: &Fs, reply: ReplyCreate, ino: u64, attr: Attr, fh: u64) {
     let mut open_flags = FopenFlags::empty();
     if fs.conf.direct_io {
         open_flags |= FopenFlags::FOPEN_DIRECT_IO;
@@ -202,6 +226,56 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
 }
 
 impl Fs {
+    /// Answers a create on the fuser thread when the file can be made here
+    /// without waiting: in a directory this mount holds, whose attributes
+    /// (for the set-group-ID rule) are fresh. Gives the reply back
+    /// otherwise.
+    fn create_here(self: &Arc<Self>, new: &NewRequest, reply: ReplyCreate) -> Option<ReplyCreate> {
+        let Ok(name) = name_str(&new.name) else {
+            return Some(reply);
+        };
+        let Some(pattr) = self.inodes.fresh_attr(new.parent) else {
+            return Some(reply);
+        };
+        let mode = new.mode & !new.umask & 0o7777;
+        let owner = if pattr.mode & libc::S_ISGID != 0 {
+            (new.caller.uid, pattr.gid)
+        } else {
+            (new.caller.uid, new.caller.gid)
+        };
+        let _runtime = self.rt.enter();
+        let Some((attr, created)) = self.delegations.create_now(
+            new.parent,
+            || self.inodes.path(new.parent),
+            name,
+            mode,
+            owner,
+        ) else {
+            return Some(reply);
+        };
+        self.made_here(new.parent, name, owner, attr, created, reply);
+        None
+    }
+
+    /// Opens a file made here in a directory this mount holds: its inode,
+    /// its writer (waiting for its create's batch) and a handle.
+    fn made_here(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &str,
+        owner: (u32, u32),
+        attr: Attr,
+        created: super::delegated::Created,
+        reply: ReplyCreate,
+    ) {
+        self.made_file(parent, &attr);
+        let ino = self.inodes.remember(parent, name, attr.clone());
+        self.inodes.drop_cached(ino);
+        let writer = self.join_writer(ino, owner, write::Opened::Later(created));
+        let fh = self.add_file_handle(ino, Some(writer), None);
+        reply_created(self, reply, ino, attr, fh);
+    }
+
     /// Owner of something a caller creates in `parent`: its gid comes from
     /// a set-group-ID directory (and a new directory inherits the bit).
     async fn new_owner(
@@ -271,6 +345,9 @@ pub(super) fn symlink(
 }
 
 pub(super) fn create(cfs: &CurvineFs, new: NewRequest, flags: i32, reply: ReplyCreate) {
+    let Some(reply) = cfs.0.create_here(&new, reply) else {
+        return;
+    };
     cfs.spawn_new(
         "create",
         new,

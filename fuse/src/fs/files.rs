@@ -11,7 +11,7 @@ use fuser::{
     ReplyLseek, ReplyOpen, ReplyWrite, Request,
 };
 
-use curvine_client::io::{FileReader, FileWriter};
+use curvine_client::io::FileReader;
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
 
 use super::replies::errno;
@@ -112,20 +112,21 @@ impl Fs {
         self: &Arc<Self>,
         ino: u64,
         owner: (u32, u32),
-        opened: Option<FileWriter>,
+        opened: write::Opened,
     ) -> Arc<Writer> {
         let mut writers = self.writers.lock();
         if let Some(w) = writers.get(&ino) {
             w.flags.handles.fetch_add(1, Ordering::SeqCst);
-            if opened.is_some() {
+            if !matches!(opened, write::Opened::No) {
                 tracing::warn!(ino, "a file created while open for writing here");
             }
             return w.clone();
         }
-        let size = opened
-            .as_ref()
-            .map(|w| w.size())
-            .unwrap_or_else(|| self.known_size(ino));
+        let size = match &opened {
+            write::Opened::Now(w) => w.size(),
+            write::Opened::Later(_) => 0,
+            write::Opened::No => self.known_size(ino),
+        };
         let w = write::start(self.clone(), ino, owner, opened, size);
         writers.insert(ino, w.clone());
         w
@@ -195,7 +196,7 @@ pub(super) fn open(
         }
         let mut attr = attr;
         let writer = if writes {
-            let w = fs.join_writer(ino, owner, None);
+            let w = fs.join_writer(ino, owner, write::Opened::No);
             if flags.0 & libc::O_TRUNC != 0 {
                 match w.open_truncate().await {
                     Ok(a) => attr = a,

@@ -22,8 +22,10 @@
 //! release), `passthrough`, `dirs` (opendir, readdir, readdirplus),
 //! `xattrs`, `perms` (access, the chmod/chown/utimens rules), `init`; the
 //! mount's state is [`Fs`] (declared here, kept by `state`), `write` runs
-//! the writer tasks of files open for writing, and `replies` turns errors
-//! and attributes into the kernel's terms.
+//! the writer tasks of files open for writing, `delegated` keeps the
+//! directories the cluster delegated to the mount (lookups of new names and
+//! creates answered here), and `replies` turns errors and attributes into
+//! the kernel's terms.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -61,6 +63,7 @@ macro_rules! try_reply {
 }
 
 mod attrs;
+mod delegated;
 mod dirs;
 mod entries;
 mod files;
@@ -125,6 +128,8 @@ pub struct Fs {
     passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
     /// Sampled requests' traces.
     pub traces: Arc<crate::traces::FuseTraces>,
+    /// Directories the cluster delegated to this mount.
+    delegations: Arc<delegated::Delegations>,
 }
 
 /// fuser's entry point: each method copies what it needs and answers from a task.

@@ -18,6 +18,8 @@ use super::Fs;
 impl Fs {
     /// Removes a file, or hides it while it is open here.
     pub(super) async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        // Removing a name is not something a delegation covers.
+        self.delegations.give_back(parent).await;
         let path = self.inodes.child_path(parent, name)?;
         let known = self.inodes.known_child(parent, name);
         if let Some(ino) = known.filter(|i| self.open_count(*i) > 0) {
@@ -57,6 +59,8 @@ impl Fs {
                 "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
             ));
         }
+        self.delegations.give_back(parent).await;
+        self.delegations.give_back(newparent).await;
         let src = self.inodes.child_path(parent, name)?;
         let dst = self.inodes.child_path(newparent, newname)?;
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
@@ -123,6 +127,7 @@ pub(super) fn rmdir(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Reply
     let name = name.to_os_string();
     cfs.spawn("rmdir", async move {
         let name = try_reply!(reply, name_str(&name));
+        fs.delegations.give_back(parent.0).await;
         let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
         try_reply!(
             reply,

@@ -29,7 +29,13 @@ impl Fs {
         traces: Arc<crate::traces::FuseTraces>,
     ) -> Fs {
         let inodes = Inodes::new(&conf.fs_path, root, conf.meta_cache_ttl.0);
+        let delegations = Arc::new(super::delegated::Delegations::new(
+            client.clone(),
+            conf.delegations,
+            conf.block_size.0,
+        ));
         Fs {
+            delegations,
             client,
             inodes,
             rt,

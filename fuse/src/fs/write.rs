@@ -77,6 +77,8 @@ pub enum WriteOp {
 pub struct Flags {
     /// Writes queued and not yet applied.
     pending: AtomicU64,
+    /// Other operations sent to the task and not yet taken by it.
+    asked: AtomicU64,
     /// Writes applied and not yet committed.
     unsettled: AtomicBool,
     /// Size and mtime of the file as written here (valid while dirty).
@@ -152,14 +154,28 @@ impl Writer {
         op: impl FnOnce(oneshot::Sender<FsResult<T>>) -> WriteOp,
     ) -> FsResult<T> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(op(tx))
-            .map_err(|_| FsError::Io(TASK_ENDED.into()))?;
+        self.flags.asked.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(op(tx)).is_err() {
+            self.flags.asked.fetch_sub(1, Ordering::SeqCst);
+            return Err(FsError::Io(TASK_ENDED.into()));
+        }
         rx.await
             .map_err(|_| FsError::Io("the file's writer task ended before answering".into()))?
     }
 
+    /// Commits the applied writes. With nothing queued before it, the
+    /// caller's task commits itself (no hand-off to the writer task and
+    /// back).
     pub async fn commit(&self) -> FsResult<()> {
+        if self.flags.pending.load(Ordering::SeqCst) == 0
+            && self.flags.asked.load(Ordering::SeqCst) == 0
+        {
+            if let Ok(mut task) = self.core.try_lock() {
+                if !task.closed {
+                    return task.commit().await;
+                }
+            }
+        }
         self.ask(|done| WriteOp::Commit { done }).await
     }
 
@@ -181,18 +197,23 @@ impl Writer {
     }
 }
 
-/// Starts the writer task of a file (FUSE inode `ino`), with a writer
-/// already open (a create) or none.
-pub fn start(
-    fs: Arc<Fs>,
-    ino: u64,
-    owner: (u32, u32),
-    opened: Option<FileWriter>,
-    size: u64,
-) -> Arc<Writer> {
+/// How a writer task starts.
+pub enum Opened {
+    /// Nothing open yet (an open of an existing file).
+    No,
+    /// A writer open already (a create).
+    Now(Box<FileWriter>),
+    /// A create this mount made in a directory it holds: the writer opens
+    /// once the create's batch is back.
+    Later(super::delegated::Created),
+}
+
+/// Starts the writer task of a file (FUSE inode `ino`).
+pub fn start(fs: Arc<Fs>, ino: u64, owner: (u32, u32), opened: Opened, size: u64) -> Arc<Writer> {
     let (tx, rx) = mpsc::unbounded_channel();
     let flags = Arc::new(Flags {
         pending: AtomicU64::new(0),
+        asked: AtomicU64::new(0),
         unsettled: AtomicBool::new(false),
         size: AtomicU64::new(size),
         mtime_ns: AtomicI64::new(curvine_messages::now_ns()),
@@ -203,14 +224,16 @@ pub fn start(
         ino,
         owner,
         state: match opened {
-            Some(w) => State::Stream(Box::new(w)),
-            None => State::Idle,
+            Opened::Now(w) => State::Stream(w),
+            Opened::Later(created) => State::Pending(created),
+            Opened::No => State::Idle,
         },
         shared: flags.clone(),
         failed: None,
         ahead: BTreeMap::new(),
         ahead_bytes: 0,
         times: None,
+        closed: false,
     };
     fs.inodes.pin(ino);
     let core = Arc::new(tokio::sync::Mutex::new(task));
@@ -256,7 +279,11 @@ async fn run(core: Arc<tokio::sync::Mutex<Task>>, mut rx: mpsc::UnboundedReceive
             }
             op => {
                 let mut task = core.lock().await;
+                if !matches!(op, WriteOp::Close) {
+                    task.shared.asked.fetch_sub(1, Ordering::SeqCst);
+                }
                 if task.apply(op).await {
+                    task.closed = true;
                     // Operations queued behind the last close (a truncate
                     // by path, say) are still answered; later senders are
                     // told the task ended and act without it.
@@ -293,6 +320,8 @@ const TASK_ENDED: &str = "the file's writer task has ended";
 
 enum State {
     Idle,
+    /// Created here in a delegated directory; its batch is on its way.
+    Pending(super::delegated::Created),
     Stream(Box<FileWriter>),
     Staged(Box<Stage>),
 }
@@ -317,6 +346,8 @@ struct Task {
     ahead_bytes: usize,
     /// Times to set when the writes are next committed.
     times: Option<SetAttr>,
+    /// The last close was applied: the task ends.
+    closed: bool,
 }
 
 impl Task {
@@ -419,6 +450,7 @@ impl Task {
     fn size(&self) -> u64 {
         match &self.state {
             State::Idle => self.fs.known_size(self.ino),
+            State::Pending(_) => 0,
             State::Stream(w) => {
                 let held = self.ahead.last_key_value();
                 w.size().max(held.map_or(0, |(k, v)| k + v.len() as u64))
@@ -467,7 +499,39 @@ impl Task {
         Ok(())
     }
 
+    /// Opens the writer of a file created in a delegated directory once
+    /// its create is back; a create that failed fails this and the next
+    /// commit.
+    async fn settle(&mut self) -> FsResult<()> {
+        let State::Pending(created) = &self.state else {
+            return Ok(());
+        };
+        let opened = match created.answer().await {
+            Ok(open) => {
+                let options = WriteOptions {
+                    create: true,
+                    owner: Some(self.owner),
+                    ..Default::default()
+                };
+                FileWriter::opened(&self.fs.client, &self.path()?, &options, open).await
+            }
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(w) => {
+                self.state = State::Stream(Box::new(w));
+                Ok(())
+            }
+            Err(e) => {
+                self.state = State::Idle;
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
     async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
+        self.settle().await?;
         let end = off + data.len() as u64;
         if self.hold(off, data) {
             self.applied(end);
@@ -494,7 +558,7 @@ impl Task {
             }
         }
         let sequential = match &self.state {
-            State::Idle => off == 0 || off >= self.fs.known_size(self.ino),
+            State::Idle | State::Pending(_) => off == 0 || off >= self.fs.known_size(self.ino),
             State::Stream(w) => w.position() == off,
             State::Staged(_) => false,
         };
@@ -558,6 +622,7 @@ impl Task {
     }
 
     async fn read(&mut self, off: u64, size: u32) -> FsResult<Vec<u8>> {
+        self.settle().await?;
         if matches!(self.state, State::Stream(_)) {
             self.commit_state().await?;
         }
@@ -590,6 +655,21 @@ impl Task {
     }
 
     async fn commit_state(&mut self) -> FsResult<()> {
+        if let State::Pending(created) = &self.state {
+            // Nothing written yet (a write would have settled it): the
+            // file may go as a complete, empty one with its create.
+            if self.times.is_none() && self.fs.delegations.close_empty(created) {
+                let answer = created.answer().await;
+                self.state = State::Idle;
+                let open = answer?;
+                self.fs.committed(self.ino, Some(open.attr));
+                return Ok(());
+            }
+        }
+        if let Err(e) = self.settle().await {
+            self.failed = None;
+            return Err(e);
+        }
         if !self.ahead.is_empty() {
             tracing::debug!(
                 ino = self.ino,
@@ -605,7 +685,7 @@ impl Task {
         }
         let state = std::mem::replace(&mut self.state, State::Idle);
         let attr = match state {
-            State::Idle => return Ok(()),
+            State::Idle | State::Pending(_) => return Ok(()),
             State::Stream(w) => w.close().await,
             State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
         };

@@ -20,6 +20,7 @@
 //! [`Service`] answers client requests by handing each to its subsystem.
 
 pub mod admin;
+mod delegations;
 pub mod files;
 pub mod fills;
 pub mod journal;
@@ -334,6 +335,15 @@ impl Service {
             Request::Scrub(r) => Response::Scrubbed(self.reports.scrub(r).await?),
             Request::RecordTrace(r) => Response::Done(self.record_trace(r)?),
             Request::ListMounts(_) => Response::MountList(self.list_mounts().await?),
+            Request::Delegate(r) => Response::DirGrant(self.delegate(r).await?),
+            Request::RenewDelegation(r) => {
+                Response::Renewal(ns.renew_delegation(r.dir, r.holder).await?)
+            }
+            Request::AwaitRecall(r) => Response::Recall(ns.await_recall(r.dir, r.holder).await?),
+            Request::DirOps(r) => Response::DirOps(self.dir_ops(r).await?),
+            Request::ReleaseDelegation(r) => {
+                Response::Done(ns.release_delegation(r.dir, r.holder).await?)
+            }
         })
     }
 

@@ -18,4 +18,4 @@ mod writer;
 /// Checksum mismatches this process detected in bytes it read.
 pub use curvine_wire::data::checksum_errors;
 pub use reader::FileReader;
-pub use writer::{FileWriter, WriteOptions};
+pub use writer::{client_name, FileWriter, WriteOptions};

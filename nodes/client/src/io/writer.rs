@@ -118,6 +118,17 @@ impl FileWriter {
                 append: options.append,
             })
             .await?;
+        Self::opened(client, path, options, open).await
+    }
+
+    /// The writer of a file the node opened for writing (`OpenFile`'s
+    /// answer, or a create a mount made in a delegated directory).
+    pub async fn opened(
+        client: &Client,
+        path: &str,
+        options: &WriteOptions,
+        open: curvine_messages::rpc::WriteOpen,
+    ) -> FsResult<FileWriter> {
         let old = if open.attr.size > 0 && !open.blocks.is_empty() && !options.replace {
             // The lease is held: this is the content until we close.
             Some(FileReader::open(client, path).await?)
@@ -618,8 +629,8 @@ fn block_info(grant: &BlockGrant, len: u64, crc: u32) -> BlockInfo {
     }
 }
 
-/// Who this client is, for write leases.
-fn client_name() -> String {
+/// Who writes, as a file's write lease names it: host and process.
+pub fn client_name() -> String {
     let key = curvine_wire::host::host_key();
     let host = key.split('/').next().unwrap_or("");
     format!("{host}:{}", std::process::id())

@@ -1,0 +1,162 @@
+//! Directory delegations on real processes: a node and a FUSE mount that
+//! creates many files in one directory. The mount answers those creates
+//! itself and sends them in batches; every file whose close returned is in
+//! the cluster with its content; another client that creates, lists or
+//! looks up names in the directory meanwhile sees every file closed
+//! before, and the mount goes on creating afterwards.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use curvine_client::io::FileReader;
+use curvine_integration::{http_get, runtime, FuseMount, NodeProcess};
+
+fn mount_counter(m: &FuseMount, name: &str, label: &str) -> u64 {
+    let addr = m.metrics_addr().expect("the mount serves metrics");
+    let (status, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn content(i: usize) -> Vec<u8> {
+    format!("file {i} ").repeat(i % 40 + 1).into_bytes()
+}
+
+/// Writes files `from..to` into `dir` from `threads` threads; returns the
+/// names whose close returned.
+fn write_files(dir: &std::path::Path, from: usize, to: usize, threads: usize) -> Vec<usize> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(from));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let next = next.clone();
+            let dir = dir.to_path_buf();
+            std::thread::spawn(move || {
+                let mut closed = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= to {
+                        return closed;
+                    }
+                    let mut f = File::create(dir.join(format!("f{i:05}"))).unwrap();
+                    if !i.is_multiple_of(5) {
+                        f.write_all(&content(i)).unwrap();
+                    }
+                    f.sync_all().unwrap();
+                    drop(f);
+                    closed.push(i);
+                }
+            })
+        })
+        .collect();
+    let mut all: Vec<usize> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    all.sort();
+    all
+}
+
+fn expected(i: usize) -> Vec<u8> {
+    if i.is_multiple_of(5) {
+        Vec::new()
+    } else {
+        content(i)
+    }
+}
+
+#[test]
+fn creates_answered_by_the_mount_reach_the_cluster_and_others_see_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    let closed = write_files(&m.path("d"), 0, 400, 8);
+    assert_eq!(closed.len(), 400);
+
+    // Most creates were answered by the mount and sent in batches.
+    let batches = mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\"");
+    let opens = mount_counter(&m, "curvine_client_calls_total", "call=\"OpenFile\"");
+    assert!(batches > 0, "no batch of creates was sent");
+    assert!(batches < 400, "{batches} batches for 400 creates");
+    assert!(
+        opens < 40,
+        "{opens} of 400 creates went to the node one by one"
+    );
+
+    // Another client sees every file closed, whole; its own create in the
+    // directory the mount holds waits for the mount to give it back.
+    let client = runtime().block_on(node.client());
+    runtime().block_on(async {
+        client.touch("/d/other").await.unwrap();
+        assert_eq!(client.list_all("/d").await.unwrap().len(), 401);
+        for i in [0usize, 1, 7, 199, 399] {
+            let mut r = FileReader::open(&client, &format!("/d/f{i:05}"))
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).await.unwrap();
+            assert_eq!(out, expected(i), "file {i}");
+        }
+    });
+    assert!(m.path("d/other").exists());
+    assert_eq!(fs::read_dir(m.path("d")).unwrap().count(), 401);
+
+    // The mount goes on creating there, while another client keeps
+    // looking up names in the directory, present and absent.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let stop = stop.clone();
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let mut looks = 0;
+            while !stop.load(Ordering::SeqCst) {
+                runtime().block_on(async {
+                    client.stat("/d/f00003").await.unwrap();
+                    assert!(client.stat("/d/never").await.is_err());
+                });
+                looks += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            looks
+        })
+    };
+    let more = write_files(&m.path("d"), 400, 800, 8);
+    stop.store(true, Ordering::SeqCst);
+    assert!(prober.join().unwrap() > 0);
+    assert_eq!(more.len(), 400);
+    for i in 0..800usize {
+        assert_eq!(
+            fs::read(m.path(&format!("d/f{i:05}"))).unwrap(),
+            expected(i),
+            "file {i} through the mount"
+        );
+    }
+    runtime().block_on(async {
+        assert_eq!(client.list_all("/d").await.unwrap().len(), 801);
+    });
+    let fsck = node.cli_ok(&["admin", "fsck"]);
+    assert!(fsck.contains("namespace is consistent"), "{fsck}");
+}
+
+#[test]
+fn a_mount_started_with_no_delegations_sends_each_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &["--no-delegations"]);
+    fs::create_dir(m.path("d")).unwrap();
+    assert_eq!(write_files(&m.path("d"), 0, 50, 4).len(), 50);
+    assert_eq!(
+        mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\""),
+        0
+    );
+    assert_eq!(
+        mount_counter(&m, "curvine_client_calls_total", "call=\"OpenFile\""),
+        50
+    );
+    drop(node);
+}
