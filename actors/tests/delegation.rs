@@ -16,7 +16,6 @@ use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::supervisor::{RestartPolicy, Supervisor};
 use curvine_messages::block::{FileSpec, WriteLease};
 use curvine_messages::delegation::{DirOp, DirOpDone, DELEGATION_LEASE_MS};
-use curvine_messages::shard::NewFile;
 use curvine_messages::{now_ns, FileKind, FsError, Ino, NewInode};
 use ractor::Actor;
 
@@ -88,17 +87,15 @@ fn create_as(name: &str, ino: Ino, handle: u64, complete: bool) -> DirOp {
             symlink: None,
             now_ns: now_ns(),
         },
-        file: NewFile {
-            spec: FileSpec {
-                block_size: 1 << 20,
-                replicas: 1,
-                storage: None,
-            },
-            lease: Some(WriteLease {
-                handle,
-                client: "test".into(),
-                renewed_ns: now_ns(),
-            }),
+        spec: FileSpec {
+            block_size: 1 << 20,
+            replicas: 1,
+            storage: None,
+        },
+        lease: WriteLease {
+            handle,
+            client: "test".into(),
+            renewed_ns: now_ns(),
         },
     }
 }
@@ -205,6 +202,11 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
         "a create went through a delegated directory"
     );
     assert!(ns.renew_delegation(d.ino, 1).await.unwrap().recalled);
+    // Asked back, it is not granted again to its holder either.
+    assert!(matches!(
+        ns.delegate(d.ino, 1, 8).await,
+        Err(FsError::InUse(_))
+    ));
     ns.release_delegation(d.ino, 1).await.unwrap();
     touch.await.unwrap().unwrap();
     let listing = ns.list("/d", None, 100).await.unwrap();

@@ -14,10 +14,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attr::Attr;
-use crate::block::{BlockId, FileSpec};
+use crate::block::{BlockId, FileSpec, WriteLease};
 use crate::codec::Versioned;
-use crate::rpc::WriteOpen;
-use crate::shard::NewFile;
 use crate::types::{DirEntry, Ino, NewInode};
 
 /// How long a delegation lasts without renewal (the holder renews it four
@@ -84,7 +82,8 @@ pub enum DirOp {
         name: String,
         ino: Ino,
         attrs: NewInode,
-        file: NewFile,
+        spec: FileSpec,
+        lease: WriteLease,
         complete: bool,
     },
 }
@@ -96,59 +95,5 @@ pub enum DirOpDone {
     Created { attr: Attr, block: Option<BlockId> },
 }
 
-/// What a [`DirOp`] did, as the client sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum DirOpReply {
-    /// The file is open for writing by the holder, as after `OpenFile`
-    /// (without a first block, and with no lease, when created complete).
-    Created(WriteOpen),
-}
-
-/// Client request: delegate the directory at `path` to mount `holder`,
-/// setting aside `inos` inode numbers for its creates. Refused with
-/// `InUse` while another mount holds it or another operation holds one of
-/// its names, with `TooBig` for a directory of more than
-/// [`MAX_DELEGATED_ENTRIES`] entries, and with `NotSupported` under a
-/// cache_mode mount (its creates check the UFS first).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delegate {
-    pub path: String,
-    pub holder: u64,
-    pub inos: u32,
-    /// The layout the holder asks for new files (zero fields: the
-    /// directory's mount or the cluster's defaults).
-    pub spec: FileSpec,
-}
-
-/// Client request: renew `holder`'s delegation of directory `dir`
-/// (`Stale` when it has none any more).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RenewDelegation {
-    pub dir: Ino,
-    pub holder: u64,
-}
-
-/// Client request: answers `true` once the shard wants directory `dir`
-/// back, `false` at the holder's next renewal (ask again then).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AwaitRecall {
-    pub dir: Ino,
-    pub holder: u64,
-}
-
-/// Client request: apply the holder's changes in directory `dir`, in
-/// order; one result per change. `Stale` (for all) when the holder no
-/// longer holds the directory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DirOps {
-    pub dir: Ino,
-    pub holder: u64,
-    pub ops: Vec<DirOp>,
-}
-
-/// Client request: give directory `dir` back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReleaseDelegation {
-    pub dir: Ino,
-    pub holder: u64,
-}
+// The client's requests (`Delegate`, `RenewDelegation`, `AwaitRecall`,
+// `DirOps`, `ReleaseDelegation`) are in `crate::rpc`.

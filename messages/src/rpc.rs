@@ -14,9 +14,9 @@ use crate::attr::Attr;
 use crate::block::{
     BlockId, BlockInfo, DataNode, FileSpec, FreeSummary, ReadBlock, TierKind, TierStats, Token,
 };
-use crate::delegation::{AwaitRecall, Delegate, DirOps, ReleaseDelegation, RenewDelegation};
+use crate::delegation::DirOp;
 use crate::error::{FsError, FsResult};
-use crate::types::{SetAttr, ShardStats, XattrMode};
+use crate::types::{Ino, SetAttr, ShardStats, XattrMode};
 
 /// The node's answer to a client's hello. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -523,8 +523,68 @@ calls! {
     Delegate => crate::delegation::DirGrant, DirGrant;
     RenewDelegation => crate::delegation::Renewal, Renewal;
     AwaitRecall => bool, Recall;
-    DirOps => Vec<FsResult<crate::delegation::DirOpReply>>, DirOps;
+    DirOps => Vec<FsResult<DirOpReply>>, DirOps;
     ReleaseDelegation => (), Done;
+}
+
+// ---- directory delegations (see `crate::delegation`) ----
+
+/// What a [`DirOp`] did, as the client sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum DirOpReply {
+    /// The file is open for writing by the holder, as after `OpenFile`
+    /// (without a first block, and with no lease, when created complete).
+    Created(WriteOpen),
+}
+
+/// Client request: delegate the directory at `path` to mount `holder`,
+/// setting aside `inos` inode numbers for its creates. Refused with
+/// `InUse` while another mount holds it or another operation holds one of
+/// its names, with `TooBig` for a directory of more than
+/// [`crate::delegation::MAX_DELEGATED_ENTRIES`] entries, and with
+/// `NotSupported` under a cache_mode mount (its creates check the UFS
+/// first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegate {
+    pub path: String,
+    pub holder: u64,
+    pub inos: u32,
+    /// The layout the holder asks for new files (zero fields: the
+    /// directory's mount or the cluster's defaults).
+    pub spec: FileSpec,
+}
+
+/// Client request: renew `holder`'s delegation of directory `dir`
+/// (`Stale` when it has none any more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewDelegation {
+    pub dir: Ino,
+    pub holder: u64,
+}
+
+/// Client request: answers `true` once the shard wants directory `dir`
+/// back, `false` at the holder's next renewal (ask again then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitRecall {
+    pub dir: Ino,
+    pub holder: u64,
+}
+
+/// Client request: apply the holder's changes in directory `dir`, in
+/// order; one result per change. `Stale` (for all) when the holder no
+/// longer holds the directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirOps {
+    pub dir: Ino,
+    pub holder: u64,
+    pub ops: Vec<DirOp>,
+}
+
+/// Client request: give directory `dir` back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseDelegation {
+    pub dir: Ino,
+    pub holder: u64,
 }
 
 /// Verify every block of every node (or of `node`) against the checksums in
@@ -629,7 +689,7 @@ pub enum Response {
     DirGrant(crate::delegation::DirGrant),
     Renewal(crate::delegation::Renewal),
     Recall(bool),
-    DirOps(Vec<FsResult<crate::delegation::DirOpReply>>),
+    DirOps(Vec<FsResult<DirOpReply>>),
 }
 
 impl Response {

@@ -243,6 +243,15 @@ impl ShardState {
                 reply,
             } => {
                 if let Some(h) = self.lease_of(&txn, dir, term) {
+                    if h.holder == holder && h.recalled {
+                        // Asked back: its holder gives it back, not more.
+                        return answer(
+                            reply,
+                            Err(FsError::InUse(format!(
+                                "directory {dir:#x} is being given back"
+                            ))),
+                        );
+                    }
                     if h.holder != holder {
                         if h.until > Instant::now() {
                             return answer(

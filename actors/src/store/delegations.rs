@@ -11,10 +11,12 @@ use heed::RoTxn;
 
 use crate::txn::WriteTxn;
 
+use curvine_messages::block::WriteLease;
 use curvine_messages::codec::encode_versioned;
 use curvine_messages::delegation::{
     DelegationRecord, DirGrant, DirOp, DirOpDone, DELEGATION_LEASE_MS, MAX_GRANT_INOS,
 };
+use curvine_messages::shard::NewFile;
 use curvine_messages::{make_id, FileKind, FsError, FsResult, Ino};
 
 use super::keys::{ino_from, key_ino, key_name};
@@ -165,14 +167,20 @@ impl ShardStore {
                     name,
                     ino,
                     attrs,
-                    file,
+                    spec,
+                    lease,
                     complete,
                 } => {
                     let new = Delegated {
                         name,
                         ino: *ino,
                         attrs,
-                        file,
+                        file: NewFile {
+                            spec: spec.clone(),
+                            // Created complete: nobody writes it.
+                            lease: (!*complete).then(|| lease.clone()),
+                        },
+                        lease,
                         complete: *complete,
                     };
                     self.delegated_create(wtxn, dir, next, &new)
@@ -192,11 +200,7 @@ impl ShardStore {
         next: Ino,
         new: &Delegated<'_>,
     ) -> FsResult<DirOpDone> {
-        let (name, ino) = (new.name, new.ino);
-        curvine_messages::path::check_name(name)?;
-        let lease = new.file.lease.clone().ok_or_else(|| {
-            FsError::InvalidArgument("creating a file for a writer needs its lease".into())
-        })?;
+        let (name, ino, lease) = (new.name, new.ino, new.lease);
         if !self.is_local(ino) || ino >= next || new.attrs.kind != FileKind::File {
             return Err(FsError::InvalidArgument(format!(
                 "inode {ino:#x} was not set aside for this directory's creates"
@@ -224,15 +228,11 @@ impl ShardStore {
                 block: Some(block),
             });
         }
+        curvine_messages::path::check_name(name)?;
+        let attr = self.create_as(wtxn, dir, name, new.attrs, Some(&new.file), Some(ino))?;
         if new.complete {
-            let file = curvine_messages::shard::NewFile {
-                spec: new.file.spec.clone(),
-                lease: None,
-            };
-            let attr = self.create_as(wtxn, dir, name, new.attrs, Some(&file), Some(ino))?;
             return Ok(DirOpDone::Created { attr, block: None });
         }
-        let attr = self.create_as(wtxn, dir, name, new.attrs, Some(new.file), Some(ino))?;
         let block = self.add_block(wtxn, ino, lease.handle, 0)?;
         let attr = self.getattr(wtxn, attr.ino)?;
         Ok(DirOpDone::Created {
@@ -247,6 +247,8 @@ struct Delegated<'a> {
     name: &'a str,
     ino: Ino,
     attrs: &'a curvine_messages::NewInode,
-    file: &'a curvine_messages::shard::NewFile,
+    /// The layout, and the lease unless created complete.
+    file: NewFile,
+    lease: &'a WriteLease,
     complete: bool,
 }

@@ -34,12 +34,10 @@ use tokio::sync::{watch, Notify};
 use curvine_client::io::client_name;
 use curvine_client::Client;
 use curvine_messages::block::{FileSpec, WriteLease};
-use curvine_messages::delegation::{
-    AwaitRecall, Delegate, DirOp, DirOpReply, DirOps, ReleaseDelegation, RenewDelegation,
-    MAX_GRANT_INOS,
+use curvine_messages::delegation::{DirOp, MAX_GRANT_INOS};
+use curvine_messages::rpc::{
+    AwaitRecall, Delegate, DirOpReply, DirOps, ReleaseDelegation, RenewDelegation, WriteOpen,
 };
-use curvine_messages::rpc::WriteOpen;
-use curvine_messages::shard::NewFile;
 use curvine_messages::{now_ns, Attr, FileKind, FsError, FsResult, NewInode};
 
 /// Creates in one directory at most this far apart count as a run.
@@ -609,10 +607,8 @@ fn new_file(
         ino,
         complete: false,
         attrs,
-        file: NewFile {
-            spec: spec.clone(),
-            lease: Some(lease),
-        },
+        spec: spec.clone(),
+        lease,
     };
     (attr, op)
 }

@@ -2,9 +2,9 @@
 //! the grant with the layout new files in the directory get, and the
 //! holder's batched creates answered like `OpenFile`.
 
-use curvine_messages::delegation::{Delegate, DirGrant, DirOpDone, DirOpReply, DirOps};
+use curvine_messages::delegation::{DirGrant, DirOpDone};
 use curvine_messages::mount::WriteType;
-use curvine_messages::rpc::WriteOpen;
+use curvine_messages::rpc::{Delegate, DirOpReply, DirOps, WriteOpen};
 use curvine_messages::{FileKind, FsError, FsResult};
 
 use super::Service;
