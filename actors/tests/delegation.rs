@@ -133,7 +133,9 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
         .dir_ops(d.ino, 1, vec![create("c", grant.first_ino, 11)])
         .await
         .unwrap();
-    let DirOpDone::Created { attr, .. } = done[0].clone().unwrap();
+    let DirOpDone::Created { attr, .. } = done[0].clone().unwrap() else {
+        panic!("not a create: {:?}", done);
+    };
     assert_eq!(attr.ino, grant.first_ino);
     assert_eq!((attr.uid, attr.gid, attr.block_size), (7, 8, 1 << 20));
     // The same batch again (a retry) finds its file.
@@ -141,7 +143,9 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
         .dir_ops(d.ino, 1, vec![create("c", grant.first_ino, 11)])
         .await
         .unwrap();
-    let DirOpDone::Created { attr: same, .. } = again[0].clone().unwrap();
+    let DirOpDone::Created { attr: same, .. } = again[0].clone().unwrap() else {
+        panic!("not a create: {:?}", again);
+    };
     assert_eq!(same.ino, attr.ino);
     assert!(matches!(
         done[0],
@@ -156,7 +160,9 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
         )
         .await
         .unwrap();
-    let DirOpDone::Created { attr: empty, block } = closed[0].clone().unwrap();
+    let DirOpDone::Created { attr: empty, block } = closed[0].clone().unwrap() else {
+        panic!("not a create: {:?}", closed);
+    };
     assert_eq!((empty.size, block), (0, None));
     assert!(empty.writing.is_none(), "{empty:?}");
     assert!(ns.stat("/d/empty", false).await.unwrap().writing.is_none());
@@ -182,6 +188,29 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
         "{mixed:?}"
     );
     assert!(mixed[2].is_ok(), "{mixed:?}");
+
+    // A rename of the holder's to a name the directory lacks; made again
+    // (a retried batch) it is done already; a wrong inode is refused.
+    let rename = DirOp::Rename {
+        from: "f".into(),
+        to: "g".into(),
+        ino: grant.first_ino + 2,
+    };
+    for _ in 0..2 {
+        let done = ns.dir_ops(d.ino, 1, vec![rename.clone()]).await.unwrap();
+        assert!(matches!(done[0], Ok(DirOpDone::Renamed)), "{done:?}");
+    }
+    assert_eq!(
+        ns.stat("/d/g", false).await.unwrap().ino,
+        grant.first_ino + 2
+    );
+    let wrong = DirOp::Rename {
+        from: "c".into(),
+        to: "h".into(),
+        ino: grant.first_ino + 3,
+    };
+    let done = ns.dir_ops(d.ino, 1, vec![wrong]).await.unwrap();
+    assert!(matches!(done[0], Err(FsError::NotFound(_))), "{done:?}");
 
     // Another client's create waits for the recall and the release.
     let recall = {
@@ -210,7 +239,7 @@ async fn others_wait_for_the_holder_to_give_the_directory_back() {
     ns.release_delegation(d.ino, 1).await.unwrap();
     touch.await.unwrap().unwrap();
     let listing = ns.list("/d", None, 100).await.unwrap();
-    assert_eq!(names(&listing), vec!["a", "b", "c", "empty", "f"]);
+    assert_eq!(names(&listing), vec!["a", "b", "c", "empty", "g"]);
     // The holder lost it: its late changes are refused.
     match ns
         .dir_ops(d.ino, 1, vec![create("g", grant.first_ino + 3, 15)])

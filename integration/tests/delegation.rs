@@ -144,6 +144,71 @@ fn creates_answered_by_the_mount_reach_the_cluster_and_others_see_them() {
 }
 
 #[test]
+fn files_written_under_a_temporary_name_and_renamed_keep_the_directory() {
+    // What rclone does per file: create NAME.partial, write, close, rename
+    // to NAME (a name the directory lacks).
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    fs::create_dir(m.path("r")).unwrap();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let next = next.clone();
+            let d = m.path("r");
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= 300 {
+                    return;
+                }
+                let tmp = d.join(format!("p{i:04}.partial"));
+                fs::write(&tmp, content(i)).unwrap();
+                fs::rename(&tmp, d.join(format!("p{i:04}"))).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let batches = mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\"");
+    let releases = mount_counter(
+        &m,
+        "curvine_client_calls_total",
+        "call=\"ReleaseDelegation\"",
+    );
+    let renames = mount_counter(&m, "curvine_client_calls_total", "call=\"Rename\"");
+    assert!(batches > 0, "no batch sent");
+    assert!(
+        renames < 30,
+        "{renames} of 300 renames went to the node one by one"
+    );
+    assert!(
+        releases < 10,
+        "the directory was given back {releases} times"
+    );
+    let client = runtime().block_on(node.client());
+    runtime().block_on(async {
+        let names: Vec<String> = client
+            .list_all("/r")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names.len(), 300, "{names:?}");
+        assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
+        for i in [0usize, 150, 299] {
+            let mut r = FileReader::open(&client, &format!("/r/p{i:04}"))
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).await.unwrap();
+            assert_eq!(out, content(i), "file {i}");
+        }
+    });
+}
+
+#[test]
 fn a_mount_started_with_no_delegations_sends_each_create() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(&dir.path().join("n0"), &[]);

@@ -86,13 +86,35 @@ pub enum DirOp {
         lease: WriteLease,
         complete: bool,
     },
+    /// File `from` (inode `ino`) renamed to `to`, a name the directory
+    /// does not have. Made again (a batch sent twice), it finds `to`
+    /// naming `ino` and answers done.
+    Rename { from: String, to: String, ino: Ino },
+}
+
+impl DirOp {
+    /// Whether the holder answered the change before sending it (a
+    /// create) or waits for it (a rename, answered once durable).
+    pub fn answered_before(&self) -> bool {
+        matches!(
+            self,
+            DirOp::Create {
+                complete: false,
+                ..
+            }
+        )
+    }
 }
 
 /// What a [`DirOp`] did, at the shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DirOpDone {
     /// The file, and its first block unless it was created complete.
-    Created { attr: Attr, block: Option<BlockId> },
+    Created {
+        attr: Box<Attr>,
+        block: Option<BlockId>,
+    },
+    Renamed,
 }
 
 // The client's requests (`Delegate`, `RenewDelegation`, `AwaitRecall`,

@@ -534,7 +534,8 @@ calls! {
 pub enum DirOpReply {
     /// The file is open for writing by the holder, as after `OpenFile`
     /// (without a first block, and with no lease, when created complete).
-    Created(WriteOpen),
+    Created(Box<WriteOpen>),
+    Renamed,
 }
 
 /// Client request: delegate the directory at `path` to mount `holder`,

@@ -331,8 +331,9 @@ impl ShardState {
                 // Like a writer's `CreateFile`: a file made for a writer is
                 // made durable by its close (or fsync), whose commit in
                 // this shard comes later. A file created complete was
-                // closed already: its batch is answered once durable.
-                let early = !ops.iter().any(|DirOp::Create { complete, .. }| *complete);
+                // closed already, and the holder answers a rename once its
+                // batch is back: such a batch is answered once durable.
+                let early = ops.iter().all(DirOp::answered_before);
                 self.write_when(reply, early, move |s, t| s.dir_ops(t, dir, holder, &ops));
             }
             ShardMsg::ReleaseDelegation { dir, holder, reply } => {

@@ -185,6 +185,7 @@ impl ShardStore {
                     };
                     self.delegated_create(wtxn, dir, next, &new)
                 }
+                DirOp::Rename { from, to, ino } => self.delegated_rename(wtxn, dir, from, to, *ino),
             });
         }
         Ok(out)
@@ -220,25 +221,68 @@ impl ShardStore {
                 )));
             }
             if new.complete {
-                return Ok(DirOpDone::Created { attr, block: None });
+                return Ok(DirOpDone::Created {
+                    attr: Box::new(attr),
+                    block: None,
+                });
             }
             let block = self.add_block(wtxn, ino, lease.handle, 0)?;
             return Ok(DirOpDone::Created {
-                attr,
+                attr: Box::new(attr),
                 block: Some(block),
             });
         }
         curvine_messages::path::check_name(name)?;
         let attr = self.create_as(wtxn, dir, name, new.attrs, Some(&new.file), Some(ino))?;
         if new.complete {
-            return Ok(DirOpDone::Created { attr, block: None });
+            return Ok(DirOpDone::Created {
+                attr: Box::new(attr),
+                block: None,
+            });
         }
         let block = self.add_block(wtxn, ino, lease.handle, 0)?;
         let attr = self.getattr(wtxn, attr.ino)?;
         Ok(DirOpDone::Created {
-            attr,
+            attr: Box::new(attr),
             block: Some(block),
         })
+    }
+}
+
+impl ShardStore {
+    /// One rename of [`Self::dir_ops`]: file `from` (inode `ino`) to `to`,
+    /// which the holder saw absent; done already when `to` names `ino`.
+    fn delegated_rename(
+        &self,
+        wtxn: &mut WriteTxn,
+        dir: Ino,
+        from: &str,
+        to: &str,
+        ino: Ino,
+    ) -> FsResult<DirOpDone> {
+        curvine_messages::path::check_name(to)?;
+        if self.dentry(wtxn, dir, to)?.is_some_and(|d| d.ino == ino)
+            && self.dentry(wtxn, dir, from)?.is_none()
+        {
+            return Ok(DirOpDone::Renamed);
+        }
+        match self.dentry(wtxn, dir, from)? {
+            Some(d) if d.ino == ino && d.kind == FileKind::File => {}
+            _ => {
+                return Err(FsError::NotFound(format!(
+                    "'{from}' is not the file the mount renamed"
+                )))
+            }
+        }
+        if self.dentry(wtxn, dir, to)?.is_some() {
+            return Err(FsError::AlreadyExists(to.to_string()));
+        }
+        match self.rename_local(wtxn, dir, from, dir, to)? {
+            curvine_messages::shard::RenameOutcome::Done => Ok(DirOpDone::Renamed),
+            curvine_messages::shard::RenameOutcome::NeedsIntent => Err(FsError::Io(format!(
+                "renaming '{from}' to '{to}' in one directory needed another shard"
+            ))),
+        }
     }
 }
 

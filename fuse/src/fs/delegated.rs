@@ -24,7 +24,7 @@
 //! - Creates that fail at the shard (the directory was lost meanwhile)
 //!   fail their file's writes and close, never silently.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,7 @@ const LOW_INOS: u64 = 512;
 /// A create made here, until its batch is back with the file open for
 /// writing.
 pub(super) struct Created {
-    pub(super) answer: watch::Receiver<Option<FsResult<WriteOpen>>>,
+    pub(super) answer: watch::Receiver<Option<FsResult<DirOpReply>>>,
     /// The directory (FUSE inode) and the file's inode.
     pub(super) dir: u64,
     pub(super) ino: u64,
@@ -74,7 +74,10 @@ impl Created {
                 "the create of this file was dropped before it was sent".into(),
             )),
         };
-        got
+        match got? {
+            DirOpReply::Created(open) => Ok(*open),
+            DirOpReply::Renamed => Err(FsError::Protocol("a rename's answer to a create".into())),
+        }
     }
 }
 
@@ -108,7 +111,8 @@ struct Dir {
 }
 
 struct DirState {
-    names: HashSet<String>,
+    /// Every name in the directory, with what it is.
+    names: HashMap<String, FileKind>,
     /// Inode numbers set aside for creates here: [next, end) ranges.
     inos: VecDeque<(u64, u64)>,
     asking_more: bool,
@@ -118,7 +122,7 @@ struct DirState {
     stopping: bool,
     /// Released (or lost): the tasks end.
     ended: bool,
-    queue: Vec<(DirOp, watch::Sender<Option<FsResult<WriteOpen>>>)>,
+    queue: Vec<(DirOp, watch::Sender<Option<FsResult<DirOpReply>>>)>,
     in_flight: usize,
     spec: FileSpec,
     /// See `DirGrant::plain`.
@@ -168,7 +172,7 @@ impl Delegations {
     pub(super) fn absent(&self, dir: u64, name: &str) -> bool {
         self.held(dir).is_some_and(|d| {
             let st = d.state.lock();
-            st.answers(Instant::now()) && !st.names.contains(name)
+            st.answers(Instant::now()) && !st.names.contains_key(name)
         })
     }
 
@@ -210,11 +214,11 @@ impl Delegations {
         let now = Instant::now();
         let (attr, rx, more) = {
             let mut st = held.state.lock();
-            if !st.answers(now) || st.names.contains(name) {
+            if !st.answers(now) || st.names.contains_key(name) {
                 return None;
             }
             let ino = st.take_ino()?;
-            st.names.insert(name.to_string());
+            st.names.insert(name.to_string(), FileKind::File);
             st.last_create = now;
             let (attr, op) = new_file(ino, name, mode, owner, &st.spec);
             let (tx, rx) = watch::channel(None);
@@ -252,13 +256,58 @@ impl Delegations {
             return false;
         }
         for (op, _) in st.queue.iter_mut() {
-            let DirOp::Create { ino, complete, .. } = op;
-            if *ino == created.ino {
-                *complete = true;
-                return true;
+            match op {
+                DirOp::Create { ino, complete, .. } if *ino == created.ino => {
+                    *complete = true;
+                    return true;
+                }
+                // Renamed before it was closed: it goes as it is.
+                DirOp::Rename { ino, .. } if *ino == created.ino => return false,
+                _ => {}
             }
         }
         false
+    }
+
+    /// Renames file `from` (inode `ino`) to `to` in directory `dir` when
+    /// this mount holds it and `to` is absent: sent with the directory's
+    /// queued creates, answered once the cluster has it. `None`: rename
+    /// it in the cluster as usual.
+    pub(super) async fn rename(
+        &self,
+        dir: u64,
+        from: &str,
+        to: &str,
+        ino: u64,
+    ) -> Option<FsResult<()>> {
+        let held = self.held(dir)?;
+        let mut answer = {
+            let mut st = held.state.lock();
+            if !st.answers(Instant::now())
+                || st.names.get(from) != Some(&FileKind::File)
+                || st.names.contains_key(to)
+            {
+                return None;
+            }
+            st.names.remove(from);
+            st.names.insert(to.to_string(), FileKind::File);
+            let (tx, rx) = watch::channel(None);
+            let op = DirOp::Rename {
+                from: from.to_string(),
+                to: to.to_string(),
+                ino,
+            };
+            st.queue.push((op, tx));
+            rx
+        };
+        held.wake.notify_one();
+        let got = match answer.wait_for(|c| c.is_some()).await {
+            Ok(c) => c.clone().unwrap_or_else(|| Err(FsError::Io(String::new()))),
+            Err(_) => Err(FsError::Io(
+                "a rename was dropped before it was sent".into(),
+            )),
+        };
+        Some(got.map(|_| ()))
     }
 
     /// Counts a create in a directory not held; true when it should be
@@ -330,7 +379,11 @@ impl Delegations {
             fuse: dir,
             cluster: grant.dir.ino,
             state: Mutex::new(DirState {
-                names: grant.entries.into_iter().map(|e| e.name).collect(),
+                names: grant
+                    .entries
+                    .into_iter()
+                    .map(|e| (e.name, e.kind))
+                    .collect(),
                 inos: VecDeque::from([(grant.first_ino, grant.first_ino + u64::from(grant.inos))]),
                 asking_more: false,
                 valid_until: sent + lease.saturating_sub(MARGIN),
@@ -377,7 +430,9 @@ impl Delegations {
             Some(g) if g.dir.ino == held.cluster => {
                 st.inos
                     .push_back((g.first_ino, g.first_ino + u64::from(g.inos)));
-                st.names.extend(g.entries.into_iter().map(|e| e.name));
+                for e in g.entries {
+                    st.names.entry(e.name).or_insert(e.kind);
+                }
             }
             // Not granted: the creates go to the cluster once these run out.
             _ => {}
@@ -414,11 +469,8 @@ impl Delegations {
                 })
                 .await;
             let lost = matches!(result, Err(FsError::Stale(_)));
-            let results: Vec<FsResult<WriteOpen>> = match result {
-                Ok(replies) if replies.len() == batch.len() => replies
-                    .into_iter()
-                    .map(|r| r.map(|DirOpReply::Created(open)| open))
-                    .collect(),
+            let results: Vec<FsResult<DirOpReply>> = match result {
+                Ok(replies) if replies.len() == batch.len() => replies,
                 Ok(replies) => {
                     let e = FsError::Protocol(format!(
                         "{} answers to {} creates",
@@ -433,9 +485,14 @@ impl Delegations {
             st.in_flight -= batch.len();
             for ((op, tx), result) in batch.into_iter().zip(results) {
                 if let Err(e) = &result {
-                    let DirOp::Create { name, .. } = &op;
-                    tracing::warn!(dir = held.cluster, name, error = %e, "a create made in a delegated directory failed");
-                    st.names.remove(name);
+                    tracing::warn!(dir = held.cluster, ?op, error = %e, "a change made in a delegated directory failed");
+                    match &op {
+                        DirOp::Create { name, .. } => {
+                            st.names.remove(name);
+                        }
+                        // What the directory holds is no longer known here.
+                        DirOp::Rename { .. } => st.stopping = true,
+                    }
                 }
                 let _ = tx.send(Some(result));
             }

@@ -59,6 +59,17 @@ impl Fs {
                 "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
             ));
         }
+        // A file renamed to a new name in a directory this mount holds
+        // goes with the directory's creates.
+        if parent == newparent && flags.is_empty() {
+            if let Some(ino) = self.inodes.known_child(parent, name) {
+                if let Some(done) = self.delegations.rename(parent, name, newname, ino).await {
+                    done?;
+                    self.inodes.renamed(parent, name, newparent, newname);
+                    return Ok(());
+                }
+            }
+        }
         self.delegations.give_back(parent).await;
         self.delegations.give_back(newparent).await;
         let src = self.inodes.child_path(parent, name)?;

@@ -51,14 +51,17 @@ impl Service {
         Ok(done
             .into_iter()
             .map(|d| {
-                d.map(|DirOpDone::Created { attr, block }| {
-                    let handle = attr.writing.as_ref().map(|l| l.handle).unwrap_or(0);
-                    DirOpReply::Created(WriteOpen {
-                        first: block.map(|b| self.placement.grant(b, 0, attr.block_size)),
-                        attr,
-                        handle,
-                        blocks: Vec::new(),
-                    })
+                d.map(|done| match done {
+                    DirOpDone::Created { attr, block } => {
+                        let handle = attr.writing.as_ref().map(|l| l.handle).unwrap_or(0);
+                        DirOpReply::Created(Box::new(WriteOpen {
+                            first: block.map(|b| self.placement.grant(b, 0, attr.block_size)),
+                            attr: *attr,
+                            handle,
+                            blocks: Vec::new(),
+                        }))
+                    }
+                    DirOpDone::Renamed => DirOpReply::Renamed,
                 })
             })
             .collect())
