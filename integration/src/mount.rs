@@ -80,6 +80,18 @@ impl FuseMount {
             .map(str::to_string)
     }
 
+    /// The sum of the mount's Prometheus samples of metric `name` whose
+    /// labels contain `label` (`call="DirOps"`).
+    pub fn counter(&self, name: &str, label: &str) -> u64 {
+        let addr = self.metrics_addr().expect("the mount serves metrics");
+        let (status, body) = crate::http_get(&addr, "/metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
     /// SIGKILL: the mount is left dead.
     pub fn kill(&mut self) {
         kill_child(&mut self.child);

@@ -11,17 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{http_get, runtime, FuseMount, NodeProcess};
-
-fn mount_counter(m: &FuseMount, name: &str, label: &str) -> u64 {
-    let addr = m.metrics_addr().expect("the mount serves metrics");
-    let (status, body) = http_get(&addr, "/metrics");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
+use curvine_integration::{runtime, FuseMount, NodeProcess};
 
 fn content(i: usize) -> Vec<u8> {
     format!("file {i} ").repeat(i % 40 + 1).into_bytes()
@@ -79,8 +69,8 @@ fn creates_answered_by_the_mount_reach_the_cluster_and_others_see_them() {
     assert_eq!(closed.len(), 400);
 
     // Most creates were answered by the mount and sent in batches.
-    let batches = mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\"");
-    let opens = mount_counter(&m, "curvine_client_calls_total", "call=\"OpenFile\"");
+    let batches = m.counter("curvine_client_calls_total", "call=\"DirOps\"");
+    let opens = m.counter("curvine_client_calls_total", "call=\"OpenFile\"");
     assert!(batches > 0, "no batch of creates was sent");
     assert!(batches < 400, "{batches} batches for 400 creates");
     assert!(
@@ -170,13 +160,9 @@ fn files_written_under_a_temporary_name_and_renamed_keep_the_directory() {
     for t in threads {
         t.join().unwrap();
     }
-    let batches = mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\"");
-    let releases = mount_counter(
-        &m,
-        "curvine_client_calls_total",
-        "call=\"ReleaseDelegation\"",
-    );
-    let renames = mount_counter(&m, "curvine_client_calls_total", "call=\"Rename\"");
+    let batches = m.counter("curvine_client_calls_total", "call=\"DirOps\"");
+    let releases = m.counter("curvine_client_calls_total", "call=\"ReleaseDelegation\"");
+    let renames = m.counter("curvine_client_calls_total", "call=\"Rename\"");
     assert!(batches > 0, "no batch sent");
     assert!(
         renames < 30,
@@ -216,11 +202,11 @@ fn a_mount_started_with_no_delegations_sends_each_create() {
     fs::create_dir(m.path("d")).unwrap();
     assert_eq!(write_files(&m.path("d"), 0, 50, 4).len(), 50);
     assert_eq!(
-        mount_counter(&m, "curvine_client_calls_total", "call=\"DirOps\""),
+        m.counter("curvine_client_calls_total", "call=\"DirOps\""),
         0
     );
     assert_eq!(
-        mount_counter(&m, "curvine_client_calls_total", "call=\"OpenFile\""),
+        m.counter("curvine_client_calls_total", "call=\"OpenFile\""),
         50
     );
     drop(node);

@@ -12,9 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{
-    http_get, random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess,
-};
+use curvine_integration::{random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess};
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     match r {
@@ -327,16 +325,6 @@ fn check_permission_holds_other_users_to_modes_and_owners() {
 
 /// A counter of the mount's `/metrics`, summed over its label sets that
 /// contain `label`.
-fn mount_counter(m: &FuseMount, name: &str, label: &str) -> u64 {
-    let addr = m.metrics_addr().expect("the mount serves metrics");
-    let (status, body) = http_get(&addr, "/metrics");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 #[test]
 fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
     let (_dir, node, m) = setup(&[]);
@@ -348,7 +336,7 @@ fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
         md.mtime() * 1_000_000_000 + md.mtime_nsec()
     };
     assert_eq!(mount_mtime(), cluster_mtime());
-    let stats_before = mount_counter(&m, "curvine_client_calls_total", "call=\"Stat\"");
+    let stats_before = m.counter("curvine_client_calls_total", "call=\"Stat\"");
     let mut last = mount_mtime();
     for i in 0..20 {
         let mut f = File::create(m.path(&format!("d/f{i}"))).unwrap();
@@ -365,9 +353,9 @@ fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
     // Neither the kernel's check of the directory before each create nor
     // its look for security.capability before each first write went to
     // the node (what remains: the lookup of each new name).
-    let stats = mount_counter(&m, "curvine_client_calls_total", "call=\"Stat\"") - stats_before;
+    let stats = m.counter("curvine_client_calls_total", "call=\"Stat\"") - stats_before;
     assert!(stats <= 25, "{stats} Stat calls for 20 files");
-    let xattr_calls = mount_counter(&m, "curvine_client_calls_total", "call=\"GetXattr\"");
+    let xattr_calls = m.counter("curvine_client_calls_total", "call=\"GetXattr\"");
     assert_eq!(xattr_calls, 0);
 }
 

@@ -346,23 +346,24 @@ impl Delegations {
         run.pause_until = Some(now + pause);
     }
 
+    /// The request for the directory at `path`.
+    fn delegate(&self, path: String) -> Delegate {
+        Delegate {
+            path,
+            holder: self.holder,
+            inos: MAX_GRANT_INOS,
+            spec: FileSpec {
+                block_size: self.block_size,
+                ..Default::default()
+            },
+        }
+    }
+
     /// Asks for directory `dir` (FUSE inode) at `path`; on a grant, starts
     /// its sender, renewer and recall watcher.
     async fn ask(self: &Arc<Self>, dir: u64, path: String) -> Option<Arc<Dir>> {
         let sent = Instant::now();
-        let grant = match self
-            .client
-            .call(Delegate {
-                path: path.clone(),
-                holder: self.holder,
-                inos: MAX_GRANT_INOS,
-                spec: FileSpec {
-                    block_size: self.block_size,
-                    ..Default::default()
-                },
-            })
-            .await
-        {
+        let grant = match self.client.call(self.delegate(path.clone())).await {
             Ok(g) => g,
             Err(e) => {
                 tracing::debug!(path, error = %e, "directory not delegated");
@@ -409,19 +410,7 @@ impl Delegations {
     /// inode numbers (and a fresh listing, which adds nothing new).
     async fn more_inos(self: Arc<Self>, held: Arc<Dir>, path: Option<String>) {
         let grant = match path {
-            Some(path) => self
-                .client
-                .call(Delegate {
-                    path,
-                    holder: self.holder,
-                    inos: MAX_GRANT_INOS,
-                    spec: FileSpec {
-                        block_size: self.block_size,
-                        ..Default::default()
-                    },
-                })
-                .await
-                .ok(),
+            Some(path) => self.client.call(self.delegate(path)).await.ok(),
             None => None,
         };
         let mut st = held.state.lock();
