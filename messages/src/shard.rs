@@ -171,6 +171,40 @@ pub struct NewFile {
     pub lease: Option<WriteLease>,
 }
 
+/// The inode record of a new inode `ino` made with `attrs` in directory
+/// `parent`; a file made for a writer (`file`) takes its layout and lease.
+/// The shard stores it; a mount that creates a file in a directory
+/// delegated to it answers the kernel with it before the shard has it.
+pub fn new_attr(ino: Ino, attrs: &NewInode, parent: Ino, file: Option<&NewFile>) -> Attr {
+    let is_dir = attrs.kind == FileKind::Dir;
+    let mut attr = Attr {
+        ino,
+        kind: attrs.kind,
+        mode: attrs.mode & 0o7777,
+        uid: attrs.uid,
+        gid: attrs.gid,
+        size: attrs.symlink.as_ref().map(|t| t.len() as u64).unwrap_or(0),
+        atime_ns: attrs.now_ns,
+        mtime_ns: attrs.now_ns,
+        ctime_ns: attrs.now_ns,
+        nlink: if is_dir { 2 } else { 1 },
+        symlink: attrs.symlink.clone(),
+        block_size: 0,
+        replicas: 0,
+        parent: if is_dir { parent } else { 0 },
+        storage: None,
+        writing: None,
+        ufs: None,
+    };
+    if let (Some(file), FileKind::File) = (file, attrs.kind) {
+        attr.block_size = file.spec.block_size;
+        attr.replicas = file.spec.replicas;
+        attr.storage = file.spec.storage;
+        attr.writing = file.lease.clone();
+    }
+    attr
+}
+
 /// A stored directory entry value (the key is parent ++ name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DentryValue {

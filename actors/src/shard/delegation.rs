@@ -129,30 +129,47 @@ fn touched(message: &ShardMsg) -> Vec<(Ino, Option<&str>)> {
 impl ShardState {
     /// The group's term now (0 for a shard without a group).
     fn term(&self) -> u64 {
-        self.group_status().map(|g| g.term).unwrap_or(0)
+        self.writer
+            .status()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.store.shard)
+            .map_or(0, |g| g.term)
     }
 
     /// The lease of directory `dir`, found in the `delegations` table when
-    /// the map has none for this term.
+    /// the map has none for this term. The map keeps only directories
+    /// delegated here: a directory the table does not name leaves nothing.
     fn lease_of(&mut self, txn: &heed::RoTxn, dir: Ino, term: u64) -> Option<&mut Held> {
-        let known = match self.delegations.map.get(&dir) {
-            Some(Lease::Held(h)) => h.term == term,
-            Some(Lease::Ended { term: t }) => *t == term,
-            None => false,
-        };
-        if !known {
-            let lease = match self.store.delegation(txn, dir) {
-                Ok(Some(holder)) => Lease::Held(Held {
-                    holder,
-                    until: Instant::now() + lease(),
-                    term,
-                    recalled: false,
-                    waiter: None,
-                }),
-                _ => Lease::Ended { term },
-            };
-            if let Some(Lease::Held(old)) = self.delegations.map.insert(dir, lease) {
-                if let Some(w) = old.waiter {
+        let recorded = || matches!(self.store.delegation(txn, dir), Ok(Some(_)));
+        match self.delegations.map.get(&dir) {
+            Some(Lease::Held(h)) if h.term == term => {}
+            // Ended here; its record's deletion may still be on its way.
+            Some(Lease::Ended { term: t }) if *t == term => {
+                if !recorded() {
+                    self.delegations.map.remove(&dir);
+                }
+                return None;
+            }
+            _ => {
+                let lease = match self.store.delegation(txn, dir) {
+                    Ok(Some(holder)) => Some(Lease::Held(Held {
+                        holder,
+                        until: Instant::now() + lease(),
+                        term,
+                        recalled: false,
+                        waiter: None,
+                    })),
+                    _ => None,
+                };
+                let old = match lease {
+                    Some(l) => self.delegations.map.insert(dir, l),
+                    None => self.delegations.map.remove(&dir),
+                };
+                if let Some(Lease::Held(Held {
+                    waiter: Some(w), ..
+                })) = old
+                {
                     answer(w, Ok(false));
                 }
             }

@@ -242,26 +242,7 @@ impl ShardStore {
     }
 
     pub(super) fn new_attr(ino: Ino, attrs: &NewInode, parent: Ino) -> Attr {
-        let is_dir = attrs.kind == FileKind::Dir;
-        Attr {
-            ino,
-            kind: attrs.kind,
-            mode: attrs.mode & 0o7777,
-            uid: attrs.uid,
-            gid: attrs.gid,
-            size: attrs.symlink.as_ref().map(|t| t.len() as u64).unwrap_or(0),
-            atime_ns: attrs.now_ns,
-            mtime_ns: attrs.now_ns,
-            ctime_ns: attrs.now_ns,
-            nlink: if is_dir { 2 } else { 1 },
-            symlink: attrs.symlink.clone(),
-            block_size: 0,
-            replicas: 0,
-            parent: if is_dir { parent } else { 0 },
-            storage: None,
-            writing: None,
-            ufs: None,
-        }
+        curvine_messages::shard::new_attr(ino, attrs, parent, None)
     }
 
     /// Decrements a local inode's link count, deleting it at zero.
@@ -317,13 +298,7 @@ impl ShardStore {
             Some(ino) => ino,
             None => self.alloc_ino(wtxn)?,
         };
-        let mut attr = Self::new_attr(ino, attrs, parent);
-        if let (Some(file), FileKind::File) = (file, attrs.kind) {
-            attr.block_size = file.spec.block_size;
-            attr.replicas = file.spec.replicas;
-            attr.storage = file.spec.storage;
-            attr.writing = file.lease.clone();
-        }
+        let attr = curvine_messages::shard::new_attr(ino, attrs, parent, file);
         self.put_inode(wtxn, &attr)?;
         self.put_dentry(wtxn, parent, name, ino, attr.kind)?;
         self.touch_dir(wtxn, parent, 0, attrs.now_ns)?;

@@ -38,6 +38,7 @@ use curvine_messages::delegation::{DirOp, MAX_GRANT_INOS};
 use curvine_messages::rpc::{
     AwaitRecall, Delegate, DirOpReply, DirOps, ReleaseDelegation, RenewDelegation, WriteOpen,
 };
+use curvine_messages::shard::{new_attr, NewFile};
 use curvine_messages::{now_ns, Attr, FileKind, FsError, FsResult, NewInode};
 
 /// Creates in one directory at most this far apart count as a run.
@@ -220,7 +221,7 @@ impl Delegations {
             let ino = st.take_ino()?;
             st.names.insert(name.to_string(), FileKind::File);
             st.last_create = now;
-            let (attr, op) = new_file(ino, name, mode, owner, &st.spec);
+            let (attr, op) = new_file(ino, held.cluster, name, mode, owner, &st.spec);
             let (tx, rx) = watch::channel(None);
             st.queue.push((op, tx));
             let more = st.inos_left() < LOW_INOS && !st.asking_more;
@@ -610,6 +611,7 @@ impl Delegations {
 /// The attributes and the create of a new file made here.
 fn new_file(
     ino: u64,
+    dir: u64,
     name: &str,
     mode: u32,
     (uid, gid): (u32, u32),
@@ -629,25 +631,11 @@ fn new_file(
         symlink: None,
         now_ns: now,
     };
-    let attr = Attr {
-        ino,
-        kind: FileKind::File,
-        mode: mode & 0o7777,
-        uid,
-        gid,
-        size: 0,
-        atime_ns: now,
-        mtime_ns: now,
-        ctime_ns: now,
-        nlink: 1,
-        symlink: None,
-        block_size: spec.block_size,
-        replicas: spec.replicas,
-        parent: 0,
-        storage: spec.storage,
-        writing: Some(lease.clone()),
-        ufs: None,
+    let file = NewFile {
+        spec: spec.clone(),
+        lease: Some(lease.clone()),
     };
+    let attr = new_attr(ino, &attrs, dir, Some(&file));
     let op = DirOp::Create {
         name: name.to_string(),
         ino,
