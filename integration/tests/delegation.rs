@@ -211,3 +211,101 @@ fn a_mount_started_with_no_delegations_sends_each_create() {
     );
     drop(node);
 }
+
+#[test]
+fn attributes_set_through_a_file_being_created_go_with_its_close() {
+    // What tar x does per file: create, write, then set times, owner and
+    // mode through the open file, then close it.
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    let src = dir.path().join("src/d");
+    fs::create_dir_all(&src).unwrap();
+    let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    for i in 0..40usize {
+        let p = src.join(format!("f{i:03}"));
+        let f = File::create(&p).unwrap();
+        if i % 4 != 0 {
+            fs::write(&p, content(i)).unwrap();
+        }
+        f.set_modified(mtime).unwrap();
+        std::os::unix::fs::chown(&p, Some(1234), Some(567)).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o4750)).unwrap();
+    }
+    let archive = dir.path().join("a.tar");
+    let tar = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("tar")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tar: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    tar(&[
+        "cf".as_ref(),
+        archive.as_os_str(),
+        "-C".as_ref(),
+        src.parent().unwrap().as_os_str(),
+        "d".as_ref(),
+    ]);
+    let before = m.counter("curvine_client_calls_total", "call=\"SetAttrs\"");
+    tar(&[
+        "xf".as_ref(),
+        archive.as_os_str(),
+        "-C".as_ref(),
+        m.path("").as_os_str(),
+    ]);
+    // One change of attributes per file, sent with its commit (tar sets
+    // times, owner and mode of each; then the same of the directory).
+    let setattrs = m.counter("curvine_client_calls_total", "call=\"SetAttrs\"") - before;
+    assert!(
+        setattrs <= 43,
+        "{setattrs} attribute changes for 40 files and a directory"
+    );
+    // Another client sees every file whole, with its attributes.
+    let client = runtime().block_on(node.client());
+    runtime().block_on(async {
+        for i in 0..40usize {
+            let path = format!("/d/f{i:03}");
+            let a = client.stat(&path).await.unwrap();
+            assert_eq!(a.mode & 0o7777, 0o4750, "{path}");
+            assert_eq!((a.uid, a.gid), (1234, 567), "{path}");
+            assert_eq!(a.mtime_ns, 1_600_000_000 * 1_000_000_000, "{path}");
+            let mut r = FileReader::open(&client, &path).await.unwrap();
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).await.unwrap();
+            let want = if i % 4 != 0 { content(i) } else { Vec::new() };
+            assert_eq!(out, want, "{path}");
+        }
+    });
+
+    // Through the mount, held changes show before the close.
+    let p = m.path("d/new");
+    let mut f = File::create(&p).unwrap();
+    f.write_all(b"some bytes").unwrap();
+    f.set_modified(mtime).unwrap();
+    std::os::unix::fs::fchown(&f, Some(1234), Some(567)).unwrap();
+    f.set_permissions(fs::Permissions::from_mode(0o4750))
+        .unwrap();
+    let seen = fs::metadata(&p).unwrap();
+    assert_eq!(seen.mode() & 0o7777, 0o4750);
+    assert_eq!((seen.uid(), seen.gid()), (1234, 567));
+    assert_eq!(seen.mtime(), 1_600_000_000);
+    // Not a terminal, and no error logged for asking.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, [0u8; 64].as_mut_ptr()) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
+    drop(f);
+    let a = runtime().block_on(client.stat("/d/new")).unwrap();
+    assert_eq!((a.mode & 0o7777, a.uid, a.gid), (0o4750, 1234, 567));
+    assert_eq!(a.size, 10);
+    assert!(!m.log_text().contains("ioctl"), "{}", m.log_text());
+}

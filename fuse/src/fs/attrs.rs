@@ -69,6 +69,16 @@ impl Fs {
         self.delegations.give_back(ino).await;
         let attr = self.getattr(ino).await?;
         self.check_setattr(caller, &attr, &mut set)?;
+        if let Some(w) = self.writer(ino).filter(|w| w.fresh()) {
+            if set.size.is_none() && set != SetAttr::default() {
+                // A file this mount is creating: its creation becomes
+                // durable with its commit, and so do these.
+                match w.set_times(set.clone()).await {
+                    Err(e) if write::ended(&e) => {}
+                    done => return done,
+                }
+            }
+        }
         if let Some(w) = self.writer(ino).filter(|w| w.dirty()) {
             let times_only = SetAttr {
                 atime: None,

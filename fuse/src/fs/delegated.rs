@@ -6,10 +6,14 @@
 //! knows every name in it: it answers lookups of names it does not have
 //! (ENOENT) and creates itself, with inode numbers the grant set aside, and
 //! a sender task per directory sends the creates in batches, one batch at
-//! a time, whatever queued while the previous one was on its way. A file's
-//! writer waits for its create's batch before its first block, and its
-//! close (or fsync) before it commits, so a close that returns still means
-//! the file and its content are committed.
+//! a time, whatever queued while the previous one was on its way. A create
+//! waits in the queue until something needs it answered (its file's first
+//! write, its close or fsync, a rename, the directory's return) or for
+//! [`HOLD`] at most: a file closed before that goes as a complete, empty
+//! file in the same batch, with no commit of its own. A file's writer
+//! waits for its create's batch before its first block, and its close (or
+//! fsync) before it commits, so a close that returns still means the file
+//! and its content are committed.
 //!
 //! Invariants:
 //! - A name is answered absent, or created here, only while the lease
@@ -51,6 +55,8 @@ const MARGIN: Duration = Duration::from_millis(300);
 const PAUSE: Duration = Duration::from_secs(2);
 /// A directory with no create here for this long is given back.
 const IDLE: Duration = Duration::from_secs(3);
+/// A create nothing waits for is sent at most this long after it queued.
+const HOLD: Duration = Duration::from_millis(2);
 /// Creates sent in one batch at most.
 const BATCH_MAX: usize = 512;
 /// Inode numbers left that make the mount ask for more.
@@ -60,6 +66,8 @@ const LOW_INOS: u64 = 512;
 /// writing.
 pub(super) struct Created {
     pub(super) answer: watch::Receiver<Option<FsResult<DirOpReply>>>,
+    /// The directory's sender, hurried when the answer is awaited.
+    held: Arc<Dir>,
     /// The directory (FUSE inode) and the file's inode.
     pub(super) dir: u64,
     pub(super) ino: u64,
@@ -68,6 +76,7 @@ pub(super) struct Created {
 impl Created {
     /// The batch's answer for this file.
     pub(super) async fn answer(&self) -> FsResult<WriteOpen> {
+        self.held.hurry();
         let mut answer = self.answer.clone();
         let got = match answer.wait_for(|c| c.is_some()).await {
             Ok(c) => c.clone().unwrap_or_else(|| Err(FsError::Io(String::new()))),
@@ -111,6 +120,14 @@ struct Dir {
     wake: Notify,
 }
 
+impl Dir {
+    /// Makes the sender send what is queued now.
+    fn hurry(&self) {
+        self.state.lock().urgent = true;
+        self.wake.notify_one();
+    }
+}
+
 struct DirState {
     /// Every name in the directory, with what it is.
     names: HashMap<String, FileKind>,
@@ -124,6 +141,10 @@ struct DirState {
     /// Released (or lost): the tasks end.
     ended: bool,
     queue: Vec<(DirOp, watch::Sender<Option<FsResult<DirOpReply>>>)>,
+    /// When the oldest queued change queued.
+    queued_at: Option<Instant>,
+    /// Something waits for a queued change's answer: send now.
+    urgent: bool,
     in_flight: usize,
     spec: FileSpec,
     /// See `DirGrant::plain`.
@@ -138,6 +159,21 @@ impl DirState {
 
     fn inos_left(&self) -> u64 {
         self.inos.iter().map(|(n, e)| e - n).sum()
+    }
+
+    /// Queues a change for the sender.
+    fn push(&mut self, op: DirOp) -> watch::Receiver<Option<FsResult<DirOpReply>>> {
+        let (tx, rx) = watch::channel(None);
+        self.queue.push((op, tx));
+        self.queued_at.get_or_insert_with(Instant::now);
+        rx
+    }
+
+    /// When the queue is to be sent: now (`None`), or at the returned
+    /// instant unless hurried before.
+    fn send_at(&self) -> Option<Instant> {
+        let hold = !(self.urgent || self.stopping || self.ended || self.queue.len() >= BATCH_MAX);
+        self.queued_at.filter(|_| hold).map(|at| at + HOLD)
     }
 
     fn take_ino(&mut self) -> Option<u64> {
@@ -213,7 +249,7 @@ impl Delegations {
     ) -> Option<(Attr, Created)> {
         let held = self.held(dir)?;
         let now = Instant::now();
-        let (attr, rx, more) = {
+        let (attr, rx, more, first) = {
             let mut st = held.state.lock();
             if !st.answers(now) || st.names.contains_key(name) {
                 return None;
@@ -222,22 +258,27 @@ impl Delegations {
             st.names.insert(name.to_string(), FileKind::File);
             st.last_create = now;
             let (attr, op) = new_file(ino, held.cluster, name, mode, owner, &st.spec);
-            let (tx, rx) = watch::channel(None);
-            st.queue.push((op, tx));
+            let first = st.queue.is_empty();
+            let rx = st.push(op);
             let more = st.inos_left() < LOW_INOS && !st.asking_more;
             if more {
                 st.asking_more = true;
             }
-            (attr, rx, more)
+            (attr, rx, more, first)
         };
-        held.wake.notify_one();
+        if first {
+            // The sender starts the queue's hold.
+            held.wake.notify_one();
+        }
         if more {
             let me = self.clone();
             let path = dir_path().ok();
+            let held = held.clone();
             tokio::spawn(async move { me.more_inos(held, path).await });
         }
         let created = Created {
             answer: rx,
+            held,
             dir,
             ino: attr.ino,
         };
@@ -292,16 +333,13 @@ impl Delegations {
             }
             st.names.remove(from);
             st.names.insert(to.to_string(), FileKind::File);
-            let (tx, rx) = watch::channel(None);
-            let op = DirOp::Rename {
+            st.push(DirOp::Rename {
                 from: from.to_string(),
                 to: to.to_string(),
                 ino,
-            };
-            st.queue.push((op, tx));
-            rx
+            })
         };
-        held.wake.notify_one();
+        held.hurry();
         let got = match answer.wait_for(|c| c.is_some()).await {
             Ok(c) => c.clone().unwrap_or_else(|| Err(FsError::Io(String::new()))),
             Err(_) => Err(FsError::Io(
@@ -392,6 +430,8 @@ impl Delegations {
                 stopping: false,
                 ended: false,
                 queue: Vec::new(),
+                queued_at: None,
+                urgent: false,
                 in_flight: 0,
                 spec: grant.spec,
                 plain: grant.plain,
@@ -432,22 +472,39 @@ impl Delegations {
     /// Sends the directory's creates, a batch at a time, until it ends.
     async fn send_loop(self: Arc<Self>, held: Arc<Dir>) {
         loop {
-            let batch: Option<Vec<_>> = {
+            let batch: Result<Vec<_>, Option<Instant>> = {
                 let mut st = held.state.lock();
                 if st.queue.is_empty() {
                     if st.ended {
                         return;
                     }
-                    None
+                    Err(None)
+                } else if let Some(at) = st.send_at() {
+                    Err(Some(at))
                 } else {
                     let n = st.queue.len().min(BATCH_MAX);
                     st.in_flight += n;
-                    Some(st.queue.drain(..n).collect())
+                    let batch = st.queue.drain(..n).collect();
+                    if st.queue.is_empty() {
+                        st.queued_at = None;
+                        st.urgent = false;
+                    }
+                    Ok(batch)
                 }
             };
-            let Some(batch) = batch else {
-                held.wake.notified().await;
-                continue;
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(None) => {
+                    held.wake.notified().await;
+                    continue;
+                }
+                Err(Some(at)) => {
+                    tokio::select! {
+                        _ = held.wake.notified() => {}
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                    }
+                    continue;
+                }
             };
             let ops = batch.iter().map(|(op, _)| op.clone()).collect();
             let result = self

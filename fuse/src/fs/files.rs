@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use fuser::{
     Errno, FileHandle, FopenFlags, INodeNo, OpenAccMode, OpenFlags, ReplyData, ReplyEmpty,
-    ReplyLseek, ReplyOpen, ReplyWrite, Request,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyWrite, Request,
 };
 
 use curvine_client::io::FileReader;
@@ -345,6 +345,12 @@ pub(super) fn release(cfs: &CurvineFs, ino: INodeNo, fh: FileHandle, reply: Repl
 
 pub(super) fn fallocate(reply: ReplyEmpty) {
     reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+}
+
+/// No ioctl is a file system's own here: ENOTTY, as for a plain file
+/// (Python asks `isatty` of every file it opens).
+pub(super) fn ioctl(reply: ReplyIoctl) {
+    reply.error(Errno::from_i32(libc::ENOTTY));
 }
 
 pub(super) fn lseek(reply: ReplyLseek) {

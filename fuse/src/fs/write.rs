@@ -27,7 +27,7 @@ use fuser::{ReplyData, ReplyWrite};
 use tokio::sync::{mpsc, oneshot};
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
-use curvine_messages::{Attr, FsError, FsResult, SetAttr};
+use curvine_messages::{Attr, FsError, FsResult, SetAttr, TimeSet};
 
 use super::replies::{errno, io_error};
 use super::Fs;
@@ -58,9 +58,10 @@ pub enum WriteOp {
         size: u64,
         done: oneshot::Sender<FsResult<Attr>>,
     },
-    /// New times for the file, set once the writes before them are
-    /// committed (the kernel's writeback cache sends its mtime while its
-    /// writes are still arriving).
+    /// New attributes for the file (no size), set with the commit of the
+    /// writes before them: times from the kernel's writeback cache, which
+    /// sends its mtime while the writes are still arriving; mode, owner
+    /// and times of a file this open created (see [`Flags::fresh`]).
     SetTimes {
         set: SetAttr,
         done: oneshot::Sender<FsResult<Attr>>,
@@ -84,6 +85,14 @@ pub struct Flags {
     /// Size and mtime of the file as written here (valid while dirty).
     size: AtomicU64,
     mtime_ns: AtomicI64,
+    /// The file was created by the open that started this writer and has
+    /// not been committed since: its creation is not durable yet, so
+    /// changes of its attributes go with its commit (tar and cp -a set
+    /// owner, mode and times through the open file, then close it).
+    fresh: AtomicBool,
+    /// Attributes set here and held for the commit (see `SetTimes`), and
+    /// when they were last changed (the file's ctime as the mount shows it).
+    held: parking_lot::Mutex<Option<(SetAttr, i64)>>,
     /// Handles of this mount that hold the file open for writing.
     pub handles: AtomicU32,
 }
@@ -103,12 +112,22 @@ impl Writer {
         self.flags.pending.load(Ordering::SeqCst) > 0 || self.flags.unsettled.load(Ordering::SeqCst)
     }
 
-    /// Size and mtime of the file with the uncommitted writes.
+    /// Whether attribute changes of the file wait for its commit (see
+    /// [`Flags::fresh`]).
+    pub fn fresh(&self) -> bool {
+        self.flags.fresh.load(Ordering::SeqCst)
+    }
+
+    /// Size and mtime of the file with the uncommitted writes, and the
+    /// attributes held for the commit.
     pub fn overlay(&self, attr: &mut Attr) {
         if self.dirty() {
             attr.size = self.flags.size.load(Ordering::SeqCst);
             attr.mtime_ns = self.flags.mtime_ns.load(Ordering::SeqCst);
             attr.ctime_ns = attr.ctime_ns.max(attr.mtime_ns);
+        }
+        if let Some((held, ctime_ns)) = self.flags.held.lock().as_ref() {
+            apply_held(attr, held, *ctime_ns);
         }
     }
 
@@ -183,7 +202,7 @@ impl Writer {
         self.ask(|done| WriteOp::Truncate { size, done }).await
     }
 
-    /// Sets times (only atime and mtime) after the queued writes.
+    /// Sets attributes (no size) with the commit of the queued writes.
     pub async fn set_times(&self, set: SetAttr) -> FsResult<Attr> {
         self.ask(|done| WriteOp::SetTimes { set, done }).await
     }
@@ -217,6 +236,8 @@ pub fn start(fs: Arc<Fs>, ino: u64, owner: (u32, u32), opened: Opened, size: u64
         unsettled: AtomicBool::new(false),
         size: AtomicU64::new(size),
         mtime_ns: AtomicI64::new(curvine_messages::now_ns()),
+        fresh: AtomicBool::new(!matches!(opened, Opened::No)),
+        held: parking_lot::Mutex::new(None),
         handles: AtomicU32::new(1),
     });
     let task = Task {
@@ -655,6 +676,7 @@ impl Task {
     }
 
     async fn commit_state(&mut self) -> FsResult<()> {
+        self.shared.fresh.store(false, Ordering::SeqCst);
         if let State::Pending(created) = &self.state {
             // Nothing written yet (a write would have settled it): the
             // file may go as a complete, empty one with its create.
@@ -685,7 +707,12 @@ impl Task {
         }
         let state = std::mem::replace(&mut self.state, State::Idle);
         let attr = match state {
-            State::Idle | State::Pending(_) => return Ok(()),
+            State::Idle | State::Pending(_) => {
+                // Attributes held across a failed commit go with it.
+                self.times = None;
+                *self.shared.held.lock() = None;
+                return Ok(());
+            }
             State::Stream(w) => w.close().await,
             State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
         };
@@ -694,6 +721,8 @@ impl Task {
             (Ok(_), Some(set)) => self.send_times(set).await,
             (attr, _) => attr,
         };
+        *self.shared.held.lock() = None;
+
         self.fs.committed(self.ino, attr.as_ref().ok().cloned());
         attr.map(|_| ())
     }
@@ -709,25 +738,41 @@ impl Task {
             .await
     }
 
-    /// Times set while writes are pending go with their commit; with none
-    /// pending, at once.
+    /// Attributes set while writes are pending go with their commit; with
+    /// none pending, at once. A later change of one attribute replaces an
+    /// earlier one (the mount computed each whole, set-ID bits included).
     async fn set_times(&mut self, set: SetAttr) -> FsResult<Attr> {
         if matches!(self.state, State::Idle) {
             let attr = self.send_times(set).await?;
             self.fs.committed(self.ino, Some(attr.clone()));
             return Ok(attr);
         }
+        let now = |t: Option<TimeSet>| match t {
+            Some(TimeSet::Now) => Some(TimeSet::Ns(curvine_messages::now_ns())),
+            t => t,
+        };
+        let (atime, mtime) = (now(set.atime), now(set.mtime));
         let merged = match self.times.take() {
             Some(old) => SetAttr {
-                atime: set.atime.or(old.atime),
-                mtime: set.mtime.or(old.mtime),
-                ..old
+                mode: set.mode.or(old.mode),
+                uid: set.uid.or(old.uid),
+                gid: set.gid.or(old.gid),
+                size: None,
+                atime: atime.or(old.atime),
+                mtime: mtime.or(old.mtime),
             },
-            None => set,
+            None => SetAttr {
+                size: None,
+                atime,
+                mtime,
+                ..set
+            },
         };
-        if let Some(curvine_messages::TimeSet::Ns(ns)) = merged.mtime {
+        if let Some(TimeSet::Ns(ns)) = merged.mtime {
             self.shared.mtime_ns.store(ns, Ordering::SeqCst);
         }
+        let ctime_ns = curvine_messages::now_ns();
+        *self.shared.held.lock() = Some((merged.clone(), ctime_ns));
         self.times = Some(merged);
         let mut attr = self
             .fs
@@ -736,6 +781,9 @@ impl Task {
             .ok_or_else(|| FsError::Stale(format!("inode {} is gone", self.ino)))?;
         attr.size = self.size();
         attr.mtime_ns = self.shared.mtime_ns.load(Ordering::SeqCst);
+        if let Some(held) = self.times.as_ref() {
+            apply_held(&mut attr, held, ctime_ns);
+        }
         Ok(attr)
     }
 
@@ -898,6 +946,26 @@ fn add_extent(extents: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
         extents.remove(&s);
     }
     extents.insert(start, end);
+}
+
+/// Attributes held for a commit, over the file's attributes.
+fn apply_held(attr: &mut Attr, held: &SetAttr, ctime_ns: i64) {
+    attr.ctime_ns = attr.ctime_ns.max(ctime_ns);
+    if let Some(mode) = held.mode {
+        attr.mode = mode & 0o7777;
+    }
+    if let Some(uid) = held.uid {
+        attr.uid = uid;
+    }
+    if let Some(gid) = held.gid {
+        attr.gid = gid;
+    }
+    if let Some(TimeSet::Ns(ns)) = held.atime {
+        attr.atime_ns = ns;
+    }
+    if let Some(TimeSet::Ns(ns)) = held.mtime {
+        attr.mtime_ns = ns;
+    }
 }
 
 #[cfg(test)]
