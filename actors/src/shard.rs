@@ -464,9 +464,17 @@ impl ShardState {
                 size,
                 blocks,
                 ufs,
+                set,
                 reply,
             } => self.write(reply, move |s, t| {
-                s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())
+                let attr = s.complete_file_with(t, ino, handle, size, &blocks, ufs.clone())?;
+                match &set {
+                    Some(set) if set.size.is_none() => s.setattr(t, ino, set),
+                    Some(_) => Err(curvine_messages::FsError::InvalidArgument(
+                        "a file's close cannot also change its size".into(),
+                    )),
+                    None => Ok(attr),
+                }
             }),
             ShardMsg::FileBlocks { ino, reply } => {
                 self.read(reply, move |s, t| s.file_with_blocks(t, ino))

@@ -304,3 +304,56 @@ async fn a_holder_that_stops_renewing_loses_the_directory() {
     let listing = ns.list("/e", None, 100).await.unwrap();
     assert_eq!(names(&listing), vec!["x"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_file_closes_with_the_attributes_set_through_it() {
+    // What the mount sends for a file tar made: its close carries the
+    // mode, owner and times set while it was written, in one commit.
+    let tmp = tempfile::tempdir().unwrap();
+    let (ns, _) = start(tmp.path()).await;
+    let d = ns.mkdir("/t", false, 0o755, 0, 0).await.unwrap();
+    let grant = ns.delegate(d.ino, 1, 8).await.unwrap();
+    let ino = grant.first_ino;
+    ns.dir_ops(
+        d.ino,
+        1,
+        vec![create("f", ino, 21), create("g", ino + 1, 22)],
+    )
+    .await
+    .unwrap();
+    let set = curvine_messages::SetAttr {
+        mode: Some(0o4750),
+        uid: Some(1234),
+        gid: Some(567),
+        size: None,
+        atime: None,
+        mtime: Some(curvine_messages::TimeSet::Ns(1_600_000_000_000_000_000)),
+    };
+    let attr = ns
+        .complete_file(ino, 21, 0, Vec::new(), Some(set.clone()))
+        .await
+        .unwrap();
+    assert_eq!((attr.mode, attr.uid, attr.gid), (0o4750, 1234, 567));
+    assert_eq!(attr.mtime_ns, 1_600_000_000_000_000_000);
+    assert!(attr.writing.is_none());
+    let seen = ns.stat("/t/f", false).await.unwrap();
+    assert_eq!(
+        (seen.mode, seen.uid, seen.mtime_ns),
+        (0o4750, 1234, attr.mtime_ns)
+    );
+    // A close cannot change the size besides: nothing of it applies.
+    let with_size = curvine_messages::SetAttr {
+        size: Some(5),
+        ..set
+    };
+    match ns
+        .complete_file(ino + 1, 22, 0, Vec::new(), Some(with_size))
+        .await
+    {
+        Err(FsError::InvalidArgument(_)) => {}
+        other => panic!("a close changing the size gave {other:?}"),
+    }
+    let g = ns.stat("/t/g", false).await.unwrap();
+    assert_eq!((g.mode, g.uid), (0o644, 7));
+    assert!(g.writing.is_some(), "the refused close released the lease");
+}

@@ -234,6 +234,9 @@ pub struct CompleteFile {
     pub handle: u64,
     pub size: u64,
     pub blocks: Vec<BlockInfo>,
+    /// Attributes (no size) set in the same commit, after the close: what
+    /// the writer's client set through the file while writing it.
+    pub set: Option<SetAttr>,
 }
 
 /// Open a file for reading: its blocks with tokens and the nodes holding them.

@@ -439,8 +439,9 @@ shard_messages! {
             AddBlock { ino: Ino, handle: u64, index: u32 } -> BlockId;
             /// Close a file after writing: `blocks` replace the blocks at their
             /// indexes, `size` becomes the file's size (blocks past it are dropped),
-            /// allocated blocks not listed are freed, and the lease is released.
-            CompleteFile { ino: Ino, handle: u64, size: u64, blocks: Vec<BlockInfo>, ufs: Option<UfsState> } -> Attr;
+            /// allocated blocks not listed are freed, and the lease is released;
+            /// then `set` applies (no size), in the same commit.
+            CompleteFile { ino: Ino, handle: u64, size: u64, blocks: Vec<BlockInfo>, ufs: Option<UfsState>, set: Option<SetAttr> } -> Attr;
             /// Attributes and committed blocks of a file owned here.
             FileBlocks { ino: Ino } -> (Attr, Vec<BlockInfo>);
             /// What each of these block ids (allocated by this shard) is used for.

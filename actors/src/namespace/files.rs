@@ -9,7 +9,7 @@ use curvine_messages::path::check_name;
 use curvine_messages::rpc::OpenFile;
 use curvine_messages::shard::{NewFile, OpenForWrite, ShardMsg};
 use curvine_messages::{
-    now_ns, shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, ShardId,
+    now_ns, shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, SetAttr, ShardId,
 };
 
 use super::{Namespace, Opened};
@@ -162,8 +162,9 @@ impl Namespace {
         handle: u64,
         size: u64,
         blocks: Vec<BlockInfo>,
+        set: Option<SetAttr>,
     ) -> FsResult<Attr> {
-        self.complete_file_ufs(ino, handle, size, blocks, None)
+        self.complete_file_ufs(ino, handle, size, blocks, None, set)
             .await
     }
 
@@ -176,6 +177,7 @@ impl Namespace {
         size: u64,
         blocks: Vec<BlockInfo>,
         ufs: Option<curvine_messages::mount::UfsState>,
+        set: Option<SetAttr>,
     ) -> FsResult<Attr> {
         self.call(shard_of(ino), move |reply| ShardMsg::CompleteFile {
             ino,
@@ -183,6 +185,7 @@ impl Namespace {
             size,
             blocks: blocks.clone(),
             ufs: ufs.clone(),
+            set: set.clone(),
             reply,
         })
         .await

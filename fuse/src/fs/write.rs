@@ -706,18 +706,19 @@ impl Task {
             return Err(e);
         }
         let state = std::mem::replace(&mut self.state, State::Idle);
+        let mut held = self.times.take();
         let attr = match state {
             State::Idle | State::Pending(_) => {
                 // Attributes held across a failed commit go with it.
-                self.times = None;
                 *self.shared.held.lock() = None;
                 return Ok(());
             }
-            State::Stream(w) => w.close().await,
+            // The held attributes go in the close's own commit.
+            State::Stream(w) => w.close_with(held.take()).await,
             State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
         };
         self.shared.unsettled.store(false, Ordering::SeqCst);
-        let attr = match (attr, self.times.take()) {
+        let attr = match (attr, held) {
             (Ok(_), Some(set)) => self.send_times(set).await,
             (attr, _) => attr,
         };

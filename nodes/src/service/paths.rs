@@ -372,14 +372,16 @@ impl Paths {
             _ => None,
         };
         let Some((m, rel)) = mount else {
-            return ns.complete_file(r.ino, r.handle, r.size, r.blocks).await;
+            return ns
+                .complete_file(r.ino, r.handle, r.size, r.blocks, r.set)
+                .await;
         };
         if m.write_type == WriteType::FsMode {
             // Waiting to be persisted, recorded with the close itself: a
             // crash right after still leaves the file to persist.
             let state = UfsState::pending(m.id, now_ns());
             let attr = ns
-                .complete_file_ufs(r.ino, r.handle, r.size, r.blocks, Some(state))
+                .complete_file_ufs(r.ino, r.handle, r.size, r.blocks, Some(state), r.set)
                 .await?;
             self.journal
                 .append(
@@ -410,7 +412,7 @@ impl Paths {
             Err(e) => {
                 // Give the lease back; the file keeps its old content.
                 let _ = ns
-                    .complete_file(r.ino, r.handle, current.size, Vec::new())
+                    .complete_file(r.ino, r.handle, current.size, Vec::new(), None)
                     .await;
                 return Err(e.with_detail(format!(
                     "writing {} to {} (the file keeps its previous content)",
@@ -425,6 +427,7 @@ impl Paths {
             r.size,
             r.blocks,
             Some(synced_state(&m, &obj)),
+            r.set,
         )
         .await
     }

@@ -14,7 +14,7 @@ use curvine_messages::block::{
     FIRST_RESERVATION, MAX_CHUNK,
 };
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
-use curvine_messages::{Attr, FsError, FsResult};
+use curvine_messages::{Attr, FsError, FsResult, SetAttr};
 use curvine_wire::data::{io_err, remote_block, BlockSource, DataConn};
 
 use super::local::{read_once, yield_sometimes};
@@ -548,13 +548,20 @@ impl FileWriter {
                 handle: self.handle,
                 size,
                 blocks: Vec::new(),
+                set: None,
             })
             .await
     }
 
     /// Commits every block and makes the new content visible. Returns the
     /// file's attributes after the close.
-    pub async fn close(mut self) -> FsResult<Attr> {
+    pub async fn close(self) -> FsResult<Attr> {
+        self.close_with(None).await
+    }
+
+    /// [`Self::close`] that also sets attributes (no size) in the same
+    /// commit: the mode, owner or times a caller set while writing.
+    pub async fn close_with(mut self, set: Option<SetAttr>) -> FsResult<Attr> {
         if self.failed {
             return Err(FsError::Io(
                 "an earlier write of this file failed; its previous content is unchanged".into(),
@@ -584,6 +591,7 @@ impl FileWriter {
                 handle: self.handle,
                 size: self.size,
                 blocks: blocks.into_values().collect(),
+                set,
             })
             .await
     }
