@@ -6,11 +6,14 @@
 //! knows every name in it: it answers lookups of names it does not have
 //! (ENOENT) and creates itself, with inode numbers the grant set aside, and
 //! a sender task per directory sends the creates in batches, one batch at
-//! a time, whatever queued while the previous one was on its way. A create
-//! waits in the queue until something needs it answered (its file's first
-//! write, its close or fsync, a rename, the directory's return) or for
-//! [`HOLD`] at most: a file closed before that goes as a complete, empty
-//! file in the same batch, with no commit of its own. A file's writer
+//! a time, whatever queued while the previous one was on its way. Where
+//! files are closed empty (the last file closed in the directory was), a
+//! create waits in the queue until something needs it answered (its
+//! file's first write, its close or fsync, a rename, the directory's
+//! return) or for [`HOLD`] at most: a file closed before that goes as a
+//! complete, empty file in the same batch, with no commit of its own.
+//! Where files get written, creates go at once: their answer comes back
+//! while the application prepares its first write. A file's writer
 //! waits for its create's batch before its first block, and its close (or
 //! fsync) before it commits, so a close that returns still means the file
 //! and its content are committed.
@@ -74,6 +77,11 @@ pub(super) struct Created {
 }
 
 impl Created {
+    /// The file is being written: creates in its directory go at once.
+    pub(super) fn writing(&self) {
+        self.held.state.lock().hold = false;
+    }
+
     /// The batch's answer for this file.
     pub(super) async fn answer(&self) -> FsResult<WriteOpen> {
         self.held.hurry();
@@ -123,8 +131,12 @@ struct Dir {
 impl Dir {
     /// Makes the sender send what is queued now.
     fn hurry(&self) {
-        self.state.lock().urgent = true;
-        self.wake.notify_one();
+        let mut st = self.state.lock();
+        // Nothing queued: what is awaited is on its way already.
+        if !st.queue.is_empty() {
+            st.urgent = true;
+            self.wake.notify_one();
+        }
     }
 }
 
@@ -145,6 +157,9 @@ struct DirState {
     queued_at: Option<Instant>,
     /// Something waits for a queued change's answer: send now.
     urgent: bool,
+    /// Creates wait for a need (or [`HOLD`]): the last file closed here
+    /// was empty; a file's first write sets it back.
+    hold: bool,
     in_flight: usize,
     spec: FileSpec,
     /// See `DirGrant::plain`.
@@ -172,7 +187,8 @@ impl DirState {
     /// When the queue is to be sent: now (`None`), or at the returned
     /// instant unless hurried before.
     fn send_at(&self) -> Option<Instant> {
-        let hold = !(self.urgent || self.stopping || self.ended || self.queue.len() >= BATCH_MAX);
+        let hold = self.hold
+            && !(self.urgent || self.stopping || self.ended || self.queue.len() >= BATCH_MAX);
         self.queued_at.filter(|_| hold).map(|at| at + HOLD)
     }
 
@@ -297,6 +313,7 @@ impl Delegations {
         if !st.plain {
             return false;
         }
+        st.hold = true;
         for (op, _) in st.queue.iter_mut() {
             match op {
                 DirOp::Create { ino, complete, .. } if *ino == created.ino => {
@@ -432,6 +449,7 @@ impl Delegations {
                 queue: Vec::new(),
                 queued_at: None,
                 urgent: false,
+                hold: false,
                 in_flight: 0,
                 spec: grant.spec,
                 plain: grant.plain,

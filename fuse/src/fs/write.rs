@@ -552,6 +552,9 @@ impl Task {
     }
 
     async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
+        if let State::Pending(created) = &self.state {
+            created.writing();
+        }
         self.settle().await?;
         let end = off + data.len() as u64;
         if self.hold(off, data) {
