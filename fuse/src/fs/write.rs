@@ -726,7 +726,6 @@ impl Task {
             (attr, _) => attr,
         };
         *self.shared.held.lock() = None;
-
         self.fs.committed(self.ino, attr.as_ref().ok().cloned());
         attr.map(|_| ())
     }
