@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block::{TierKind, WriteLease};
 use crate::mount::UfsState;
-use crate::types::{FileKind, Ino};
+use crate::types::{FileKind, Ino, SetAttr, TimeSet};
 
 /// Attributes of an inode, as `stat` reports them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +37,32 @@ pub struct Attr {
     pub writing: Option<WriteLease>,
     /// Set on inodes under a UFS mount: what they mirror of the UFS.
     pub ufs: Option<UfsState>,
+}
+
+impl Attr {
+    /// Applies the mode, owner and times `set` changes (not its size);
+    /// a time set to `Now` becomes `now_ns`.
+    pub fn apply(&mut self, set: &SetAttr, now_ns: i64) {
+        if let Some(mode) = set.mode {
+            self.mode = mode & 0o7777;
+        }
+        if let Some(uid) = set.uid {
+            self.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            self.gid = gid;
+        }
+        let time = |t: TimeSet| match t {
+            TimeSet::Now => now_ns,
+            TimeSet::Ns(ns) => ns,
+        };
+        if let Some(t) = set.atime {
+            self.atime_ns = time(t);
+        }
+        if let Some(t) = set.mtime {
+            self.mtime_ns = time(t);
+        }
+    }
 }
 
 /// The inode record as release 2 stored it (before UFS mounts).

@@ -13,7 +13,7 @@ use curvine_messages::shard::{
     DentryValue, Intent, IntentOp, NewFile, RenameOutcome, UnlinkOutcome,
 };
 use curvine_messages::{
-    now_ns, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, SetAttr, TimeSet,
+    now_ns, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, SetAttr,
 };
 
 use super::keys::{delete_id_prefix, key_ino, key_name};
@@ -350,25 +350,7 @@ impl ShardStore {
             attr.size = size;
             attr.mtime_ns = now;
         }
-        if let Some(mode) = set.mode {
-            attr.mode = mode & 0o7777;
-        }
-        if let Some(uid) = set.uid {
-            attr.uid = uid;
-        }
-        if let Some(gid) = set.gid {
-            attr.gid = gid;
-        }
-        let time = |t: TimeSet| match t {
-            TimeSet::Now => now,
-            TimeSet::Ns(ns) => ns,
-        };
-        if let Some(t) = set.atime {
-            attr.atime_ns = time(t);
-        }
-        if let Some(t) = set.mtime {
-            attr.mtime_ns = time(t);
-        }
+        attr.apply(set, now);
         attr.ctime_ns = now;
         self.put_inode(wtxn, &attr)?;
         Ok(attr)

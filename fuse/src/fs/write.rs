@@ -952,23 +952,10 @@ fn add_extent(extents: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
 }
 
 /// Attributes held for a commit, over the file's attributes.
+/// (Held times are never `Now`: the hold made them instants.)
 fn apply_held(attr: &mut Attr, held: &SetAttr, ctime_ns: i64) {
     attr.ctime_ns = attr.ctime_ns.max(ctime_ns);
-    if let Some(mode) = held.mode {
-        attr.mode = mode & 0o7777;
-    }
-    if let Some(uid) = held.uid {
-        attr.uid = uid;
-    }
-    if let Some(gid) = held.gid {
-        attr.gid = gid;
-    }
-    if let Some(TimeSet::Ns(ns)) = held.atime {
-        attr.atime_ns = ns;
-    }
-    if let Some(TimeSet::Ns(ns)) = held.mtime {
-        attr.mtime_ns = ns;
-    }
+    attr.apply(held, ctime_ns);
 }
 
 #[cfg(test)]
