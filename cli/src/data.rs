@@ -518,7 +518,8 @@ async fn copy_out(
     out.flush().map_err(CopyError::Local)
 }
 
-/// Bytes and files under a path (files count their size; symlinks nothing).
+/// Bytes and files under a path (files count their size; symlinks and
+/// special files nothing).
 async fn bytes_under(client: &Client, path: &str) -> Result<(u64, u64), FsError> {
     let attr = client.stat(path).await?;
     if attr.kind != FileKind::Dir {
@@ -541,7 +542,7 @@ async fn bytes_under(client: &Client, path: &str) -> Result<(u64, u64), FsError>
                     total.0 += e.attr.size;
                     total.1 += 1;
                 }
-                FileKind::Symlink => total.1 += 1,
+                _ => total.1 += 1,
             }
         }
     }

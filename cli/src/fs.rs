@@ -88,6 +88,9 @@ async fn stat(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
                     .unwrap_or_default()
             );
             println!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
+            if let Some(dev) = crate::output::device_numbers(&attr) {
+                println!("Device: {dev}");
+            }
             if attr.kind == FileKind::File && attr.block_size > 0 {
                 println!(
                     "Block size: {}  Replicas: {}{}",

@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use curvine_messages::rpc::ListEntry;
-use curvine_messages::Attr;
+use curvine_messages::{Attr, FileKind};
 
 pub fn print_json<T: serde::Serialize>(value: &T) {
     println!(
@@ -73,6 +73,7 @@ pub fn attr_json(attr: &Attr) -> serde_json::Value {
         "storage": attr.storage.map(|t| t.name()),
         "writing": attr.writing.as_ref().map(|l| l.client.clone()),
         "ufs": attr.ufs.as_ref().map(ufs_json),
+        "device": device_numbers(attr),
     })
 }
 
@@ -98,6 +99,22 @@ fn ufs_json(u: &curvine_messages::mount::UfsState) -> serde_json::Value {
     })
 }
 
+/// A device node's major and minor numbers, `MAJOR,MINOR` as `ls -l`
+/// shows them (the kernel's encoding of a 32-bit `dev_t`); `None` for
+/// other kinds.
+pub fn device_numbers(attr: &Attr) -> Option<String> {
+    if !matches!(
+        attr.kind,
+        FileKind::CharDevice(_) | FileKind::BlockDevice(_)
+    ) {
+        return None;
+    }
+    let dev = attr.kind.rdev();
+    let major = (dev >> 8) & 0xfff;
+    let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
+    Some(format!("{major},{minor}"))
+}
+
 fn long_line(name: &str, attr: &Attr) -> String {
     let mut line = format!(
         "{} {:>3} {:>5} {:>5} {:>12} {} {}",
@@ -105,7 +122,7 @@ fn long_line(name: &str, attr: &Attr) -> String {
         attr.nlink,
         attr.uid,
         attr.gid,
-        attr.size,
+        device_numbers(attr).unwrap_or_else(|| attr.size.to_string()),
         format_time(attr.mtime_ns),
         name
     );

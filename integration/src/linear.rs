@@ -75,7 +75,7 @@ fn state_key(model: &Model) -> StateKey {
     model
         .entries
         .iter()
-        .map(|(k, v)| (k.clone(), *v as u8))
+        .map(|(k, v)| (k.clone(), v.letter() as u8))
         .collect()
 }
 

@@ -63,9 +63,9 @@ impl Model {
         for a in ancestors.into_iter().rev() {
             match self.kind(a) {
                 Some(FileKind::Dir) => {}
-                Some(FileKind::File) => return Err("not_a_directory"),
                 // The symlink target never exists.
                 Some(FileKind::Symlink) | None => return Err("not_found"),
+                Some(_) => return Err("not_a_directory"),
             }
         }
         Ok(())

@@ -208,6 +208,18 @@ fn cache_mode_writes_deletes_and_renames_reach_the_ufs() {
     let out = node.cli(&["fs", "mkdir", "/w/preexisting"]);
     assert!(!out.status.success(), "mkdir over an object must fail");
     assert_eq!(node.cli_ok(&["fs", "cat", "/w/preexisting"]), "old");
+    // The UFS cannot hold a FIFO: a clear error naming the mount.
+    let err = runtime().block_on(async {
+        let client = node.client().await;
+        client
+            .mknod("/w/pipe", curvine_messages::FileKind::Fifo, 0o644)
+            .await
+            .unwrap_err()
+    });
+    assert!(
+        matches!(err, FsError::NotSupported(ref m) if m.contains("mount /w")),
+        "{err}"
+    );
     // Mount points are not renamed or removed while mounted.
     let out = node.cli(&["fs", "rm", "-r", "/w"]);
     assert!(

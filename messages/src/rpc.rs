@@ -113,6 +113,16 @@ pub struct Symlink {
     pub gid: u32,
 }
 
+/// Make a FIFO, socket or device node (`kind`) at `path`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mknod {
+    pub path: String,
+    pub kind: crate::types::FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// The target of a symlink.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Readlink {
@@ -492,6 +502,7 @@ calls! {
     List => Listing, Listing;
     Touch => Attr, Attr;
     Symlink => Attr, Attr;
+    Mknod => Attr, Attr;
     Readlink => String, Target;
     Rename => (), Done;
     Remove => RemoveSummary, Removed;

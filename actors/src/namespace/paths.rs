@@ -206,6 +206,33 @@ impl Namespace {
         self.create_at(parent.ino, &name, attrs).await
     }
 
+    /// Makes a FIFO, socket or device node at `path`.
+    pub async fn mknod(
+        &self,
+        path: &str,
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        if !kind.is_special() {
+            return Err(FsError::InvalidArgument(format!(
+                "mknod makes FIFOs, sockets and device nodes, not a {}",
+                kind.name()
+            )));
+        }
+        let (parent, name) = self.resolve_parent(path).await?;
+        let attrs = NewInode {
+            kind,
+            mode,
+            uid,
+            gid,
+            symlink: None,
+            now_ns: now_ns(),
+        };
+        self.create_at(parent.ino, &name, attrs).await
+    }
+
     pub async fn readlink(&self, path: &str) -> FsResult<String> {
         let attr = self.stat(path, false).await?;
         attr.symlink

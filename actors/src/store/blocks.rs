@@ -39,8 +39,11 @@ impl ShardStore {
         match attr.kind {
             FileKind::File => {}
             FileKind::Dir => return Err(FsError::IsADirectory(String::new())),
-            FileKind::Symlink => {
-                return Err(FsError::InvalidArgument("a symlink has no data".into()))
+            other => {
+                return Err(FsError::InvalidArgument(format!(
+                    "a {} has no data",
+                    other.name()
+                )))
             }
         }
         let blocks = self.file_blocks(txn, ino)?;

@@ -339,10 +339,13 @@ impl ShardStore {
         if let Some(size) = set.size {
             match attr.kind {
                 FileKind::Dir => return Err(FsError::IsADirectory(String::new())),
-                FileKind::Symlink => {
-                    return Err(FsError::InvalidArgument("cannot truncate a symlink".into()))
-                }
                 FileKind::File => {}
+                other => {
+                    return Err(FsError::InvalidArgument(format!(
+                        "cannot truncate a {}",
+                        other.name()
+                    )))
+                }
             }
             if size < attr.size {
                 self.truncate_blocks(wtxn, &attr, size)?;

@@ -8,7 +8,7 @@ use fuser::{
 };
 
 use curvine_messages::rpc::{self, ListEntry};
-use curvine_messages::{FileKind, FsResult};
+use curvine_messages::FsResult;
 
 use crate::inodes::{HIDDEN_PREFIX, ROOT};
 
@@ -108,11 +108,7 @@ pub(super) fn readdir(
                         continue;
                     }
                     Some(e) => {
-                        let kind = match e.attr.kind {
-                            FileKind::File => FileType::RegularFile,
-                            FileKind::Dir => FileType::Directory,
-                            FileKind::Symlink => FileType::Symlink,
-                        };
+                        let kind = super::replies::file_type(e.attr.kind);
                         (fs.inodes.fuse_ino(e.attr.ino), kind, e.name)
                     }
                 },

@@ -1,6 +1,6 @@
-//! Callbacks that make entries: mknod, mkdir, symlink and create share one
-//! helper (name checks, owner and mode, the call, the answer); link, which
-//! the namespace cannot do.
+//! Callbacks that make entries: mknod (files, FIFOs, sockets, device
+//! nodes), mkdir, symlink and create share one helper (name checks, owner
+//! and mode, the call, the answer); link, which the namespace cannot do.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -53,6 +53,8 @@ enum NewKind<T> {
     File,
     Dir,
     Symlink(T),
+    /// A FIFO, socket or device node.
+    Special(FileKind),
 }
 
 /// An entry about to be made: its checked name, what it is, and its path,
@@ -89,6 +91,7 @@ impl CurvineFs {
             let kind = match kind {
                 NewKind::File => NewKind::File,
                 NewKind::Dir => NewKind::Dir,
+                NewKind::Special(kind) => NewKind::Special(kind),
                 NewKind::Symlink(target) => {
                     NewKind::Symlink(try_reply!(reply, name_str(&target)).to_string())
                 }
@@ -152,6 +155,16 @@ impl CurvineFs {
                         gid: new.gid,
                     };
                     fs.client.call(symlink).await
+                }
+                NewKind::Special(kind) => {
+                    let mknod = rpc::Mknod {
+                        path: new.path,
+                        kind,
+                        mode: new.mode,
+                        uid: new.uid,
+                        gid: new.gid,
+                    };
+                    fs.client.call(mknod).await
                 }
             };
             let attr = try_reply!(reply, made);
@@ -319,12 +332,16 @@ impl Fs {
     }
 }
 
-pub(super) fn mknod(cfs: &CurvineFs, new: NewRequest, reply: ReplyEntry) {
-    if new.mode & libc::S_IFMT != libc::S_IFREG {
-        reply.error(Errno::from_i32(libc::ENOTSUP));
-        return;
-    }
-    cfs.make_entry("mknod", new, NewKind::File, reply);
+pub(super) fn mknod(cfs: &CurvineFs, new: NewRequest, rdev: u32, reply: ReplyEntry) {
+    let kind = match FileKind::from_mode(new.mode, rdev) {
+        Some(FileKind::File) => NewKind::File,
+        Some(kind) => NewKind::Special(kind),
+        None => {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
+    };
+    cfs.make_entry("mknod", new, kind, reply);
 }
 
 pub(super) fn mkdir(cfs: &CurvineFs, new: NewRequest, reply: ReplyEntry) {

@@ -232,10 +232,15 @@ impl Filesystem for CurvineFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        entries::mknod(self, NewRequest::of(req, parent, name, mode, umask), reply)
+        entries::mknod(
+            self,
+            NewRequest::of(req, parent, name, mode, umask),
+            rdev,
+            reply,
+        )
     }
 
     fn mkdir(

@@ -86,17 +86,27 @@ impl ErrorReply for ReplyCreate {
     }
 }
 
+/// The type the kernel is told an inode of `kind` has.
+pub(super) fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice(_) => FileType::CharDevice,
+        FileKind::BlockDevice(_) => FileType::BlockDevice,
+    }
+}
+
 impl Fs {
     pub(super) fn file_attr(&self, ino: u64, attr: &Attr) -> FileAttr {
-        let kind = match attr.kind {
-            FileKind::File => FileType::RegularFile,
-            FileKind::Dir => FileType::Directory,
-            FileKind::Symlink => FileType::Symlink,
-        };
+        let kind = file_type(attr.kind);
         let size = match attr.kind {
             FileKind::File => attr.size,
             FileKind::Dir => 4096,
             FileKind::Symlink => attr.symlink.as_ref().map(|s| s.len() as u64).unwrap_or(0),
+            _ => 0,
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -111,7 +121,7 @@ impl Fs {
             nlink: attr.nlink,
             uid: attr.uid,
             gid: attr.gid,
-            rdev: 0,
+            rdev: attr.kind.rdev(),
             blksize: self.conf.max_write.0 as u32,
             flags: 0,
         }

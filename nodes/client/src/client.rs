@@ -21,7 +21,7 @@ use curvine_conf::ClientConf;
 use curvine_messages::codec::{from_bytes, to_bytes, Hello};
 use curvine_messages::rpc::*;
 use curvine_messages::trace::{TraceCtx, TraceQuery};
-use curvine_messages::{Attr, FsError, FsResult, SetAttr, XattrMode};
+use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, XattrMode};
 
 use curvine_wire::frame::{read_frame, write_frame};
 use curvine_wire::tls::{Tls, Transport};
@@ -559,6 +559,20 @@ impl Client {
         self.call(Symlink {
             target: target.into(),
             link: link.into(),
+            uid,
+            gid,
+        })
+        .await
+    }
+
+    /// Makes a FIFO, socket or device node (`kind`) with permission bits
+    /// `mode`, owned by the caller.
+    pub async fn mknod(&self, path: &str, kind: FileKind, mode: u32) -> FsResult<Attr> {
+        let (uid, gid) = current_owner();
+        self.call(Mknod {
+            path: path.into(),
+            kind,
+            mode,
             uid,
             gid,
         })

@@ -75,7 +75,7 @@ impl Files {
                         after = page.entries.last().map(|e| e.name.clone());
                     }
                 }
-                FileKind::Symlink => {}
+                _ => {}
             }
         }
         let mut summary = self

@@ -275,6 +275,7 @@ impl Service {
             Request::Symlink(r) => {
                 Response::Attr(paths.symlink(&r.target, &r.link, r.uid, r.gid).await?)
             }
+            Request::Mknod(r) => Response::Attr(paths.mknod(&r).await?),
             Request::Readlink(r) => Response::Target(ns.readlink(&r.path).await?),
             Request::Rename(r) => Response::Done(paths.rename(&r.src, &r.dst).await?),
             Request::Remove(r) => {

@@ -199,6 +199,25 @@ impl Paths {
         self.namespace.symlink(target, link, uid, gid).await
     }
 
+    /// Makes a FIFO, socket or device node; not under a mount, whose UFS
+    /// cannot hold one.
+    pub async fn mknod(&self, r: &curvine_messages::rpc::Mknod) -> FsResult<Attr> {
+        if let Some((m, _)) = self
+            .mounts
+            .find(&curvine_messages::path::normalize(&r.path, "/")?)
+        {
+            return Err(FsError::NotSupported(format!(
+                "a {} under mount {} ({}): the UFS cannot hold one",
+                r.kind.name(),
+                m.path,
+                m.ufs
+            )));
+        }
+        self.namespace
+            .mknod(&r.path, r.kind, r.mode, r.uid, r.gid)
+            .await
+    }
+
     pub async fn rename(&self, src: &str, dst: &str) -> FsResult<()> {
         let (src_n, dst_n) = (
             curvine_messages::path::normalize(src, "/")?,
