@@ -266,7 +266,8 @@ impl ShardState {
             | ShardMsg::SetAttr { .. }
             | ShardMsg::Unlink { .. }
             | ShardMsg::RmdirLocal { .. }
-            | ShardMsg::RenameLocal { .. }) => self.namespace(m),
+            | ShardMsg::RenameLocal { .. }
+            | ShardMsg::LinkLocal { .. }) => self.namespace(m),
             m @ (ShardMsg::SetXattr { .. }
             | ShardMsg::GetXattr { .. }
             | ShardMsg::ListXattr { .. }
@@ -404,6 +405,12 @@ impl ShardState {
             } => self.write(reply, move |s, t| {
                 s.rename_local(t, src_parent, &src_name, dst_parent, &dst_name)
             }),
+            ShardMsg::LinkLocal {
+                ino,
+                parent,
+                name,
+                reply,
+            } => self.write(reply, move |s, t| s.link_local(t, ino, parent, &name)),
             other => misrouted(other),
         }
     }

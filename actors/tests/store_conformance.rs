@@ -111,6 +111,7 @@ conformance!(
     create_rules,
     mkdir_and_rmdir_keep_link_counts,
     unlink_rules_and_remote_inodes,
+    hard_links_in_a_shard_and_across_shards,
     rename_local_rules,
     steps_are_idempotent_and_locks_hold_names,
     a_refused_step_is_refused_for_every_driver,
@@ -413,6 +414,120 @@ fn unlink_rules_and_remote_inodes(f: Fixture) {
     }
     assert!(f.read(1, |s, t| s.inode(t, remote.ino)).unwrap().is_none());
     assert!(f.read(0, |s, t| s.intents(t)).unwrap().is_empty());
+}
+
+fn hard_links_in_a_shard_and_across_shards(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
+        .unwrap();
+    // In one shard: one commit.
+    let linked = f
+        .write(0, |s, t| s.link_local(t, a.ino, ROOT_INO, "b"))
+        .unwrap()
+        .expect("both here");
+    assert_eq!(linked.nlink, 2);
+    assert!(linked.ctime_ns >= a.ctime_ns);
+    assert!(matches!(
+        f.write(0, |s, t| s.link_local(t, a.ino, ROOT_INO, "b")),
+        Err(FsError::AlreadyExists(_))
+    ));
+    let d = f
+        .write(0, |s, t| s.mkdir_local(t, ROOT_INO, "d", &dir()))
+        .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.link_local(t, d.ino, ROOT_INO, "d2")),
+        Err(FsError::NotPermitted(_))
+    ));
+    // Unlink of one name keeps the inode for the other.
+    f.write(0, |s, t| s.unlink(t, ROOT_INO, "a")).unwrap();
+    assert_eq!(f.read(0, |s, t| s.getattr(t, a.ino)).unwrap().nlink, 1);
+    // A directory of shard 1 cannot link an inode of shard 0 in one
+    // commit: nothing changes, the caller runs an intent.
+    let made = f
+        .write(1, |s, t| {
+            s.apply_step(
+                t,
+                make_id(1, 9_999),
+                1,
+                &Step::CreateDirInode {
+                    attrs: dir(),
+                    parent: ROOT_INO,
+                },
+            )
+        })
+        .unwrap();
+    let StepResult::Created(remote_dir) = made else {
+        panic!("{made:?}")
+    };
+    assert_eq!(
+        f.write(1, |s, t| s.link_local(t, a.ino, remote_dir.ino, "x"))
+            .unwrap(),
+        None
+    );
+    assert_eq!(f.read(0, |s, t| s.getattr(t, a.ino)).unwrap().nlink, 1);
+    // The intent adds the link (step 1, applied once however often it is
+    // driven), then the name.
+    assert_eq!(
+        f.write(0, |s, t| s.link_local(t, a.ino, ROOT_INO, "c"))
+            .unwrap()
+            .map(|a| a.nlink),
+        Some(2)
+    );
+    let op = f
+        .write(0, |s, t| {
+            s.begin_intent(
+                t,
+                &IntentOp::Link {
+                    parent: ROOT_INO,
+                    name: "e".into(),
+                    ino: a.ino,
+                },
+            )
+        })
+        .unwrap();
+    assert!(matches!(
+        f.write(0, |s, t| s.begin_intent(
+            t,
+            &IntentOp::Link {
+                parent: ROOT_INO,
+                name: "e".into(),
+                ino: a.ino,
+            },
+        )),
+        Err(FsError::Busy(_))
+    ));
+    for _ in 0..2 {
+        let added = f
+            .write(0, |s, t| {
+                s.apply_step(t, op.op, 1, &Step::AddLink { ino: a.ino })
+            })
+            .unwrap();
+        let StepResult::Created(attr) = added else {
+            panic!("{added:?}")
+        };
+        assert_eq!(attr.nlink, 3);
+    }
+    f.write(0, |s, t| {
+        s.apply_step(
+            t,
+            op.op,
+            2,
+            &Step::LinkName {
+                parent: ROOT_INO,
+                name: "e".into(),
+                ino: a.ino,
+                kind: FileKind::File,
+            },
+        )
+    })
+    .unwrap();
+    f.write(0, |s, t| s.end_intent(t, op.op)).unwrap();
+    assert_eq!(f.read(0, |s, t| s.getattr(t, a.ino)).unwrap().nlink, 3);
+    // The last name takes the inode with it.
+    for name in ["b", "c", "e"] {
+        f.write(0, |s, t| s.unlink(t, ROOT_INO, name)).unwrap();
+    }
+    assert!(f.read(0, |s, t| s.inode(t, a.ino)).unwrap().is_none());
 }
 
 fn rename_local_rules(f: Fixture) {

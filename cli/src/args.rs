@@ -193,10 +193,11 @@ pub enum FsCommand {
         #[arg(required = true)]
         paths: Vec<String>,
     },
-    /// Make links (only symbolic links: -s).
+    /// Make a hard link (another name of the same file), or with -s a
+    /// symbolic link.
     Ln {
         /// Make a symbolic link.
-        #[arg(short = 's', required = true)]
+        #[arg(short = 's')]
         symbolic: bool,
         target: String,
         link: String,

@@ -31,10 +31,10 @@ pub async fn run(cx: &Ctx<'_>, command: FsCommand) -> Result<(), Failure> {
         } => rm(cx, recursive, force, paths).await,
         FsCommand::Rmdir { paths } => rmdir(cx, paths).await,
         FsCommand::Ln {
-            symbolic: _,
+            symbolic,
             target,
             link,
-        } => ln(cx, &target, &link).await,
+        } => ln(cx, symbolic, &target, &link).await,
         FsCommand::Xattr(command) => xattr(cx, command).await,
         FsCommand::Data(command) => data::run(cx, command).await,
         FsCommand::Readlink { path } => readlink(cx, &path).await,
@@ -214,9 +214,20 @@ async fn rmdir(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
     .await
 }
 
-async fn ln(cx: &Ctx<'_>, target: &str, link: &str) -> Result<(), Failure> {
-    cx.on_path("ln", link, |path| async move {
-        cx.client.symlink(target, &path).await
+/// A symbolic link keeps its target as given; a hard link's target is a
+/// path like any other (made absolute).
+async fn ln(cx: &Ctx<'_>, symbolic: bool, target: &str, link: &str) -> Result<(), Failure> {
+    if symbolic {
+        cx.on_path("ln", link, |path| async move {
+            cx.client.symlink(target, &path).await
+        })
+        .await?;
+        return Ok(());
+    }
+    let target = cx.abs(target)?;
+    cx.on_path("ln", link, |path| {
+        let target = target.clone();
+        async move { cx.client.link(&target, &path).await }
     })
     .await?;
     Ok(())

@@ -7,9 +7,12 @@
 //! - FUSE inode 1 is the mount's root (`fuse.fs_path`); every other FUSE
 //!   inode number is the cluster's inode number, so a name that moves keeps
 //!   its inode.
-//! - Each known inode but the root has exactly one (parent, name): the
-//!   cluster has no hard links. A path is rebuilt by walking parents, so a
-//!   directory rename updates one entry, not its subtree.
+//! - Each known inode but the root has one (parent, name) its path is
+//!   built from, and a file with hard links also the other names the
+//!   mount knows (`others`): when the name in use is removed or moved
+//!   away, another takes its place. A path is rebuilt by walking parents
+//!   (directories have one name), so a directory rename updates one
+//!   entry, not its subtree.
 //! - An inode stays while the kernel holds lookups of it (and while
 //!   children refer to it); `forget` brings the count to zero and drops it.
 
@@ -49,6 +52,8 @@ pub(crate) fn empty_attr() -> Attr {
 struct Node {
     parent: u64,
     name: String,
+    /// Other names of a file with hard links, as (parent, name).
+    others: Vec<(u64, String)>,
     lookups: u64,
     /// Open handles and writer tasks that still need the inode's path
     /// after the kernel forgot it.
@@ -93,6 +98,7 @@ impl Inodes {
             Node {
                 parent: ROOT,
                 name: String::new(),
+                others: Vec::new(),
                 lookups: 1,
                 pins: 0,
                 attr: root,
@@ -175,6 +181,14 @@ impl Inodes {
                 Some(node) => {
                     node.lookups += 1;
                     if ino != ROOT {
+                        let old = (node.parent, std::mem::take(&mut node.name));
+                        node.others.retain(|(p, n)| !(*p == parent && n == name));
+                        let linked = attr.kind != FileKind::Dir && attr.nlink > 1;
+                        if !linked {
+                            node.others.clear();
+                        } else if old != (parent, name.to_string()) {
+                            node.others.push(old);
+                        }
                         node.parent = parent;
                         node.name = name.to_string();
                     }
@@ -186,6 +200,7 @@ impl Inodes {
                         Node {
                             parent,
                             name: name.to_string(),
+                            others: Vec::new(),
                             lookups: 1,
                             pins: 0,
                             attr,
@@ -223,11 +238,14 @@ impl Inodes {
         if node.lookups > 0 || node.pins > 0 || ino == ROOT {
             return;
         }
-        let key = (node.parent, node.name.clone());
+        let mut keys = node.others.clone();
+        keys.push((node.parent, node.name.clone()));
         nodes.remove(&ino);
         let mut names = self.names.write();
-        if names.get(&key).is_some_and(|(i, _)| *i == ino) {
-            names.remove(&key);
+        for key in keys {
+            if names.get(&key).is_some_and(|(i, _)| *i == ino) {
+                names.remove(&key);
+            }
         }
     }
 
@@ -318,8 +336,15 @@ impl Inodes {
         };
         if let Some(ino) = ino {
             if let Some(node) = nodes.get_mut(&ino) {
-                node.parent = new_parent;
-                node.name = new_name.to_string();
+                let to = (new_parent, new_name.to_string());
+                match node
+                    .others
+                    .iter_mut()
+                    .find(|(p, n)| *p == parent && n == name)
+                {
+                    Some(other) => *other = to,
+                    None => (node.parent, node.name) = to,
+                }
                 node.fetched = Instant::now() - self.ttl - Duration::from_secs(1);
             }
         }
@@ -337,12 +362,38 @@ impl Inodes {
             .map(|(i, _)| *i)
     }
 
-    /// An unlinked file: its link count drops to 0 for open handles.
-    pub fn unlinked(&self, ino: u64) {
+    /// Name `name` of `ino` in `parent` was removed: the inode has one
+    /// link less (a directory none), and another name it has, if the
+    /// mount knows one, becomes the one its path is built from.
+    pub fn unlinked(&self, ino: u64, parent: u64, name: &str) {
         if let Some(node) = self.nodes.write().get_mut(&ino) {
-            node.attr.nlink = 0;
+            node.attr.nlink = match node.attr.kind {
+                FileKind::Dir => 0,
+                _ => node.attr.nlink.saturating_sub(1),
+            };
             node.attr.ctime_ns = curvine_messages::now_ns();
+            node.others.retain(|(p, n)| !(*p == parent && n == name));
+            if node.parent == parent && node.name == name {
+                if let Some((p, n)) = node.others.pop() {
+                    (node.parent, node.name) = (p, n);
+                }
+            }
         }
+    }
+
+    /// Whether the mount knows a name of `ino` other than `name` in `parent`.
+    pub fn has_other_name(&self, ino: u64, parent: u64, name: &str) -> bool {
+        self.nodes.read().get(&ino).is_some_and(|node| {
+            node.others
+                .iter()
+                .any(|(p, n)| !(*p == parent && n == name))
+                || !(node.parent == parent && node.name == name)
+        })
+    }
+
+    /// The directory of the name an inode's path is built from.
+    pub fn parent_of(&self, ino: u64) -> Option<u64> {
+        self.nodes.read().get(&ino).map(|n| n.parent)
     }
 
     /// Marks an open file that was unlinked and now lives under a hidden name.
@@ -351,7 +402,7 @@ impl Inodes {
             node.parent = parent;
             node.name = hidden_name.to_string();
             node.hidden = true;
-            node.attr.nlink = 0;
+            node.attr.nlink = node.attr.nlink.saturating_sub(1);
         }
     }
 
@@ -444,5 +495,28 @@ mod tests {
         assert!(t.keep_cache(f, &a));
         a.mtime_ns += 1;
         assert!(!t.keep_cache(f, &a), "a changed file drops the cache");
+    }
+
+    #[test]
+    fn a_file_with_links_keeps_a_path_while_any_name_it_knows_remains() {
+        let t = Inodes::new("/", attr(1, FileKind::Dir), Duration::from_secs(1));
+        let d = t.remember(ROOT, "d", attr(100, FileKind::Dir));
+        let mut f = attr(200, FileKind::File);
+        f.nlink = 3;
+        let ino = t.remember(ROOT, "a", f.clone());
+        t.remember(d, "b", f.clone());
+        t.remember(ROOT, "c", f);
+        assert_eq!(t.path(ino).unwrap(), "/c");
+        assert!(t.has_other_name(ino, ROOT, "c"));
+        t.unlinked(ino, ROOT, "c");
+        assert_eq!(t.attr(ino).unwrap().nlink, 2);
+        let first = t.path(ino).unwrap();
+        assert!(first == "/a" || first == "/d/b", "{first}");
+        // A name that moves stays one of the inode's names.
+        t.renamed(d, "b", ROOT, "moved");
+        t.unlinked(ino, ROOT, "a");
+        assert_eq!(t.path(ino).unwrap(), "/moved");
+        assert!(!t.has_other_name(ino, ROOT, "moved"));
+        assert_eq!(t.attr(ino).unwrap().nlink, 1);
     }
 }

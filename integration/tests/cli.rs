@@ -63,6 +63,24 @@ fn namespace_commands_and_errors() {
     let recursive = ok(&node, &["fs", "ls", "-R", "/data"]);
     assert!(recursive.contains("/data/train/images:"), "{recursive}");
 
+    // A hard link: another name of the same file, counted in both.
+    ok(
+        &node,
+        &["fs", "ln", "/data/train/b.jpg", "/data/b-link.jpg"],
+    );
+    let long = ok(&node, &["fs", "ls", "-l", "/data/train"]);
+    assert!(
+        long.lines()
+            .any(|l| l.starts_with("-rw-r--r--   2 ") && l.ends_with(" b.jpg")),
+        "{long}"
+    );
+    let out = node.cli(&["fs", "ln", "/data/train", "/data/train-link"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot have another name"),
+        "{out:?}"
+    );
+    ok(&node, &["fs", "rm", "/data/b-link.jpg"]);
+
     // mv into a directory keeps the name, like mv.
     ok(&node, &["fs", "mkdir", "/archive"]);
     ok(&node, &["fs", "mv", "/data/train/a.jpg", "/archive"]);

@@ -724,6 +724,77 @@ fn rmdir_of_a_name_renamed_over_by_a_directory_of_another_shard() {
 }
 
 #[test]
+fn hard_links_across_shards_and_clients_keep_their_count() {
+    use curvine_messages::{dir_shard, shard_of};
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 2, &[]);
+    runtime().block_on(async {
+        let c0 = cluster.nodes[0].client().await;
+        let c1 = cluster.nodes[1].client().await;
+        let root = c0.mkdir("/hl", false).await.unwrap();
+        // Two directories in different shards: a link between them is a
+        // cross-shard operation.
+        let a = (0..)
+            .map(|i| format!("a{i}"))
+            .find(|n| dir_shard(root.ino, n, 16) != shard_of(root.ino))
+            .unwrap();
+        let a_ino = c0.mkdir(&format!("/hl/{a}"), false).await.unwrap().ino;
+        let b = (0..)
+            .map(|i| format!("b{i}"))
+            .find(|n| dir_shard(root.ino, n, 16) != shard_of(a_ino))
+            .unwrap();
+        c0.mkdir(&format!("/hl/{b}"), false).await.unwrap();
+        let (f, g, h) = (
+            format!("/hl/{a}/f"),
+            format!("/hl/{b}/g"),
+            format!("/hl/{a}/h"),
+        );
+        let bytes = data(300_000, 5);
+        put(&c0, &f, &bytes, 1).await.unwrap();
+        let linked = c0.link(&f, &g).await.unwrap();
+        assert_eq!(linked.nlink, 2);
+        // Another client, through another node, sees one file of two names.
+        let seen = c1.stat(&g).await.unwrap();
+        assert_eq!((seen.ino, seen.nlink), (linked.ino, 2));
+        assert!(get(&c1, &g).await.unwrap() == bytes);
+        assert_eq!(c1.link(&g, &h).await.unwrap().nlink, 3);
+        // Removing one name keeps the others and the content.
+        c1.remove(&f, false).await.unwrap();
+        assert_eq!(c0.stat(&h).await.unwrap().nlink, 2);
+        assert!(get(&c0, &g).await.unwrap() == bytes);
+        // What link refuses.
+        let dir_link = c0.link(&format!("/hl/{a}"), "/hl/d").await.unwrap_err();
+        assert!(matches!(dir_link, FsError::NotPermitted(_)), "{dir_link}");
+        let taken = c0.link(&g, &h).await.unwrap_err();
+        assert!(matches!(taken, FsError::AlreadyExists(_)), "{taken}");
+        let missing = c0.link("/hl/nothing", "/hl/x").await.unwrap_err();
+        assert!(matches!(missing, FsError::NotFound(_)), "{missing}");
+        // Links made and removed by both clients at once, across shards:
+        // the count stays the number of names (fsck checks each inode).
+        let work = |c: Client, dir: String, tag: &'static str| {
+            let g = g.clone();
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    let name = format!("/hl/{dir}/{tag}{i}");
+                    c.link(&g, &name).await.unwrap();
+                    if i % 2 == 0 {
+                        c.remove(&name, false).await.unwrap();
+                    }
+                }
+            })
+        };
+        let (w0, w1) = (
+            work(c0.clone(), a.clone(), "x"),
+            work(c1.clone(), b.clone(), "y"),
+        );
+        w0.await.unwrap();
+        w1.await.unwrap();
+        assert_eq!(c1.stat(&g).await.unwrap().nlink, 2 + 40);
+    });
+    assert_consistent(&cluster.nodes[0]);
+}
+
+#[test]
 fn a_client_moves_to_another_node_when_its_node_dies() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = ProcessCluster::start(dir.path(), 3, &[]);

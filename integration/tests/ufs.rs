@@ -220,6 +220,12 @@ fn cache_mode_writes_deletes_and_renames_reach_the_ufs() {
         matches!(err, FsError::NotSupported(ref m) if m.contains("mount /w")),
         "{err}"
     );
+    // Nor a hard link.
+    let out = node.cli(&["fs", "ln", "/w/moved", "/w/second"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("hard links under mount /w"),
+        "{out:?}"
+    );
     // Mount points are not renamed or removed while mounted.
     let out = node.cli(&["fs", "rm", "-r", "/w"]);
     assert!(

@@ -113,6 +113,13 @@ pub struct Symlink {
     pub gid: u32,
 }
 
+/// Make `link` a new name (hard link) of what `target` names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub target: String,
+    pub link: String,
+}
+
 /// Make a FIFO, socket or device node (`kind`) at `path`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mknod {
@@ -503,6 +510,7 @@ calls! {
     Touch => Attr, Attr;
     Symlink => Attr, Attr;
     Mknod => Attr, Attr;
+    Link => Attr, Attr;
     Readlink => String, Target;
     Rename => (), Done;
     Remove => RemoveSummary, Removed;

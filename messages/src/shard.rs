@@ -46,6 +46,9 @@ pub enum IntentOp {
     },
     /// Drop one link of inode `ino` (on another shard) after its entry was removed here.
     DropLink { ino: Ino },
+    /// Make `name` in `parent` (held here) a new link to file `ino`, held
+    /// by another shard.
+    Link { parent: Ino, name: String, ino: Ino },
 }
 
 /// A durable record of a cross-shard operation in progress.
@@ -95,6 +98,9 @@ pub enum Step {
     /// after a change of leader) cannot apply the step afterwards and go
     /// on. If the step was applied first, its result is returned instead.
     Refuse { error: FsError },
+    /// Add a link to inode `ino` (not a directory): its link count goes up
+    /// and its ctime to now. Returns its attributes.
+    AddLink { ino: Ino },
 }
 
 impl Step {
@@ -109,6 +115,7 @@ impl Step {
             Step::UnlinkName { .. } => "unlink_name",
             Step::UnlockName { .. } => "unlock_name",
             Step::Refuse { .. } => "refuse",
+            Step::AddLink { .. } => "add_link",
         }
     }
 }
@@ -466,6 +473,9 @@ shard_messages! {
             RmdirLocal { parent: Ino, name: String } -> DirEntry;
             /// Rename within this shard (both parents here) when no other shard is involved.
             RenameLocal { src_parent: Ino, src_name: String, dst_parent: Ino, dst_name: String } -> RenameOutcome;
+            /// Make `name` in `parent` a new link to `ino` when this shard holds
+            /// both; `None` (nothing changed) when `ino` is held by another shard.
+            LinkLocal { ino: Ino, parent: Ino, name: String } -> Option<Attr>;
             /// Validate and record a cross-shard operation coordinated by this shard.
             BeginIntent { action: IntentOp } -> Intent;
             /// Mark an intent as rolling back.
@@ -632,6 +642,7 @@ impl ShardMsg {
             ShardMsg::RemoveXattr { .. } => "removexattr",
             ShardMsg::RmdirLocal { .. } => "rmdir_local",
             ShardMsg::RenameLocal { .. } => "rename_local",
+            ShardMsg::LinkLocal { .. } => "link_local",
             ShardMsg::BeginIntent { .. } => "begin_intent",
             ShardMsg::AbortIntent { .. } => "abort_intent",
             ShardMsg::ApplyStep { .. } => "apply_step",

@@ -75,6 +75,7 @@ impl Namespace {
                 ..
             } => vec![shard_of(*src_parent), shard_of(*dst_parent), shard_of(*ino)],
             IntentOp::DropLink { ino } => vec![shard_of(*ino)],
+            IntentOp::Link { parent, ino, .. } => vec![shard_of(*parent), shard_of(*ino)],
         };
         let map = self.cluster.map();
         // A replicated shard's steps go to whichever member leads it: a
@@ -140,7 +141,28 @@ impl Namespace {
                 self.end_intent(op).await?;
                 Ok(None)
             }
+            IntentOp::Link { parent, name, ino } => {
+                self.drive_link(op, aborting, parent, name, ino).await
+            }
         }
+    }
+
+    /// A hard link across shards: the name is reserved in its directory's
+    /// shard when the intent is recorded; the inode's link count goes up
+    /// in its own shard (step 1), then the name is made (step 2). A crash
+    /// between the two is finished by the re-drive; an inode that is gone
+    /// or a directory rolls the link back.
+    async fn drive_link(
+        &self,
+        op: OpId,
+        aborting: bool,
+        parent: Ino,
+        name: String,
+        ino: Ino,
+    ) -> FsResult<Option<Attr>> {
+        let step = (shard_of(ino), Step::AddLink { ino });
+        self.make_then_name(op, aborting, step, parent, name, "link")
+            .await
     }
 
     /// A mkdir across shards: the new directory's inode in its own shard
@@ -154,39 +176,45 @@ impl Namespace {
         attrs: NewInode,
         child_shard: ShardId,
     ) -> FsResult<Option<Attr>> {
-        let home = shard_of(op);
+        let step = (child_shard, Step::CreateDirInode { attrs, parent });
+        self.make_then_name(op, aborting, step, parent, name, "mkdir")
+            .await
+    }
+
+    /// The two steps of a mkdir or link across shards: `step` on its shard
+    /// (decisive: its failure rolls the operation back) gives the inode,
+    /// which then gets `name` in `parent`, held by the operation's shard.
+    async fn make_then_name(
+        &self,
+        op: OpId,
+        aborting: bool,
+        (shard, step): (ShardId, Step),
+        parent: Ino,
+        name: String,
+        what: &str,
+    ) -> FsResult<Option<Attr>> {
         if aborting {
             self.end_intent(op).await?;
-            return Err(FsError::Io("mkdir was rolled back".into()));
+            return Err(FsError::Io(format!("{what} was rolled back")));
         }
-        let created = match self
-            .decisive_step(
-                child_shard,
-                op,
-                1,
-                Step::CreateDirInode { attrs, parent },
-                None,
-            )
-            .await
-        {
+        let attr = match self.decisive_step(shard, op, 1, step, None).await {
             Ok(StepResult::Created(attr)) => *attr,
-            Ok(other) => return Err(FsError::Corrupt(format!("mkdir step 1 returned {other:?}"))),
+            Ok(other) => {
+                return Err(FsError::Corrupt(format!(
+                    "{what} step 1 returned {other:?}"
+                )))
+            }
             Err(e) => return self.abort(op, &[], e).await,
         };
-        self.step(
-            home,
-            op,
-            2,
-            Step::LinkName {
-                parent,
-                name,
-                ino: created.ino,
-                kind: FileKind::Dir,
-            },
-        )
-        .await?;
+        let link = Step::LinkName {
+            parent,
+            name,
+            ino: attr.ino,
+            kind: attr.kind,
+        };
+        self.step(shard_of(op), op, 2, link).await?;
         self.end_intent(op).await?;
-        Ok(Some(created))
+        Ok(Some(attr))
     }
 
     /// An rmdir of a directory held by another shard: the directory goes

@@ -206,6 +206,45 @@ impl Namespace {
         self.create_at(parent.ino, &name, attrs).await
     }
 
+    /// Makes `link` a new name of the file (or symlink, FIFO, ...) at
+    /// `target` (not followed, as `link(2)` does not follow it).
+    pub async fn link(&self, target: &str, link: &str) -> FsResult<Attr> {
+        let attr = self.stat(target, false).await?;
+        if attr.kind == FileKind::Dir {
+            return Err(FsError::NotPermitted(format!(
+                "{target} is a directory, which cannot have another name"
+            )));
+        }
+        let (parent, name) = self.resolve_parent(link).await?;
+        check_name(&name)?;
+        let (ino, dir) = (attr.ino, parent.ino);
+        let home = shard_of(dir);
+        if home == shard_of(ino) {
+            let linked = self
+                .call(home, {
+                    let name = name.clone();
+                    move |reply| ShardMsg::LinkLocal {
+                        ino,
+                        parent: dir,
+                        name: name.clone(),
+                        reply,
+                    }
+                })
+                .await?;
+            if let Some(attr) = linked {
+                return Ok(attr);
+            }
+        }
+        let action = IntentOp::Link {
+            parent: dir,
+            name,
+            ino,
+        };
+        self.begin_and_drive(home, action)
+            .await?
+            .ok_or_else(|| FsError::Corrupt("a link returned no attributes".into()))
+    }
+
     /// Makes a FIFO, socket or device node at `path`.
     pub async fn mknod(
         &self,

@@ -93,6 +93,7 @@ fn touched(message: &ShardMsg) -> Vec<(Ino, Option<&str>)> {
         | ShardMsg::MkdirLocal { parent, .. }
         | ShardMsg::Unlink { parent, .. }
         | ShardMsg::RmdirLocal { parent, .. }
+        | ShardMsg::LinkLocal { parent, .. }
         | ShardMsg::UfsSync { parent, .. } => vec![(*parent, None)],
         ShardMsg::RenameLocal {
             src_parent,
@@ -109,14 +110,15 @@ fn touched(message: &ShardMsg) -> Vec<(Ino, Option<&str>)> {
                 ..
             } => vec![(*src_parent, None), (*dst_parent, None), (*ino, None)],
             IntentOp::DropLink { .. } => Vec::new(),
+            IntentOp::Link { parent, .. } => vec![(*parent, None)],
         },
         ShardMsg::ApplyStep { step, .. } => match step {
             Step::LockName { parent, .. }
             | Step::LinkName { parent, .. }
             | Step::UnlinkName { parent, .. } => vec![(*parent, None)],
-            Step::RemoveDirIfEmpty { ino } | Step::SetDirParent { ino, .. } => {
-                vec![(*ino, None)]
-            }
+            Step::RemoveDirIfEmpty { ino }
+            | Step::SetDirParent { ino, .. }
+            | Step::AddLink { ino } => vec![(*ino, None)],
             Step::CreateDirInode { .. }
             | Step::DropLink { .. }
             | Step::UnlockName { .. }

@@ -259,7 +259,53 @@ impl ShardStore {
         }
     }
 
+    /// Adds a link to local inode `ino` (not a directory): its link count
+    /// goes up, its ctime to `now`.
+    pub(super) fn add_link(&self, wtxn: &mut WriteTxn, ino: Ino, now: i64) -> FsResult<Attr> {
+        let mut attr = self
+            .inode(wtxn, ino)?
+            .ok_or_else(|| FsError::NotFound(String::new()))?;
+        if attr.kind == FileKind::Dir {
+            return Err(FsError::NotPermitted(
+                "a directory cannot have another name".into(),
+            ));
+        }
+        if attr.nlink >= MAX_LINKS {
+            return Err(FsError::TooManyLinks(format!(
+                "the file has {MAX_LINKS} names already"
+            )));
+        }
+        attr.nlink += 1;
+        attr.ctime_ns = now;
+        self.put_inode(wtxn, &attr)?;
+        Ok(attr)
+    }
+
     // ---- single-shard mutations --------------------------------------------
+
+    /// Makes `name` in `parent` a new link to `ino` when this shard holds
+    /// the inode too; `None`, having changed nothing, when it does not.
+    pub fn link_local(
+        &self,
+        wtxn: &mut WriteTxn,
+        ino: Ino,
+        parent: Ino,
+        name: &str,
+    ) -> FsResult<Option<Attr>> {
+        self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
+        if self.dentry(wtxn, parent, name)?.is_some() {
+            return Err(FsError::AlreadyExists(String::new()));
+        }
+        if !self.is_local(ino) {
+            return Ok(None);
+        }
+        let now = now_ns();
+        let attr = self.add_link(wtxn, ino, now)?;
+        self.put_dentry(wtxn, parent, name, ino, attr.kind)?;
+        self.touch_dir(wtxn, parent, 0, now)?;
+        Ok(Some(attr))
+    }
 
     /// Creates a file or symlink with its inode in this shard.
     pub fn create(
@@ -496,6 +542,9 @@ impl ShardStore {
         Ok(RenameOutcome::Done)
     }
 }
+
+/// Most names one inode may have (ext4's limit): `link` answers EMLINK past it.
+pub const MAX_LINKS: u32 = 65_000;
 
 /// POSIX rules for what a rename may replace.
 pub fn check_rename_kinds(src: FileKind, dst: FileKind) -> FsResult<()> {

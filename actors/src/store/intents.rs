@@ -158,12 +158,20 @@ impl ShardStore {
                     "drop-link intents are recorded by unlink".into(),
                 ))
             }
+            IntentOp::Link { parent, name, ino } => {
+                self.dir(wtxn, parent)?;
+                self.check_unlocked(wtxn, parent, &name, None)?;
+                if self.dentry(wtxn, parent, &name)?.is_some() {
+                    return Err(FsError::AlreadyExists(String::new()));
+                }
+                IntentOp::Link { parent, name, ino }
+            }
         };
         let op = self.alloc_op(wtxn)?;
         match &action {
-            IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
-                self.lock_name(wtxn, *parent, name, op)?
-            }
+            IntentOp::Mkdir { parent, name, .. }
+            | IntentOp::Rmdir { parent, name, .. }
+            | IntentOp::Link { parent, name, .. } => self.lock_name(wtxn, *parent, name, op)?,
             IntentOp::Rename {
                 src_parent,
                 src_name,
@@ -201,7 +209,9 @@ impl ShardStore {
     pub fn end_intent(&self, wtxn: &mut WriteTxn, op: OpId) -> FsResult<()> {
         if let Ok(intent) = self.intent(wtxn, op) {
             match &intent.action {
-                IntentOp::Mkdir { parent, name, .. } | IntentOp::Rmdir { parent, name, .. } => {
+                IntentOp::Mkdir { parent, name, .. }
+                | IntentOp::Rmdir { parent, name, .. }
+                | IntentOp::Link { parent, name, .. } => {
                     self.unlock_name(wtxn, *parent, name, op)?
                 }
                 IntentOp::Rename {
@@ -311,6 +321,7 @@ impl ShardStore {
                 self.drop_link_local(wtxn, *ino, now)?;
                 StepResult::Done
             }
+            Step::AddLink { ino } => StepResult::Created(Box::new(self.add_link(wtxn, *ino, now)?)),
             Step::SetDirParent { ino, parent } => {
                 if let Some(mut attr) = self.inode(wtxn, *ino)? {
                     attr.parent = *parent;

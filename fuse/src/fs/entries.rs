@@ -1,6 +1,6 @@
 //! Callbacks that make entries: mknod (files, FIFOs, sockets, device
 //! nodes), mkdir, symlink and create share one helper (name checks, owner
-//! and mode, the call, the answer); link, which the namespace cannot do.
+//! and mode, the call, the answer); link, a new name of an inode.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -374,7 +374,28 @@ pub(super) fn create(cfs: &CurvineFs, new: NewRequest, flags: i32, reply: ReplyC
     );
 }
 
-pub(super) fn link(reply: ReplyEntry) {
-    // The namespace has one name per file.
-    reply.error(Errno::from_i32(libc::ENOTSUP));
+/// A hard link: a new name of inode `ino` in `newparent`.
+pub(super) fn link(
+    cfs: &CurvineFs,
+    ino: INodeNo,
+    newparent: INodeNo,
+    newname: &OsStr,
+    reply: ReplyEntry,
+) {
+    let fs = cfs.0.clone();
+    let newname = newname.to_os_string();
+    cfs.spawn("link", async move {
+        let name = try_reply!(reply, name_str(&newname)).to_string();
+        // The new name, and a file this mount made in a directory it
+        // holds, must be the cluster's before the link.
+        fs.delegations.give_back(newparent.0).await;
+        if let Some(dir) = fs.inodes.parent_of(ino.0) {
+            fs.delegations.give_back(dir).await;
+        }
+        let target = try_reply!(reply, fs.inodes.path(ino.0));
+        let path = try_reply!(reply, fs.inodes.child_path(newparent.0, &name));
+        let attr = try_reply!(reply, fs.client.link(&target, &path).await);
+        fs.inodes.expire(newparent.0);
+        fs.reply_entry(reply, newparent.0, &name, attr);
+    });
 }

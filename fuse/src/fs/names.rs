@@ -1,6 +1,7 @@
 //! Callbacks that remove or move names: unlink, rmdir, rename. A file
 //! unlinked (or replaced by a rename) while open here is renamed to a
-//! hidden name and removed at its last release.
+//! hidden name and removed at its last release, unless the mount knows
+//! another of its names (hard links).
 
 use std::ffi::OsStr;
 
@@ -22,7 +23,11 @@ impl Fs {
         self.delegations.give_back(parent).await;
         let path = self.inodes.child_path(parent, name)?;
         let known = self.inodes.known_child(parent, name);
-        if let Some(ino) = known.filter(|i| self.open_count(*i) > 0) {
+        // An open file keeps a name while open: a hidden one, unless the
+        // mount knows another of its names (hard links) or hid it already.
+        let keeps_a_name =
+            |ino: u64| self.inodes.is_hidden(ino) || self.inodes.has_other_name(ino, parent, name);
+        if let Some(ino) = known.filter(|i| self.open_count(*i) > 0 && !keeps_a_name(*i)) {
             let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
             let to = self.inodes.child_path(parent, &hidden)?;
             self.client.rename(&path, &to).await?;
@@ -39,7 +44,7 @@ impl Fs {
             .await?;
         self.inodes.drop_name(parent, name);
         if let Some(ino) = known {
-            self.inodes.unlinked(ino);
+            self.inodes.unlinked(ino, parent, name);
         }
         Ok(())
     }
@@ -83,17 +88,24 @@ impl Fs {
         }
         // A file open here that the rename replaces stays readable.
         let replaced = self.inodes.known_child(newparent, newname);
-        if let Some(ino) = replaced
-            .filter(|i| self.open_count(*i) > 0 && self.inodes.kind(*i) == Some(FileKind::File))
-        {
-            if self.inodes.known_child(parent, name) != Some(ino) {
+        let source = self.inodes.known_child(parent, name);
+        if replaced.is_some() && replaced == source {
+            // Two names of one file: POSIX renames nothing.
+            return self.client.rename(&src, &dst).await;
+        }
+        if let Some(ino) = replaced {
+            let hide = self.open_count(ino) > 0
+                && self.inodes.kind(ino) == Some(FileKind::File)
+                && !self.inodes.is_hidden(ino)
+                && !self.inodes.has_other_name(ino, newparent, newname);
+            if hide {
                 let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
                 let to = self.inodes.child_path(newparent, &hidden)?;
                 self.client.rename(&dst, &to).await?;
                 self.inodes.hide(ino, newparent, &hidden);
+            } else {
+                self.inodes.unlinked(ino, newparent, newname);
             }
-        } else if let Some(ino) = replaced {
-            self.inodes.unlinked(ino);
         }
         self.client.rename(&src, &dst).await?;
         self.inodes.renamed(parent, name, newparent, newname);
@@ -151,7 +163,7 @@ pub(super) fn rmdir(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Reply
                 .await
         );
         if let Some(ino) = fs.inodes.known_child(parent.0, name) {
-            fs.inodes.unlinked(ino);
+            fs.inodes.unlinked(ino, parent.0, name);
         }
         fs.inodes.drop_name(parent.0, name);
         fs.inodes.expire(parent.0);

@@ -565,6 +565,15 @@ impl Client {
         .await
     }
 
+    /// Makes `link` a new name (hard link) of what `target` names.
+    pub async fn link(&self, target: &str, link: &str) -> FsResult<Attr> {
+        self.call(Link {
+            target: target.into(),
+            link: link.into(),
+        })
+        .await
+    }
+
     /// Makes a FIFO, socket or device node (`kind`) with permission bits
     /// `mode`, owned by the caller.
     pub async fn mknod(&self, path: &str, kind: FileKind, mode: u32) -> FsResult<Attr> {

@@ -276,6 +276,7 @@ impl Service {
                 Response::Attr(paths.symlink(&r.target, &r.link, r.uid, r.gid).await?)
             }
             Request::Mknod(r) => Response::Attr(paths.mknod(&r).await?),
+            Request::Link(r) => Response::Attr(paths.link(&r.target, &r.link).await?),
             Request::Readlink(r) => Response::Target(ns.readlink(&r.path).await?),
             Request::Rename(r) => Response::Done(paths.rename(&r.src, &r.dst).await?),
             Request::Remove(r) => {

@@ -186,33 +186,36 @@ impl Paths {
         self.set_ufs(attr.ino, Some(synced_state(&m, &obj))).await
     }
 
-    pub async fn symlink(&self, target: &str, link: &str, uid: u32, gid: u32) -> FsResult<Attr> {
-        if let Some((m, _)) = self
+    /// ENOTSUP for `what` at `path` when `path` is under a mount: the
+    /// UFS cannot hold symlinks, hard links, FIFOs, sockets or devices.
+    fn refuse_under_mount(&self, path: &str, what: &str) -> FsResult<()> {
+        match self
             .mounts
-            .find(&curvine_messages::path::normalize(link, "/")?)
+            .find(&curvine_messages::path::normalize(path, "/")?)
         {
-            return Err(FsError::NotSupported(format!(
-                "symbolic links under mount {} ({}): the UFS cannot hold them",
+            Some((m, _)) => Err(FsError::NotSupported(format!(
+                "{what} under mount {} ({}): the UFS cannot hold them",
                 m.path, m.ufs
-            )));
+            ))),
+            None => Ok(()),
         }
+    }
+
+    pub async fn symlink(&self, target: &str, link: &str, uid: u32, gid: u32) -> FsResult<Attr> {
+        self.refuse_under_mount(link, "symbolic links")?;
         self.namespace.symlink(target, link, uid, gid).await
     }
 
-    /// Makes a FIFO, socket or device node; not under a mount, whose UFS
-    /// cannot hold one.
+    /// Makes a hard link; not under a mount.
+    pub async fn link(&self, target: &str, link: &str) -> FsResult<Attr> {
+        self.refuse_under_mount(target, "hard links")?;
+        self.refuse_under_mount(link, "hard links")?;
+        self.namespace.link(target, link).await
+    }
+
+    /// Makes a FIFO, socket or device node; not under a mount.
     pub async fn mknod(&self, r: &curvine_messages::rpc::Mknod) -> FsResult<Attr> {
-        if let Some((m, _)) = self
-            .mounts
-            .find(&curvine_messages::path::normalize(&r.path, "/")?)
-        {
-            return Err(FsError::NotSupported(format!(
-                "a {} under mount {} ({}): the UFS cannot hold one",
-                r.kind.name(),
-                m.path,
-                m.ufs
-            )));
-        }
+        self.refuse_under_mount(&r.path, "FIFOs, sockets and device nodes")?;
         self.namespace
             .mknod(&r.path, r.kind, r.mode, r.uid, r.gid)
             .await
