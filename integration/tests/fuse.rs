@@ -326,6 +326,34 @@ fn check_permission_holds_other_users_to_modes_and_owners() {
     assert!(ok && out == "mine\n", "{out}");
     // Root is not held back.
     assert_eq!(fs::read(m.path("shared/a")).unwrap(), b"mine\n");
+    // A write or truncate by a user who is not the owner of a set-user-ID
+    // file succeeds and clears the bit (set-group-ID too, when the group
+    // may execute), as Linux does.
+    for (name, mode, after) in [
+        ("suid", 0o4777, 0o777),
+        ("sgid", 0o2777, 0o777),
+        ("both", 0o6757, 0o757),
+    ] {
+        fs::write(m.path(name), b"root's").unwrap();
+        fs::set_permissions(m.path(name), fs::Permissions::from_mode(mode)).unwrap();
+        let (ok, out) = as_user(bob, &m, &format!("echo more >> $M/{name}"));
+        assert!(ok, "{name}: {out}");
+        let meta = fs::metadata(m.path(name)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, after, "{name} after a write");
+        assert_eq!(fs::read(m.path(name)).unwrap(), b"root'smore\n");
+        fs::set_permissions(m.path(name), fs::Permissions::from_mode(mode)).unwrap();
+        let (ok, out) = as_user(bob, &m, &format!("truncate -s 2 $M/{name}"));
+        assert!(ok, "{name}: {out}");
+        let meta = fs::metadata(m.path(name)).unwrap();
+        assert_eq!(
+            (meta.mode() & 0o7777, meta.len()),
+            (after, 2),
+            "{name} after a truncate"
+        );
+    }
+    // A non-owner still cannot change a mode otherwise.
+    fs::set_permissions(m.path("suid"), fs::Permissions::from_mode(0o4777)).unwrap();
+    denied(bob, "chmod 777 $M/suid", "Operation not permitted");
 }
 
 /// A counter of the mount's `/metrics`, summed over its label sets that

@@ -79,7 +79,15 @@ impl Fs {
     ) -> FsResult<()> {
         let owner = caller.root() || caller.uid == attr.uid;
         if let Some(mode) = set.mode {
-            if !owner {
+            // What the kernel sends for a writer who is not the owner of a
+            // set-user-ID or set-group-ID file, before its write or
+            // truncate: the same mode without those bits (Linux clears
+            // them for every writer; the write itself was checked).
+            let removed = attr.mode & !mode & 0o7777;
+            let added = mode & !attr.mode & 0o7777;
+            let kills_privs =
+                added == 0 && removed != 0 && removed & !(libc::S_ISUID | libc::S_ISGID) == 0;
+            if !owner && !kills_privs {
                 return Err(FsError::NotPermitted(
                     "only the owner may change the mode".into(),
                 ));
