@@ -506,6 +506,39 @@ fn writes_sequential_random_sparse_and_truncated() {
     drop(w2);
     drop(w1);
     assert_eq!(fs::read(m.path("two")).unwrap(), b"first second");
+
+    // fallocate mode 0 (posix_fallocate) extends with zeros; KEEP_SIZE
+    // changes nothing; punching holes is not done.
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.path("falloc"))
+        .unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    f.write_all_at(b"head", 0).unwrap();
+    // SAFETY: a valid descriptor.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 4096, 1 << 19) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 4096 + (1 << 19));
+    assert_eq!(unsafe { libc::posix_fallocate(fd, 4096, 1 << 20) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 4096 + (1 << 20));
+    assert_eq!(
+        unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 8 << 20) },
+        0
+    );
+    assert_eq!(f.metadata().unwrap().len(), 4096 + (1 << 20));
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 0, 4096) }, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    drop(f);
+    let got = fs::read(m.path("falloc")).unwrap();
+    assert_eq!(got.len(), 4096 + (1 << 20));
+    assert_eq!(&got[..4], b"head");
+    assert!(got[4..].iter().all(|b| *b == 0));
 }
 
 #[test]

@@ -64,7 +64,12 @@ impl Fs {
         Ok((ino, self.with_writes(ino, attr)))
     }
 
-    async fn setattr(&self, ino: u64, caller: Caller, mut set: SetAttr) -> FsResult<Attr> {
+    pub(super) async fn setattr(
+        &self,
+        ino: u64,
+        caller: Caller,
+        mut set: SetAttr,
+    ) -> FsResult<Attr> {
         // A directory's attributes are not something a delegation covers.
         self.delegations.give_back(ino).await;
         let attr = self.getattr(ino).await?;

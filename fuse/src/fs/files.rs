@@ -1,7 +1,7 @@
 //! Open files: open, read, write, flush and fsync, release. Writes (and
 //! reads of a file with uncommitted writes) go to the file's writer task;
 //! reads of a block file of this host the handle has open are answered on
-//! the fuser thread. fallocate is not supported; lseek is the kernel's.
+//! the fuser thread. fallocate extends files; lseek is the kernel's.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -343,8 +343,40 @@ pub(super) fn release(cfs: &CurvineFs, ino: INodeNo, fh: FileHandle, reply: Repl
     }
 }
 
-pub(super) fn fallocate(reply: ReplyEmpty) {
-    reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+/// fallocate mode 0 (and `posix_fallocate`) extends a file to the end of
+/// the range, as zeros; with `FALLOC_FL_KEEP_SIZE` nothing changes. No
+/// space is set aside ahead of the writes (blocks take what is written),
+/// and other modes (punching holes, zeroing, collapsing) are EOPNOTSUPP.
+pub(super) fn fallocate(
+    cfs: &CurvineFs,
+    req: &Request,
+    ino: INodeNo,
+    offset: u64,
+    length: u64,
+    mode: i32,
+    reply: ReplyEmpty,
+) {
+    if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        return;
+    }
+    let fs = cfs.0.clone();
+    let caller = super::perms::Caller::of(req);
+    cfs.spawn("fallocate", async move {
+        let Some(end) = offset.checked_add(length).filter(|e| *e <= i64::MAX as u64) else {
+            reply.error(Errno::from_i32(libc::EFBIG));
+            return;
+        };
+        let attr = try_reply!(reply, fs.getattr(ino.0).await);
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
+            let set = curvine_messages::SetAttr {
+                size: Some(end),
+                ..Default::default()
+            };
+            try_reply!(reply, fs.setattr(ino.0, caller, set).await);
+        }
+        reply.ok();
+    });
 }
 
 /// No ioctl is a file system's own here: ENOTTY, as for a plain file

@@ -467,15 +467,15 @@ impl Filesystem for CurvineFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        files::fallocate(reply)
+        files::fallocate(self, req, ino, offset, length, mode, reply)
     }
 
     fn lseek(
