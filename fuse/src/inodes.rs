@@ -145,7 +145,7 @@ impl Inodes {
             })?;
             parts.push(node.name.as_str());
             at = node.parent;
-            if parts.len() > 4096 {
+            if parts.len() > curvine_messages::MAX_PATH_LEN / 2 {
                 return Err(FsError::Io(format!("inode {ino:#x}: parent loop")));
             }
         }
@@ -404,6 +404,15 @@ impl Inodes {
             node.hidden = true;
             node.attr.nlink = node.attr.nlink.saturating_sub(1);
         }
+    }
+
+    /// Whether `ino` is hidden, and no longer marked so: of the calls that
+    /// race to remove a hidden file, one gets `true`.
+    pub fn take_hidden(&self, ino: u64) -> bool {
+        self.nodes
+            .write()
+            .get_mut(&ino)
+            .is_some_and(|n| std::mem::take(&mut n.hidden))
     }
 
     pub fn is_hidden(&self, ino: u64) -> bool {

@@ -570,6 +570,16 @@ fn an_unlinked_open_file_stays_readable() {
         *seen.borrow_mut() = listing;
         empty.then_some(())
     });
+    // A file written, closed and removed at once leaves its directory
+    // empty: the kernel's release of the closed file may come after the
+    // unlink, which waits for it rather than hiding the file.
+    for i in 0..30 {
+        let d = m.path(&format!("quick{i}"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), b"written and gone").unwrap();
+        fs::remove_file(d.join("f")).unwrap();
+        fs::remove_dir(&d).unwrap();
+    }
 }
 
 #[test]
@@ -840,6 +850,73 @@ fn hard_links_through_the_mount() {
     }
     let fsck = node.cli_ok(&["admin", "fsck"]);
     assert!(fsck.contains("namespace is consistent"), "{fsck}");
+}
+
+#[test]
+fn paths_longer_than_path_max_from_the_root_work_relative_to_a_directory() {
+    let (_dir, node, m) = setup(&[]);
+    // SAFETY (every libc call below): valid descriptors and C strings.
+    let at = |dir: i32, rel: &str, flags: i32| {
+        let c = CString::new(rel).unwrap();
+        unsafe { libc::openat(dir, c.as_ptr(), flags, 0o644) }
+    };
+    fs::create_dir(m.path("deep")).unwrap();
+    let top = at(
+        libc::AT_FDCWD,
+        m.path("deep").to_str().unwrap(),
+        libc::O_DIRECTORY,
+    );
+    assert!(top >= 0);
+    // 40 levels of 120-byte names: about 4,840 bytes from the root.
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("{i:03}{}", "d".repeat(117)))
+        .collect();
+    let mut fds = vec![top];
+    for name in &names {
+        let c = CString::new(name.as_str()).unwrap();
+        let parent = *fds.last().unwrap();
+        assert_eq!(
+            unsafe { libc::mkdirat(parent, c.as_ptr(), 0o755) },
+            0,
+            "mkdirat"
+        );
+        let fd = at(parent, name, libc::O_DIRECTORY);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        fds.push(fd);
+    }
+    // A 3,000-byte relative path from level 15 to a file at the bottom.
+    let rel = format!("{}/file", names[15..40].join("/"));
+    assert!(rel.len() > 3000, "{}", rel.len());
+    let fd = at(fds[15], &rel, libc::O_CREAT | libc::O_WRONLY);
+    assert!(fd >= 0, "create: {}", std::io::Error::last_os_error());
+    let mut f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    f.write_all(b"at the bottom").unwrap();
+    drop(f);
+    let fd = at(fds[40], "file", libc::O_RDONLY);
+    let mut f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut got = String::new();
+    f.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "at the bottom");
+    drop(f);
+    // Other clients reach it by its whole path.
+    let full = format!("/deep/{}/file", names.join("/"));
+    assert!(full.len() > 4096);
+    assert_eq!(cluster_read(&node, &full), b"at the bottom");
+    // rename and unlink through relative paths, as deep as that.
+    let to = format!("{}/moved", names[15..40].join("/"));
+    let (a, b) = (
+        CString::new(rel).unwrap(),
+        CString::new(to.clone()).unwrap(),
+    );
+    assert_eq!(
+        unsafe { libc::renameat(fds[15], a.as_ptr(), fds[15], b.as_ptr()) },
+        0
+    );
+    assert_eq!(unsafe { libc::unlinkat(fds[15], b.as_ptr(), 0) }, 0);
+    for fd in fds {
+        unsafe { libc::close(fd) };
+    }
+    fs::remove_dir_all(m.path("deep")).unwrap();
 }
 
 #[test]

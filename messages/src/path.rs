@@ -113,9 +113,12 @@ mod tests {
             Err(FsError::NameTooLong(_))
         ));
         assert!(components(&format!("/{}", "n".repeat(255)), "/").is_ok());
+        // Longer than PATH_MAX: a deep tree's path from the root.
         let deep = "/abcdefgh".repeat(600);
+        assert_eq!(components(&deep, "/").unwrap().len(), 600);
+        let too_deep = "/abcdefgh".repeat(120_000);
         assert!(matches!(
-            components(&deep, "/"),
+            components(&too_deep, "/"),
             Err(FsError::NameTooLong(_))
         ));
         assert!(matches!(

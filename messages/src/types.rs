@@ -30,8 +30,11 @@ pub const SHARD_BITS: u32 = 8;
 pub const MAX_SHARDS: u32 = 1 << SHARD_BITS;
 /// Longest file name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
-/// Longest path, in bytes.
-pub const MAX_PATH_LEN: usize = 4096;
+/// Longest path a request carries, in bytes. Not the kernel's PATH_MAX
+/// (4096), which bounds one system call's argument: a file deep in a tree,
+/// or under a mount of a directory (`--fs-path`), has a longer path from
+/// the namespace root, and the mount sends that path.
+pub const MAX_PATH_LEN: usize = 1 << 20;
 /// Longest symlink target, in bytes.
 pub const MAX_SYMLINK_LEN: usize = 4096;
 

@@ -293,12 +293,15 @@ pub(super) fn write(cfs: &CurvineFs, fh: FileHandle, offset: u64, data: &[u8], r
     }
 }
 
-/// Also fsync: both commit the handle's writes.
-pub(super) fn flush(cfs: &CurvineFs, fh: FileHandle, reply: ReplyEmpty) {
+/// Also fsync (`closing` false): both commit the handle's writes.
+pub(super) fn flush(cfs: &CurvineFs, fh: FileHandle, closing: bool, reply: ReplyEmpty) {
     let fs = cfs.0.clone();
     cfs.spawn("flush", async move {
         let handle = try_reply!(reply, fs.handle(fh.0));
         if let Handle::File(f) = &*handle {
+            if closing {
+                f.flushed.store(true, Ordering::SeqCst);
+            }
             if let Some(w) = &f.writer {
                 try_reply!(reply, w.commit().await);
             }

@@ -89,6 +89,9 @@ struct FileHandleState {
     reader: tokio::sync::Mutex<Option<(FileReader, u64)>>,
     /// Kept while the kernel reads the file through passthrough.
     backing: Option<Arc<fuser::BackingId>>,
+    /// A FLUSH came (a descriptor of it was closed): its RELEASE, which the
+    /// kernel sends after `close` returned, is likely on its way.
+    flushed: std::sync::atomic::AtomicBool,
 }
 
 enum Handle {
@@ -339,7 +342,7 @@ impl Filesystem for CurvineFs {
         _lock: LockOwner,
         reply: ReplyEmpty,
     ) {
-        files::flush(self, fh, reply)
+        files::flush(self, fh, true, reply)
     }
 
     fn fsync(
@@ -350,7 +353,7 @@ impl Filesystem for CurvineFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        files::flush(self, fh, reply)
+        files::flush(self, fh, false, reply)
     }
 
     fn release(

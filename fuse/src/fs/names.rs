@@ -16,6 +16,10 @@ use super::replies::name_str;
 use super::CurvineFs;
 use super::Fs;
 
+/// How long an unlink waits for the releases of a file whose descriptors
+/// were all closed, before it hides the file as open.
+const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Fs {
     /// Removes a file, or hides it while it is open here.
     pub(super) async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
@@ -27,12 +31,22 @@ impl Fs {
         // mount knows another of its names (hard links) or hid it already.
         let keeps_a_name =
             |ino: u64| self.inodes.is_hidden(ino) || self.inodes.has_other_name(ino, parent, name);
-        if let Some(ino) = known.filter(|i| self.open_count(*i) > 0 && !keeps_a_name(*i)) {
+        let open = match known {
+            Some(ino) if self.open_count(ino) > 0 => {
+                self.open_count_after_closes(ino, CLOSING_WAIT).await
+            }
+            _ => 0,
+        };
+        if let Some(ino) = known.filter(|i| open > 0 && !keeps_a_name(*i)) {
             let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
             let to = self.inodes.child_path(parent, &hidden)?;
             self.client.rename(&path, &to).await?;
             self.inodes.drop_name(parent, name);
             self.inodes.hide(ino, parent, &hidden);
+            if self.open_count(ino) == 0 {
+                // Its last release came while it was being hidden.
+                self.released(ino).await;
+            }
             return Ok(());
         }
         self.client
@@ -103,6 +117,9 @@ impl Fs {
                 let to = self.inodes.child_path(newparent, &hidden)?;
                 self.client.rename(&dst, &to).await?;
                 self.inodes.hide(ino, newparent, &hidden);
+                if self.open_count(ino) == 0 {
+                    self.released(ino).await;
+                }
             } else {
                 self.inodes.unlinked(ino, newparent, newname);
             }
@@ -114,7 +131,7 @@ impl Fs {
 
     /// The last handle of a file was released.
     pub(super) async fn released(&self, ino: u64) {
-        if !self.inodes.is_hidden(ino) {
+        if !self.inodes.take_hidden(ino) {
             return;
         }
         let Ok(path) = self.inodes.path(ino) else {

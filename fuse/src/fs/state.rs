@@ -131,6 +131,31 @@ impl Fs {
         self.open.lock().get(&ino).copied().unwrap_or(0)
     }
 
+    /// Open handles of `ino` once each of them was flushed (its
+    /// descriptors closed) have been released, waiting up to `within`:
+    /// the kernel sends a RELEASE after `close` returned, so an unlink
+    /// right after a close would otherwise find the file still open.
+    /// Read-only handles are opened without flushes: they give no sign,
+    /// and one of them open means no wait. Returns the open count then.
+    pub(super) async fn open_count_after_closes(
+        &self,
+        ino: u64,
+        within: std::time::Duration,
+    ) -> u32 {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let open = self.open_count(ino);
+            let closing = self.handles.lock().values().all(|h| match &**h {
+                Handle::File(f) if f.ino == ino => f.flushed.load(Ordering::SeqCst),
+                _ => true,
+            });
+            if open == 0 || !closing || tokio::time::Instant::now() >= deadline {
+                return open;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     /// A handle of an open file (writer and backing file when it has them).
     pub(super) fn add_file_handle(
         &self,
@@ -143,6 +168,7 @@ impl Fs {
             writer,
             reader: tokio::sync::Mutex::new(None),
             backing,
+            flushed: std::sync::atomic::AtomicBool::new(false),
         })))
     }
 
