@@ -373,6 +373,9 @@ pub struct FuseConf {
     /// Let the kernel check permissions from the mode, owner and group of
     /// each file.
     pub default_permissions: bool,
+    /// POSIX ACLs (`system.posix_acl_access` and `_default`), enforced by
+    /// the kernel; needs `default_permissions`.
+    pub acl: bool,
     /// Directory for the data of random writes until the file is flushed
     /// (empty: the system's temporary directory).
     pub stage_dir: String,
@@ -405,6 +408,7 @@ impl Default for FuseConf {
             delegations: true,
             allow_other: false,
             default_permissions: true,
+            acl: false,
             stage_dir: String::new(),
             block_size: ByteSize(0),
             metrics_listen: "127.0.0.1:8999".into(),

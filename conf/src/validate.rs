@@ -330,6 +330,13 @@ impl Config {
     /// The FUSE mount and the supervisor's restart budget.
     fn check_fuse_and_supervisor(&self, source: &dyn Fn(&str) -> Source) -> Result<(), ConfError> {
         let invalid = invalid_value(source);
+        if self.fuse.acl && !self.fuse.default_permissions {
+            return Err(invalid(
+                "fuse.acl",
+                "true".into(),
+                "ACLs are enforced by the kernel's permission checks: fuse.default_permissions must be true",
+            ));
+        }
         if !(1..=64).contains(&self.fuse.threads) {
             return Err(invalid(
                 "fuse.threads",

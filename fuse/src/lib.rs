@@ -99,6 +99,9 @@ pub struct MountArgs {
     /// groups of files (fuse.allow_other and fuse.default_permissions).
     #[arg(long)]
     pub check_permission: bool,
+    /// POSIX ACLs, enforced by the kernel (fuse.acl).
+    #[arg(long)]
+    pub acl: bool,
     /// Directory for data of random writes until flushed (fuse.stage_dir).
     #[arg(long, value_name = "DIR")]
     pub stage_dir: Option<String>,
@@ -166,6 +169,7 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             "--writeback-cache",
         ),
         ("fuse.direct_io", args.direct_io, "true", "--direct-io"),
+        ("fuse.acl", args.acl, "true", "--acl"),
         (
             "fuse.passthrough",
             args.passthrough,

@@ -356,6 +356,69 @@ fn check_permission_holds_other_users_to_modes_and_owners() {
     denied(bob, "chmod 777 $M/suid", "Operation not permitted");
 }
 
+#[test]
+fn posix_acls_are_enforced_and_inherited_with_acl() {
+    let (Some(setfacl), Some(getfacl)) = (tool("setfacl"), tool("getfacl")) else {
+        return;
+    };
+    let (dir, _node, m) = setup(&["--check-permission", "--acl"]);
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (alice, bob) = (65534, 65533);
+    let facl = |args: &[&str], path: &Path| {
+        run(Command::new(&setfacl).args(args).arg(path));
+    };
+    let show = |path: &Path| run(Command::new(&getfacl).args(["-n", "-p"]).arg(path));
+    fs::write(m.path("secret"), b"top").unwrap();
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let (ok, _) = as_user(alice, &m, "cat $M/secret");
+    assert!(!ok, "the mode keeps alice out");
+    // A named user entry lets alice read, and only alice.
+    facl(&["-m", &format!("u:{alice}:r")], &m.path("secret"));
+    let (ok, out) = as_user(alice, &m, "cat $M/secret");
+    assert!(ok && out == "top", "{out}");
+    let (ok, _) = as_user(bob, &m, "cat $M/secret");
+    assert!(!ok, "bob has no entry");
+    let acl = show(&m.path("secret"));
+    assert!(acl.contains(&format!("user:{alice}:r--")), "{acl}");
+    // The group bits of the mode show the mask.
+    let mode = fs::metadata(m.path("secret")).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    // chmod sets the mask: alice's entry no longer grants anything.
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let acl = show(&m.path("secret"));
+    assert!(acl.contains("mask::---"), "{acl}");
+    let (ok, _) = as_user(alice, &m, "cat $M/secret");
+    assert!(!ok, "the mask holds alice out after chmod 600");
+    // A directory's default ACL is inherited by what is made in it, and
+    // replaces the umask.
+    fs::create_dir(m.path("shared")).unwrap();
+    fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o755)).unwrap();
+    facl(&["-d", "-m", &format!("u:{alice}:rwx")], &m.path("shared"));
+    facl(&["-m", &format!("u:{alice}:rwx")], &m.path("shared"));
+    let (ok, out) = as_user(alice, &m, "echo from-alice > $M/shared/hers");
+    assert!(ok, "{out}");
+    fs::write(m.path("shared/f"), b"root's").unwrap();
+    let acl = show(&m.path("shared/f"));
+    assert!(acl.contains(&format!("user:{alice}:rwx")), "{acl}");
+    let (ok, out) = as_user(alice, &m, "echo more >> $M/shared/f");
+    assert!(ok, "alice inherits write access: {out}");
+    fs::create_dir(m.path("shared/sub")).unwrap();
+    // (With -d, getfacl prints the default ACL's entries unprefixed.)
+    let acl = run(Command::new(&getfacl)
+        .args(["-n", "-p", "-d"])
+        .arg(m.path("shared/sub")));
+    assert!(acl.contains(&format!("user:{alice}:rwx")), "{acl}");
+    // ACLs are extended attributes of the namespace: a new mount sees them.
+    drop(m);
+    let m = FuseMount::start(
+        &_node,
+        &dir.path().join("mnt2"),
+        &["--check-permission", "--acl"],
+    );
+    let (ok, out) = as_user(alice, &m, "cat $M/shared/f");
+    assert!(ok && out == "root'smore\n", "{out}");
+}
+
 /// A counter of the mount's `/metrics`, summed over its label sets that
 /// contain `label`.
 #[test]

@@ -143,14 +143,18 @@ impl Fs {
             return Ok(attr);
         }
         let path = self.inodes.path(ino)?;
+        let chmod = set.mode;
         let attr = self
             .client
             .call(rpc::SetAttrs {
-                path,
+                path: path.clone(),
                 set,
                 follow: false,
             })
             .await?;
+        if let Some(mode) = chmod {
+            self.chmod_acl(ino, &path, mode).await?;
+        }
         self.inodes.set_attr(ino, attr.clone());
         Ok(self.with_writes(ino, attr))
     }

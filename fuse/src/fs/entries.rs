@@ -12,6 +12,7 @@ use curvine_client::io::{FileWriter, WriteOptions};
 use curvine_messages::rpc;
 use curvine_messages::{Attr, FileKind, FsResult};
 
+use super::acl::Inherited;
 use super::perms::Caller;
 use super::replies::{name_str, ErrorReply};
 use super::write;
@@ -67,6 +68,8 @@ struct NewEntry {
     uid: u32,
     gid: u32,
     mode: u32,
+    /// The ACLs it inherits from its directory's default ACL (`--acl`).
+    acl: Option<Inherited>,
 }
 
 impl CurvineFs {
@@ -97,7 +100,16 @@ impl CurvineFs {
                 }
             };
             let dir = matches!(kind, NewKind::Dir);
-            let mode = new.mode & !new.umask;
+            // A directory's default ACL replaces the umask (not for symlinks).
+            let acl = match kind {
+                NewKind::Symlink(_) => None,
+                _ => try_reply!(reply, fs.default_acl(new.parent).await)
+                    .map(|acl| acl.inherit(new.mode, dir)),
+            };
+            let mode = match &acl {
+                Some(inherited) => inherited.mode,
+                None => new.mode & !new.umask,
+            };
             let (path, uid, gid, mode) = try_reply!(
                 reply,
                 fs.new_entry(new.parent, &name, new.caller, mode, dir).await
@@ -110,6 +122,7 @@ impl CurvineFs {
                 uid,
                 gid,
                 mode,
+                acl,
             };
             make(fs, entry, reply).await;
         });
@@ -129,7 +142,7 @@ impl CurvineFs {
             let made = match new.kind {
                 NewKind::File => {
                     let touch = rpc::Touch {
-                        path: new.path,
+                        path: new.path.clone(),
                         mode: new.mode,
                         exclusive: true,
                         uid: new.uid,
@@ -139,7 +152,7 @@ impl CurvineFs {
                 }
                 NewKind::Dir => {
                     let mkdir = rpc::Mkdir {
-                        path: new.path,
+                        path: new.path.clone(),
                         parents: false,
                         mode: new.mode,
                         uid: new.uid,
@@ -150,7 +163,7 @@ impl CurvineFs {
                 NewKind::Symlink(target) => {
                     let symlink = rpc::Symlink {
                         target,
-                        link: new.path,
+                        link: new.path.clone(),
                         uid: new.uid,
                         gid: new.gid,
                     };
@@ -158,7 +171,7 @@ impl CurvineFs {
                 }
                 NewKind::Special(kind) => {
                     let mknod = rpc::Mknod {
-                        path: new.path,
+                        path: new.path.clone(),
                         kind,
                         mode: new.mode,
                         uid: new.uid,
@@ -168,6 +181,7 @@ impl CurvineFs {
                 }
             };
             let attr = try_reply!(reply, made);
+            try_reply!(reply, fs.set_inherited_acl(&new.path, &new.acl).await);
             if attr.kind == FileKind::File {
                 fs.made_file(new.parent, &attr);
             } else {
@@ -183,16 +197,21 @@ impl CurvineFs {
 /// file is made here and its writer opens once the create is back.
 async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate) {
     let owner = (new.uid, new.gid);
-    let local = fs
-        .delegations
-        .create(
-            new.parent,
-            || fs.inodes.path(new.parent),
-            &new.name,
-            new.mode,
-            owner,
-        )
-        .await;
+    // A file that inherits ACLs is made by the cluster first.
+    let local = match new.acl {
+        Some(_) => None,
+        None => {
+            fs.delegations
+                .create(
+                    new.parent,
+                    || fs.inodes.path(new.parent),
+                    &new.name,
+                    new.mode,
+                    owner,
+                )
+                .await
+        }
+    };
     if let Some((attr, created)) = local {
         return fs.made_here(new.parent, &new.name, owner, attr, created, reply);
     }
@@ -212,6 +231,7 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
         reply,
         FileWriter::open(&fs.client, &new.path, &options).await
     );
+    try_reply!(reply, fs.set_inherited_acl(&new.path, &new.acl).await);
     let attr = w.attr.clone();
     fs.made_file(new.parent, &attr);
     let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
@@ -250,6 +270,9 @@ impl Fs {
         let Some(pattr) = self.inodes.fresh_attr(new.parent) else {
             return Some(reply);
         };
+        if !self.no_default_acl(new.parent) {
+            return Some(reply);
+        }
         let mode = new.mode & !new.umask & 0o7777;
         let owner = if pattr.mode & libc::S_ISGID != 0 {
             (new.caller.uid, pattr.gid)
@@ -314,6 +337,25 @@ impl Fs {
     fn made_file(&self, parent: u64, attr: &Attr) {
         self.inodes.file_made_in(parent, attr.ctime_ns);
         self.remember_absent_xattr(self.inodes.fuse_ino(attr.ino), "security.capability");
+    }
+
+    /// Gives a new inode at `path` the ACLs it inherited.
+    async fn set_inherited_acl(&self, path: &str, acl: &Option<Inherited>) -> FsResult<()> {
+        let Some(inherited) = acl else {
+            return Ok(());
+        };
+        let attrs = [
+            (super::acl::ACCESS, &inherited.access),
+            (super::acl::DEFAULT, &inherited.default),
+        ];
+        for (name, value) in attrs {
+            if let Some(value) = value {
+                self.client
+                    .set_xattr(path, name, value, curvine_messages::XattrMode::Any)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Path, owner and mode of something a caller creates as `name` in

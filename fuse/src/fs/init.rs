@@ -41,6 +41,17 @@ pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
             tracing::info!(?e, "the kernel does not offer a FUSE capability");
         }
     }
+    if conf.acl {
+        // The kernel enforces ACLs; umasks become the mount's to apply
+        // (not where a default ACL is inherited).
+        let ok = config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok()
+            && config.add_capabilities(InitFlags::FUSE_DONT_MASK).is_ok();
+        if ok {
+            fs.acl.store(true, Ordering::SeqCst);
+        } else {
+            tracing::warn!("fuse.acl is on but the kernel does not offer POSIX ACLs; system.* attributes answer ENOTSUP");
+        }
+    }
     if conf.passthrough {
         let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok();

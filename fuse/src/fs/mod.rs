@@ -62,6 +62,7 @@ macro_rules! try_reply {
     };
 }
 
+mod acl;
 mod attrs;
 mod delegated;
 mod dirs;
@@ -120,6 +121,8 @@ pub struct Fs {
     negative_ttl: Duration,
     /// Passthrough was agreed with the kernel.
     passthrough: std::sync::atomic::AtomicBool,
+    /// POSIX ACLs agreed with the kernel (`fuse.acl`).
+    acl: std::sync::atomic::AtomicBool,
     /// Tells the kernel when attributes it cached changed here.
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// Extended attributes found absent, with when (see `xattr_absent`).

@@ -49,6 +49,7 @@ impl Fs {
             attr_ttl: conf.attr_timeout.0,
             negative_ttl: conf.negative_timeout.0,
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            acl: std::sync::atomic::AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
             passthrough_handles: Mutex::new(HashMap::new()),
             open_locks: Mutex::new(HashMap::new()),

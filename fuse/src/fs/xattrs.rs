@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use fuser::{Errno, INodeNo, ReplyEmpty, ReplyXattr};
 
-use curvine_messages::{FsError, XattrMode};
+use curvine_messages::{FsError, FsResult, XattrMode};
 
 use super::replies::{errno, name_str};
 use super::CurvineFs;
@@ -34,6 +34,105 @@ impl Fs {
         absent.insert((ino, name.to_string()), Instant::now());
     }
 
+    /// Whether `name` is an ACL attribute this mount keeps (`fuse.acl`).
+    fn acl_attr(&self, name: &str) -> bool {
+        self.acl.load(std::sync::atomic::Ordering::Relaxed)
+            && (name == super::acl::ACCESS || name == super::acl::DEFAULT)
+    }
+
+    /// The default ACL of directory `parent` that a new inode inherits
+    /// (`None` without ACLs, or when it has none; its absence is
+    /// remembered for the metadata TTL).
+    pub(super) async fn default_acl(&self, parent: u64) -> FsResult<Option<super::acl::Acl>> {
+        use super::acl::{Acl, DEFAULT};
+        if !self.acl.load(std::sync::atomic::Ordering::Relaxed)
+            || self.xattr_absent(parent, DEFAULT)
+        {
+            return Ok(None);
+        }
+        let path = self.inodes.path(parent)?;
+        match self.client.get_xattr(&path, DEFAULT).await {
+            Ok(bytes) => Ok(Acl::parse(&bytes)),
+            Err(FsError::NoData(_)) => {
+                self.remember_absent_xattr(parent, DEFAULT);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the access ACL of `ino` (at `path`): the mode takes the
+    /// ACL's owner, group-class and other bits, and an ACL a mode says
+    /// whole is not kept (the kernel leaves both to the mount).
+    async fn set_access_acl(
+        &self,
+        ino: u64,
+        path: &str,
+        value: &[u8],
+        mode: XattrMode,
+    ) -> FsResult<()> {
+        use super::acl::{Acl, ACCESS};
+        let acl =
+            Acl::parse(value).ok_or_else(|| FsError::InvalidArgument("not a POSIX ACL".into()))?;
+        if acl.is_mode() {
+            match self.client.remove_xattr(path, ACCESS).await {
+                Ok(()) | Err(FsError::NoData(_)) => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.client.set_xattr(path, ACCESS, value, mode).await?;
+        }
+        let attr = self.getattr(ino).await?;
+        let set = curvine_messages::SetAttr {
+            mode: Some((attr.mode & !0o777) | acl.mode_bits()),
+            ..Default::default()
+        };
+        let attr = self
+            .client
+            .call(curvine_messages::rpc::SetAttrs {
+                path: path.to_string(),
+                set,
+                follow: false,
+            })
+            .await?;
+        self.inodes.set_attr(ino, attr);
+        Ok(())
+    }
+
+    /// After a chmod of `ino` (at `path`) to `mode`: its access ACL, if it
+    /// has one, follows the mode (the kernel leaves this to the mount).
+    pub(super) async fn chmod_acl(&self, ino: u64, path: &str, mode: u32) -> FsResult<()> {
+        use super::acl::{Acl, ACCESS};
+        if !self.acl.load(std::sync::atomic::Ordering::Relaxed) || self.xattr_absent(ino, ACCESS) {
+            return Ok(());
+        }
+        let bytes = match self.client.get_xattr(path, ACCESS).await {
+            Ok(bytes) => bytes,
+            Err(FsError::NoData(_)) => {
+                self.remember_absent_xattr(ino, ACCESS);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(acl) = Acl::parse(&bytes) else {
+            return Ok(());
+        };
+        let updated = acl.chmod(mode).encode();
+        if updated != bytes {
+            self.client
+                .set_xattr(path, ACCESS, &updated, XattrMode::Any)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Whether a new inode in `parent` may be made without asking for its
+    /// default ACL: ACLs are off, or the directory is known to have none.
+    pub(super) fn no_default_acl(&self, parent: u64) -> bool {
+        !self.acl.load(std::sync::atomic::Ordering::Relaxed)
+            || self.xattr_absent(parent, super::acl::DEFAULT)
+    }
+
     fn forget_absent_xattrs(&self, ino: u64) {
         self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
     }
@@ -52,7 +151,7 @@ pub(super) fn setxattr(
     let value = value.to_vec();
     cfs.spawn("setxattr", async move {
         let name = try_reply!(reply, name_str(&name));
-        if name.starts_with("system.") {
+        if name.starts_with("system.") && !fs.acl_attr(name) {
             reply.error(Errno::from_i32(libc::ENOTSUP));
             return;
         }
@@ -65,7 +164,10 @@ pub(super) fn setxattr(
         };
         let path = try_reply!(reply, fs.inodes.path(ino.0));
         fs.forget_absent_xattrs(ino.0);
-        let result = fs.client.set_xattr(&path, name, &value, mode).await;
+        let result = match fs.acl_attr(name) && name == super::acl::ACCESS {
+            true => fs.set_access_acl(ino.0, &path, &value, mode).await,
+            false => fs.client.set_xattr(&path, name, &value, mode).await,
+        };
         fs.forget_absent_xattrs(ino.0);
         try_reply!(reply, result);
         fs.inodes.expire(ino.0);
@@ -84,7 +186,7 @@ pub(super) fn getxattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, size: u32, r
     let name = name.to_os_string();
     cfs.spawn("getxattr", async move {
         let name = try_reply!(reply, name_str(&name));
-        if name.starts_with("system.posix_acl") {
+        if name.starts_with("system.posix_acl") && !fs.acl_attr(name) {
             reply.error(Errno::from_i32(libc::ENODATA));
             return;
         }
