@@ -37,6 +37,46 @@ pub enum FuseCommand {
     },
 }
 
+pub use mountpoint::SOURCE_PREFIX;
+
+/// Makes the mount at `mountpoint` read-only, or writable again
+/// (mount(2) with MS_REMOUNT; the kernel then answers EROFS to every
+/// change). Root only.
+pub fn remount(mountpoint: &std::path::Path, read_only: bool) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut flags = libc::MS_REMOUNT;
+    if read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    // The kernel refuses (EBUSY) while a file is open for writing or an
+    // unlinked inode is still held; the last of those is often a moment
+    // from going: try again for a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // SAFETY: a valid C string; null source, type and data, as a
+        // remount takes.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) || Instant::now() >= deadline {
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Flags of `fuse mount`; each one sets the `fuse.*` key of the same name.
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
