@@ -350,6 +350,47 @@ impl Inodes {
         }
     }
 
+    /// Two names swapped their inodes (RENAME_EXCHANGE).
+    pub fn exchanged(&self, a_parent: u64, a_name: &str, b_parent: u64, b_name: &str) {
+        let (a, b) = (
+            self.known_child(a_parent, a_name),
+            self.known_child(b_parent, b_name),
+        );
+        let now = Instant::now();
+        {
+            let mut names = self.names.write();
+            names.remove(&(a_parent, a_name.to_string()));
+            names.remove(&(b_parent, b_name.to_string()));
+            if let Some(b) = b {
+                names.insert((a_parent, a_name.to_string()), (b, now));
+            }
+            if let Some(a) = a {
+                names.insert((b_parent, b_name.to_string()), (a, now));
+            }
+        }
+        let mut nodes = self.nodes.write();
+        let stale = now - self.ttl - Duration::from_secs(1);
+        let moves = [
+            (a, (a_parent, a_name), (b_parent, b_name)),
+            (b, (b_parent, b_name), (a_parent, a_name)),
+        ];
+        for (ino, from, to) in moves {
+            let Some(node) = ino.and_then(|i| nodes.get_mut(&i)) else {
+                continue;
+            };
+            let to = (to.0, to.1.to_string());
+            match node
+                .others
+                .iter_mut()
+                .find(|(p, n)| *p == from.0 && n == from.1)
+            {
+                Some(other) => *other = to,
+                None => (node.parent, node.name) = to,
+            }
+            node.fetched = stale;
+        }
+    }
+
     /// The inode known under (parent, name), however old.
     pub fn known_child(&self, parent: u64, name: &str) -> Option<u64> {
         if let Some((ino, _)) = self.names.read().get(&(parent, name.to_string())) {

@@ -724,7 +724,7 @@ fn rmdir_of_a_name_renamed_over_by_a_directory_of_another_shard() {
 }
 
 #[test]
-fn hard_links_across_shards_and_clients_keep_their_count() {
+fn hard_links_and_exchanges_across_shards_and_clients() {
     use curvine_messages::{dir_shard, shard_of};
     let dir = tempfile::tempdir().unwrap();
     let cluster = ProcessCluster::start(dir.path(), 2, &[]);
@@ -790,6 +790,15 @@ fn hard_links_across_shards_and_clients_keep_their_count() {
         w0.await.unwrap();
         w1.await.unwrap();
         assert_eq!(c1.stat(&g).await.unwrap().nlink, 2 + 40);
+        // RENAME_EXCHANGE across the two shards, seen by the other client.
+        let (p, q) = (format!("/hl/{a}/p"), format!("/hl/{b}/q"));
+        put(&c0, &p, b"P", 1).await.unwrap();
+        put(&c0, &q, b"Q", 1).await.unwrap();
+        c1.exchange(&p, &q).await.unwrap();
+        assert_eq!(get(&c0, &p).await.unwrap(), b"Q");
+        assert_eq!(get(&c0, &q).await.unwrap(), b"P");
+        let gone = c0.exchange(&p, "/hl/none").await.unwrap_err();
+        assert!(matches!(gone, FsError::NotFound(_)), "{gone}");
     });
     assert_consistent(&cluster.nodes[0]);
 }

@@ -182,7 +182,9 @@ fn files_directories_and_their_errnos() {
         }
     };
     assert_eq!(renameat2("r1", "r2", libc::RENAME_NOREPLACE), libc::EEXIST);
-    assert_eq!(renameat2("r1", "r2", libc::RENAME_EXCHANGE), libc::EINVAL);
+    assert_eq!(renameat2("r1", "r2", libc::RENAME_EXCHANGE), 0);
+    assert_eq!(fs::read(m.path("r1")).unwrap(), b"two");
+    assert_eq!(renameat2("r1", "r2", libc::RENAME_EXCHANGE), 0);
     fs::rename(m.path("r1"), m.path("r2")).unwrap();
     assert_eq!(fs::read(m.path("r2")).unwrap(), b"one");
     assert_eq!(errno(fs::metadata(m.path("r1"))), libc::ENOENT);
@@ -980,6 +982,73 @@ fn paths_longer_than_path_max_from_the_root_work_relative_to_a_directory() {
         unsafe { libc::close(fd) };
     }
     fs::remove_dir_all(m.path("deep")).unwrap();
+}
+
+#[test]
+fn rename_exchange_swaps_names_and_whiteout_leaves_a_whiteout() {
+    use std::os::unix::fs::FileTypeExt;
+    let (_dir, node, m) = setup(&[]);
+    let renameat2 = |a: &Path, b: &Path, flags: u32| {
+        let (a, b) = (cpath(a), cpath(b));
+        // SAFETY: valid C strings.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                flags,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // Two files of one directory.
+    fs::write(m.path("a"), b"A").unwrap();
+    fs::write(m.path("b"), b"B").unwrap();
+    renameat2(&m.path("a"), &m.path("b"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"B");
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"A");
+    assert_eq!(node.cli_ok(&["fs", "cat", "/a"]), "B");
+    // A directory and a file of different directories (and shards): the
+    // directory's `..` and both directories' link counts follow.
+    for d in ["d1", "d2"] {
+        fs::create_dir(m.path(d)).unwrap();
+    }
+    fs::create_dir(m.path("d1/sub")).unwrap();
+    fs::write(m.path("d1/sub/inner"), b"inside").unwrap();
+    fs::write(m.path("d2/f"), b"a file").unwrap();
+    let links = |d: &str| fs::metadata(m.path(d)).unwrap().nlink();
+    let (d1_links, d2_links) = (links("d1"), links("d2"));
+    renameat2(&m.path("d1/sub"), &m.path("d2/f"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(m.path("d1/sub")).unwrap(), b"a file");
+    assert_eq!(fs::read(m.path("d2/f/inner")).unwrap(), b"inside");
+    assert_eq!((links("d1"), links("d2")), (d1_links - 1, d2_links + 1));
+    assert_eq!(
+        fs::metadata(m.path("d2/f/..")).unwrap().ino(),
+        fs::metadata(m.path("d2")).unwrap().ino()
+    );
+    // Both must exist; a directory cannot go inside itself.
+    let missing = renameat2(&m.path("a"), &m.path("nothing"), libc::RENAME_EXCHANGE);
+    assert_eq!(errno(missing), libc::ENOENT);
+    fs::create_dir(m.path("d2/f/deeper")).unwrap();
+    let inside = renameat2(
+        &m.path("d2/f"),
+        &m.path("d2/f/deeper"),
+        libc::RENAME_EXCHANGE,
+    );
+    assert_eq!(errno(inside), libc::EINVAL);
+    // RENAME_WHITEOUT: the file moves and a whiteout (0/0) takes its name.
+    fs::write(m.path("w"), b"moved").unwrap();
+    renameat2(&m.path("w"), &m.path("w2"), libc::RENAME_WHITEOUT).unwrap();
+    assert_eq!(fs::read(m.path("w2")).unwrap(), b"moved");
+    let md = fs::symlink_metadata(m.path("w")).unwrap();
+    assert!(md.file_type().is_char_device() && md.rdev() == 0);
+    let fsck = node.cli_ok(&["admin", "fsck"]);
+    assert!(fsck.contains("namespace is consistent"), "{fsck}");
 }
 
 #[test]

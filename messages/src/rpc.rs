@@ -113,6 +113,13 @@ pub struct Symlink {
     pub gid: u32,
 }
 
+/// Swap what `a` and `b` name, atomically (RENAME_EXCHANGE): both exist.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub a: String,
+    pub b: String,
+}
+
 /// Make `link` a new name (hard link) of what `target` names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Link {
@@ -511,6 +518,7 @@ calls! {
     Symlink => Attr, Attr;
     Mknod => Attr, Attr;
     Link => Attr, Attr;
+    Exchange => (), Done;
     Readlink => String, Target;
     Rename => (), Done;
     Remove => RemoveSummary, Removed;

@@ -49,6 +49,16 @@ pub enum IntentOp {
     /// Make `name` in `parent` (held here) a new link to file `ino`, held
     /// by another shard.
     Link { parent: Ino, name: String, ino: Ino },
+    /// Swap what `a_parent/a_name` (here; inode `ino`, a `kind`) and
+    /// `b_parent/b_name` name (RENAME_EXCHANGE).
+    Exchange {
+        a_parent: Ino,
+        a_name: String,
+        b_parent: Ino,
+        b_name: String,
+        ino: Ino,
+        kind: FileKind,
+    },
 }
 
 /// A durable record of a cross-shard operation in progress.

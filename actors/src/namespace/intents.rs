@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use curvine_messages::shard::{Intent, IntentOp, ShardMsg, Step, StepResult};
-use curvine_messages::{shard_of, Attr, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId};
+use curvine_messages::{
+    shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId,
+};
 
 use super::Namespace;
 use crate::store::check_rename_kinds;
@@ -76,6 +78,12 @@ impl Namespace {
             } => vec![shard_of(*src_parent), shard_of(*dst_parent), shard_of(*ino)],
             IntentOp::DropLink { ino } => vec![shard_of(*ino)],
             IntentOp::Link { parent, ino, .. } => vec![shard_of(*parent), shard_of(*ino)],
+            IntentOp::Exchange {
+                a_parent,
+                b_parent,
+                ino,
+                ..
+            } => vec![shard_of(*a_parent), shard_of(*b_parent), shard_of(*ino)],
         };
         let map = self.cluster.map();
         // A replicated shard's steps go to whichever member leads it: a
@@ -143,6 +151,17 @@ impl Namespace {
             }
             IntentOp::Link { parent, name, ino } => {
                 self.drive_link(op, aborting, parent, name, ino).await
+            }
+            IntentOp::Exchange {
+                a_parent,
+                a_name,
+                b_parent,
+                b_name,
+                ino,
+                kind,
+            } => {
+                let (a, b) = ((a_parent, a_name), (b_parent, b_name));
+                self.drive_exchange(op, aborting, a, b, (ino, kind)).await
             }
         }
     }
@@ -263,42 +282,9 @@ impl Namespace {
         let home = shard_of(op);
         let ((src_parent, src_name), (dst_parent, dst_name)) = (src, dst);
         let dst_home = shard_of(dst_parent);
-        let unlock_dst = (
-            dst_home,
-            Step::UnlockName {
-                parent: dst_parent,
-                name: dst_name.clone(),
-            },
-        );
-        if aborting {
-            self.step(dst_home, op, 8, unlock_dst.1).await?;
-            self.end_intent(op).await?;
-            return Err(FsError::Io("rename was rolled back".into()));
-        }
-        // Another operation may hold the target name and wait for this
-        // one's source name: after a wait of random length, step back.
-        let busy_until = Instant::now() + rand::thread_rng().gen_range(LOCK_WAIT);
-        let existing = match self
-            .decisive_step(
-                dst_home,
-                op,
-                1,
-                Step::LockName {
-                    parent: dst_parent,
-                    name: dst_name.clone(),
-                },
-                Some(busy_until),
-            )
-            .await
-        {
-            Ok(StepResult::Existing(e)) => e,
-            Ok(other) => {
-                return Err(FsError::Corrupt(format!(
-                    "rename step 1 returned {other:?}"
-                )))
-            }
-            Err(e) => return self.abort(op, &[], e).await,
-        };
+        let (existing, unlock_dst) = self
+            .lock_target(op, aborting, "rename", dst_parent, &dst_name)
+            .await?;
         if let Some(e) = &existing {
             if e.ino == ino {
                 // Both names are links to one inode: POSIX does nothing.
@@ -369,6 +355,109 @@ impl Namespace {
         }
         self.end_intent(op).await?;
         Ok(None)
+    }
+
+    /// An exchange of what `a` and `b` name (each a directory and a name;
+    /// `a`'s inode is `ino`, a `kind`): `b`'s name is locked (step 1; it
+    /// must exist), then each name is pointed at the other's inode (3 and
+    /// 4, which release the names), and directories that moved between
+    /// directories get their new parent (5, 6). Step 8 releases `b`'s name
+    /// when the exchange is rolled back or has nothing to do.
+    async fn drive_exchange(
+        &self,
+        op: OpId,
+        aborting: bool,
+        a: (Ino, String),
+        b: (Ino, String),
+        (ino, kind): (Ino, FileKind),
+    ) -> FsResult<Option<Attr>> {
+        let ((a_parent, a_name), (b_parent, b_name)) = (a, b);
+        let b_home = shard_of(b_parent);
+        let (other, unlock_b) = self
+            .lock_target(op, aborting, "exchange", b_parent, &b_name)
+            .await?;
+        let Some(other) = other else {
+            let missing = FsError::NotFound(b_name.clone());
+            return self.abort(op, &[unlock_b], missing).await;
+        };
+        if other.ino == ino {
+            self.step(b_home, op, 8, unlock_b.1).await?;
+            self.end_intent(op).await?;
+            return Ok(None);
+        }
+        let to_a = Step::LinkName {
+            parent: b_parent,
+            name: b_name,
+            ino,
+            kind,
+        };
+        self.step(b_home, op, 3, to_a).await?;
+        let to_b = Step::LinkName {
+            parent: a_parent,
+            name: a_name,
+            ino: other.ino,
+            kind: other.kind,
+        };
+        self.step(shard_of(op), op, 4, to_b).await?;
+        if a_parent != b_parent {
+            if kind == FileKind::Dir {
+                let moved = Step::SetDirParent {
+                    ino,
+                    parent: b_parent,
+                };
+                self.step(shard_of(ino), op, 5, moved).await?;
+            }
+            if other.kind == FileKind::Dir {
+                let moved = Step::SetDirParent {
+                    ino: other.ino,
+                    parent: a_parent,
+                };
+                self.step(shard_of(other.ino), op, 6, moved).await?;
+            }
+        }
+        self.end_intent(op).await?;
+        Ok(None)
+    }
+
+    /// The start of a rename or exchange (`what`): the operation is rolled
+    /// back when `aborting`; otherwise the target name `parent`/`name` is
+    /// reserved (step 1, decisive; a name another operation holds, which
+    /// may wait for this one's source name, is waited for a random while
+    /// before stepping back). Returns what the name holds and the step that
+    /// releases it (step 8); an error ends the operation.
+    async fn lock_target(
+        &self,
+        op: OpId,
+        aborting: bool,
+        what: &str,
+        parent: Ino,
+        name: &str,
+    ) -> FsResult<(Option<DirEntry>, (ShardId, Step))> {
+        let home = shard_of(parent);
+        let unlock = Step::UnlockName {
+            parent,
+            name: name.to_string(),
+        };
+        if aborting {
+            self.step(home, op, 8, unlock).await?;
+            self.end_intent(op).await?;
+            return Err(FsError::Io(format!("{what} was rolled back")));
+        }
+        let busy_until = Instant::now() + rand::thread_rng().gen_range(LOCK_WAIT);
+        let lock = Step::LockName {
+            parent,
+            name: name.to_string(),
+        };
+        match self
+            .decisive_step(home, op, 1, lock, Some(busy_until))
+            .await
+        {
+            Ok(StepResult::Existing(e)) => Ok((e, (home, unlock))),
+            Ok(other) => Err(FsError::Corrupt(format!(
+                "{what} step 1 returned {other:?}"
+            ))),
+            Err(e) => self.abort(op, &[], e).await,
+        }
     }
 
     /// A step before the irreversible one, after which the operation goes

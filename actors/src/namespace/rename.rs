@@ -1,6 +1,6 @@
 //! POSIX rename of paths: within one shard in one message, across shards
 //! through an intent, and moves of directories between directories under
-//! the cluster's rename lock.
+//! the cluster's rename lock; RENAME_EXCHANGE through an intent.
 
 use std::time::{Duration, Instant};
 
@@ -34,13 +34,7 @@ impl Namespace {
                     .await
             }
             .await;
-            let h = holder.clone();
-            let _ = self
-                .call(0, move |reply| ShardMsg::UnlockRenames {
-                    holder: h.clone(),
-                    reply,
-                })
-                .await;
+            self.unlock_renames(holder).await;
             result?;
         } else {
             self.rename_at(src_parent.ino, &src_name, dst_parent.ino, &dst_name)
@@ -55,6 +49,76 @@ impl Namespace {
             }
         }
         Ok(())
+    }
+
+    /// RENAME_EXCHANGE: swaps what paths `a` and `b` name, atomically for
+    /// every client (both must exist; two names of one inode swap nothing).
+    /// Directories that move between directories do so under the
+    /// cluster's rename lock, checked like a rename's for cycles.
+    pub async fn exchange(&self, a: &str, b: &str) -> FsResult<()> {
+        let (a_parent, a_name) = self.resolve_parent(a).await?;
+        let a_entry = self.lookup(a_parent.ino, &a_name).await?;
+        let (b_parent, b_name) = self.resolve_parent(b).await?;
+        let b_entry = self.lookup(b_parent.ino, &b_name).await?;
+        if a_entry.ino == b_entry.ino {
+            return Ok(());
+        }
+        let dir_moves = a_parent.ino != b_parent.ino
+            && (a_entry.kind == FileKind::Dir || b_entry.kind == FileKind::Dir);
+        let exchange = || async {
+            if dir_moves {
+                if a_entry.kind == FileKind::Dir {
+                    self.check_not_inside(a_entry.ino, b_parent.ino).await?;
+                }
+                if b_entry.kind == FileKind::Dir {
+                    self.check_not_inside(b_entry.ino, a_parent.ino).await?;
+                }
+            }
+            let deadline = Instant::now() + self.timeout;
+            loop {
+                let action = IntentOp::Exchange {
+                    a_parent: a_parent.ino,
+                    a_name: a_name.clone(),
+                    b_parent: b_parent.ino,
+                    b_name: b_name.clone(),
+                    ino: 0,
+                    kind: FileKind::File,
+                };
+                match self.begin_and_drive(shard_of(a_parent.ino), action).await {
+                    Err(FsError::Busy(_)) if Instant::now() < deadline => {
+                        let pause = rand::thread_rng().gen_range(1..20);
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
+                    other => return other.map(|_| ()),
+                }
+            }
+        };
+        if dir_moves {
+            let _guard = self.rename_lock.lock().await;
+            let holder = self.lock_renames().await?;
+            let result = exchange().await;
+            self.unlock_renames(holder).await;
+            result?;
+        } else {
+            exchange().await?;
+        }
+        // Both inodes changed names: their ctimes move, where they live.
+        for ino in [a_entry.ino, b_entry.ino] {
+            if let Err(e) = self.setattr_ino(ino, SetAttr::default()).await {
+                tracing::debug!(ino, error = %e, "ctime of an exchanged inode not updated");
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the cluster's rename lock taken by `holder`.
+    async fn unlock_renames(&self, holder: String) {
+        let _ = self
+            .call(0, move |reply| ShardMsg::UnlockRenames {
+                holder: holder.clone(),
+                reply,
+            })
+            .await;
     }
 
     /// Takes the cluster's rename lock, waiting up to the request timeout.

@@ -111,6 +111,12 @@ fn touched(message: &ShardMsg) -> Vec<(Ino, Option<&str>)> {
             } => vec![(*src_parent, None), (*dst_parent, None), (*ino, None)],
             IntentOp::DropLink { .. } => Vec::new(),
             IntentOp::Link { parent, .. } => vec![(*parent, None)],
+            IntentOp::Exchange {
+                a_parent,
+                b_parent,
+                ino,
+                ..
+            } => vec![(*a_parent, None), (*b_parent, None), (*ino, None)],
         },
         ShardMsg::ApplyStep { step, .. } => match step {
             Step::LockName { parent, .. }

@@ -158,6 +158,27 @@ impl ShardStore {
                     "drop-link intents are recorded by unlink".into(),
                 ))
             }
+            IntentOp::Exchange {
+                a_parent,
+                a_name,
+                b_parent,
+                b_name,
+                ..
+            } => {
+                self.dir(wtxn, a_parent)?;
+                self.check_unlocked(wtxn, a_parent, &a_name, None)?;
+                let entry = self
+                    .dentry(wtxn, a_parent, &a_name)?
+                    .ok_or_else(|| FsError::NotFound(String::new()))?;
+                IntentOp::Exchange {
+                    a_parent,
+                    a_name,
+                    b_parent,
+                    b_name,
+                    ino: entry.ino,
+                    kind: entry.kind,
+                }
+            }
             IntentOp::Link { parent, name, ino } => {
                 self.dir(wtxn, parent)?;
                 self.check_unlocked(wtxn, parent, &name, None)?;
@@ -173,10 +194,15 @@ impl ShardStore {
             | IntentOp::Rmdir { parent, name, .. }
             | IntentOp::Link { parent, name, .. } => self.lock_name(wtxn, *parent, name, op)?,
             IntentOp::Rename {
-                src_parent,
-                src_name,
+                src_parent: parent,
+                src_name: name,
                 ..
-            } => self.lock_name(wtxn, *src_parent, src_name, op)?,
+            }
+            | IntentOp::Exchange {
+                a_parent: parent,
+                a_name: name,
+                ..
+            } => self.lock_name(wtxn, *parent, name, op)?,
             IntentOp::DropLink { .. } => {}
         }
         let intent = Intent {
@@ -219,6 +245,13 @@ impl ShardStore {
                     src_name,
                     dst_parent,
                     dst_name,
+                    ..
+                }
+                | IntentOp::Exchange {
+                    a_parent: src_parent,
+                    a_name: src_name,
+                    b_parent: dst_parent,
+                    b_name: dst_name,
                     ..
                 } => {
                     self.unlock_name(wtxn, *src_parent, src_name, op)?;

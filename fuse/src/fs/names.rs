@@ -71,12 +71,14 @@ impl Fs {
         newname: &str,
         flags: RenameFlags,
     ) -> FsResult<()> {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE)
-            || flags.contains(RenameFlags::RENAME_WHITEOUT)
-        {
-            return Err(FsError::InvalidArgument(
-                "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
-            ));
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            return self.exchange(parent, name, newparent, newname).await;
+        }
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            let rest = flags.difference(RenameFlags::RENAME_WHITEOUT);
+            return self
+                .rename_whiteout(parent, name, newparent, newname, rest)
+                .await;
         }
         // A file renamed to a new name in a directory this mount holds
         // goes with the directory's creates.
@@ -126,6 +128,50 @@ impl Fs {
         }
         self.client.rename(&src, &dst).await?;
         self.inodes.renamed(parent, name, newparent, newname);
+        Ok(())
+    }
+
+    /// RENAME_EXCHANGE: the two names swap inodes.
+    async fn exchange(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+    ) -> FsResult<()> {
+        self.delegations.give_back(parent).await;
+        self.delegations.give_back(newparent).await;
+        let a = self.inodes.child_path(parent, name)?;
+        let b = self.inodes.child_path(newparent, newname)?;
+        self.client.exchange(&a, &b).await?;
+        self.inodes.exchanged(parent, name, newparent, newname);
+        Ok(())
+    }
+
+    /// RENAME_WHITEOUT (overlayfs in an upper directory here): the rename,
+    /// then a whiteout (a character device 0/0) where the name was. A
+    /// whiteout that cannot be made puts the rename back.
+    async fn rename_whiteout(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let plain = self.rename(parent, name, newparent, newname, flags);
+        Box::pin(plain).await?;
+        let src = self.inodes.child_path(parent, name)?;
+        let whiteout = self.client.mknod(&src, FileKind::CharDevice(0), 0).await;
+        if let Err(e) = whiteout {
+            let dst = self.inodes.child_path(newparent, newname)?;
+            if let Err(back) = self.client.rename(&dst, &src).await {
+                tracing::warn!(src, dst, error = %back, "a rename whose whiteout failed was not put back");
+            } else {
+                self.inodes.renamed(newparent, newname, parent, name);
+            }
+            return Err(e);
+        }
         Ok(())
     }
 

@@ -565,6 +565,15 @@ impl Client {
         .await
     }
 
+    /// Swaps what `a` and `b` name, atomically (RENAME_EXCHANGE).
+    pub async fn exchange(&self, a: &str, b: &str) -> FsResult<()> {
+        self.call(Exchange {
+            a: a.into(),
+            b: b.into(),
+        })
+        .await
+    }
+
     /// Makes `link` a new name (hard link) of what `target` names.
     pub async fn link(&self, target: &str, link: &str) -> FsResult<Attr> {
         self.call(Link {

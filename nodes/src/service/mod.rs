@@ -277,6 +277,7 @@ impl Service {
             }
             Request::Mknod(r) => Response::Attr(paths.mknod(&r).await?),
             Request::Link(r) => Response::Attr(paths.link(&r.target, &r.link).await?),
+            Request::Exchange(r) => Response::Done(paths.exchange(&r.a, &r.b).await?),
             Request::Readlink(r) => Response::Target(ns.readlink(&r.path).await?),
             Request::Rename(r) => Response::Done(paths.rename(&r.src, &r.dst).await?),
             Request::Remove(r) => {

@@ -213,6 +213,14 @@ impl Paths {
         self.namespace.link(target, link).await
     }
 
+    /// Swaps what two paths name; not under a mount (a UFS cannot swap
+    /// two objects at once).
+    pub async fn exchange(&self, a: &str, b: &str) -> FsResult<()> {
+        self.refuse_under_mount(a, "exchanges of names")?;
+        self.refuse_under_mount(b, "exchanges of names")?;
+        self.namespace.exchange(a, b).await
+    }
+
     /// Makes a FIFO, socket or device node; not under a mount.
     pub async fn mknod(&self, r: &curvine_messages::rpc::Mknod) -> FsResult<Attr> {
         self.refuse_under_mount(&r.path, "FIFOs, sockets and device nodes")?;
