@@ -457,6 +457,65 @@ fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
     assert_eq!(xattr_calls, 0);
 }
 
+/// A counter of the node's `/metrics`, summed over its label sets that
+/// contain `label`.
+fn node_counter(node: &NodeProcess, name: &str, label: &str) -> u64 {
+    let (_, body) = curvine_integration::http_get(&node.http_addr, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn a_small_file_closes_with_its_block_commit_in_one_call() {
+    let (_dir, node, m) = setup(&[]);
+    fs::create_dir(m.path("small")).unwrap();
+    let files: Vec<Vec<u8>> = (0..20)
+        .map(|i| random_bytes(70_000 + i * 1_000, i as u64))
+        .collect();
+    for (i, bytes) in files.iter().enumerate() {
+        fs::write(m.path(&format!("small/{i}")), bytes).unwrap();
+    }
+    // Each file's block was made on the node the mount talks to; its
+    // commit went with the close, not as a call of its own.
+    let made = node_counter(
+        &node,
+        "curvine_data_requests_total",
+        "kind=\"create_local\"",
+    );
+    let committed = node_counter(
+        &node,
+        "curvine_data_requests_total",
+        "kind=\"commit_local\"",
+    );
+    assert!(made >= 20, "{made} blocks made for 20 files");
+    assert_eq!(committed, 0, "blocks committed by calls of their own");
+    for (i, bytes) in files.iter().enumerate() {
+        assert!(
+            cluster_read(&node, &format!("/small/{i}")) == *bytes,
+            "file {i}"
+        );
+    }
+    // The checksums the node recorded at the close match the data.
+    let out = node.cli_ok(&["--json", "admin", "scrub"]);
+    let scrubbed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let problems: usize = scrubbed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["problems"].as_array().map(Vec::len).unwrap_or(0))
+        .sum();
+    assert_eq!(problems, 0, "{out}");
+    let blocks: u64 = scrubbed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["blocks"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(blocks >= 20, "{out}");
+}
+
 #[test]
 fn writeback_cache_mount_streams_large_writes_and_keeps_their_times() {
     // With the kernel's writeback cache, its writes of a file arrive at once

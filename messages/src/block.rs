@@ -373,6 +373,16 @@ impl DataRequest {
     }
 }
 
+/// A block written short-circuit whose commit goes with its file's close
+/// (`rpc::CompleteFile::commit`), to the node that holds it: what
+/// [`DataRequest::CommitLocal`] carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalCommit {
+    pub token: Token,
+    pub len: u64,
+    pub crcs: Vec<u32>,
+}
+
 /// A reply on the data port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DataReply {

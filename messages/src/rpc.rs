@@ -261,6 +261,10 @@ pub struct CompleteFile {
     /// Attributes (no size) set in the same commit, after the close: what
     /// the writer's client set through the file while writing it.
     pub set: Option<SetAttr>,
+    /// The last block, written short-circuit on the node this call goes
+    /// to: that node commits it first (its entry in `blocks` gets the
+    /// block's checksum), saving the writer a call to its data port.
+    pub commit: Option<crate::block::LocalCommit>,
 }
 
 /// Open a file for reading: its blocks with tokens and the nodes holding them.

@@ -21,7 +21,8 @@ use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{
     next_reservation, units, verify_units, Access, BlockMsg, DataFrame, DataReply, DataRequest,
-    CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, FIRST_RESERVATION, MAX_BLOCK_SIZE, MAX_CHUNK,
+    LocalCommit, CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, FIRST_RESERVATION, MAX_BLOCK_SIZE,
+    MAX_CHUNK,
 };
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
@@ -45,6 +46,33 @@ pub struct DataContext {
     pub tracer: curvine_actors::trace::Tracer,
     /// TLS settings when the data port is encrypted.
     pub tls: Option<Arc<Tls>>,
+}
+
+/// Commits a block written short-circuit on this node (its file synced,
+/// then recorded by the block manager): for the data port's `CommitLocal`
+/// and for a close that carries its last block's commit. Returns the
+/// block's checksum.
+pub async fn commit_local(
+    store: &Arc<BlockStore>,
+    manager: &BlockManagerRef,
+    tokens: &TokenKey,
+    c: LocalCommit,
+) -> FsResult<u32> {
+    tokens.check(&c.token, Access::Write)?;
+    let block = c.token.block;
+    let synced = store.clone();
+    tokio::task::spawn_blocking(move || synced.sync_written(block))
+        .await
+        .map_err(|e| FsError::Io(format!("sync task: {e}")))??;
+    let (len, crcs) = (c.len, c.crcs);
+    manager
+        .call(move |reply| BlockMsg::Commit {
+            block,
+            len,
+            crcs: crcs.clone(),
+            reply,
+        })
+        .await
 }
 
 /// An error that ends the connection (the stream is out of step).
@@ -365,26 +393,12 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
         }
         .await
         .map(Some)),
-        DataRequest::CommitLocal { token, len, crcs } => Ok(async {
-            ctx.tokens.check(&token, Access::Write)?;
-            let block = token.block;
-            let store = ctx.store.clone();
-            tokio::task::spawn_blocking(move || store.sync_written(block))
+        DataRequest::CommitLocal { token, len, crcs } => {
+            let c = LocalCommit { token, len, crcs };
+            Ok(commit_local(&ctx.store, &ctx.manager, &ctx.tokens, c)
                 .await
-                .map_err(|e| FsError::Io(format!("sync task: {e}")))??;
-            let crc = ctx
-                .manager
-                .call(move |reply| BlockMsg::Commit {
-                    block,
-                    len,
-                    crcs: crcs.clone(),
-                    reply,
-                })
-                .await?;
-            Ok(DataReply::Committed { len, crc })
+                .map(|crc| Some(DataReply::Committed { len, crc })))
         }
-        .await
-        .map(Some)),
         DataRequest::Fill {
             token,
             path,

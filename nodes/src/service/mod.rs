@@ -225,6 +225,9 @@ pub struct Service {
     loads: Arc<Loads>,
     files: Arc<Files>,
     reports: Arc<Reports>,
+    /// This node's block store, block manager and token key: a close
+    /// commits the last block a writer wrote here short-circuit.
+    local_blocks: (Arc<BlockStore>, BlockManagerRef, TokenKey),
 }
 
 impl Service {
@@ -244,6 +247,11 @@ impl Service {
             loads: s.loads.clone(),
             files: s.files.clone(),
             reports: s.reports.clone(),
+            local_blocks: (
+                core.blocks.clone(),
+                core.manager.clone(),
+                core.tokens.clone(),
+            ),
         }
     }
 
@@ -366,8 +374,23 @@ impl Service {
     /// Closes a written file; it returns once the replicas it needs exist
     /// (those it asks for, and `ufs.pending_replicas` while its content is
     /// only in the cluster, fewer when fewer nodes are up with room).
-    async fn complete_file(&self, r: CompleteFile) -> FsResult<Attr> {
+    async fn complete_file(&self, mut r: CompleteFile) -> FsResult<Attr> {
         let path = r.path.clone();
+        if let Some(c) = r.commit.take() {
+            // The last block, written short-circuit here: committed before
+            // the file that lists it.
+            let block = c.token.block;
+            let (store, manager, tokens) = &self.local_blocks;
+            let crc = crate::data_port::commit_local(store, manager, tokens, c).await?;
+            match r.blocks.iter_mut().find(|b| b.id == block) {
+                Some(b) => b.crc = crc,
+                None => {
+                    return Err(FsError::InvalidArgument(format!(
+                        "block {block:#x} committed with the close is not among its blocks"
+                    )))
+                }
+            }
+        }
         let attr = self.paths.complete(r).await?;
         if self.replicas.wanted(&attr) > 1 {
             if let Err(e) = self.replicas.replicate_file(attr.ino).await {

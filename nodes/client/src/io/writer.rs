@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use curvine_messages::block::{
-    next_reservation, BlockInfo, Crc32c, DataReply, DataRequest, FileSpec, TierKind, CHECKSUM_UNIT,
-    FIRST_RESERVATION, MAX_CHUNK,
+    next_reservation, BlockInfo, Crc32c, DataReply, DataRequest, FileSpec, LocalCommit, TierKind,
+    CHECKSUM_UNIT, FIRST_RESERVATION, MAX_CHUNK,
 };
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr};
@@ -400,8 +400,18 @@ impl FileWriter {
     /// Finishes the current block: copies the old bytes after the written
     /// range (copy-on-write), then commits it in the background.
     async fn finish_sink(&mut self) -> FsResult<()> {
+        self.finish_block(false).await.map(drop)
+    }
+
+    /// [`Self::finish_sink`]; with `at_close`, a block written
+    /// short-circuit on the node this client talks to is not committed
+    /// here: its commit is returned, for the close to carry.
+    async fn finish_block(
+        &mut self,
+        at_close: bool,
+    ) -> FsResult<Option<(BlockGrant, LocalCommit)>> {
         let Some(sink) = self.sink.as_ref() else {
-            return Ok(());
+            return Ok(None);
         };
         let index = sink.grant.index;
         let block_start = index as u64 * self.bs;
@@ -413,12 +423,29 @@ impl FileWriter {
             self.pos = keep;
         }
         let Some(sink) = self.sink.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let grant = sink.grant.clone();
         let len = sink.len;
         let pool = self.client.data.clone();
+        let here = at_close && grant.node.node_id == self.client.node_id();
         let task: JoinHandle<FsResult<BlockInfo>> = match sink.kind {
+            SinkKind::Local {
+                file,
+                conn,
+                mut crcs,
+                unit_crc,
+                unit_fill,
+                ..
+            } if here => {
+                if unit_fill > 0 {
+                    crcs.push(unit_crc.value());
+                }
+                drop(file);
+                pool.put(conn);
+                let token = grant.token.clone();
+                return Ok(Some((grant, LocalCommit { token, len, crcs })));
+            }
             SinkKind::Local {
                 file,
                 mut conn,
@@ -466,7 +493,7 @@ impl FileWriter {
             }
         };
         self.finishing.push((grant, task));
-        Ok(())
+        Ok(None)
     }
 
     /// Waits for the commit of a block of `index` this writer finished.
@@ -549,6 +576,7 @@ impl FileWriter {
                 size,
                 blocks: Vec::new(),
                 set: None,
+                commit: None,
             })
             .await
     }
@@ -567,7 +595,7 @@ impl FileWriter {
                 "an earlier write of this file failed; its previous content is unchanged".into(),
             ));
         }
-        self.finish_sink().await?;
+        let last = self.finish_block(true).await?;
         if let Some((_, task)) = self.next.take() {
             // An allocated block that was not needed is freed by the close.
             let _ = task.await;
@@ -577,6 +605,11 @@ impl FileWriter {
             .iter()
             .map(|(i, (info, _))| (*i, info.clone()))
             .collect();
+        // Its checksum comes from the commit the close carries.
+        let commit = last.map(|(grant, commit)| {
+            blocks.insert(grant.index, block_info(&grant, commit.len, 0));
+            commit
+        });
         for (grant, task) in std::mem::take(&mut self.finishing) {
             let info = task
                 .await
@@ -592,6 +625,7 @@ impl FileWriter {
                 size: self.size,
                 blocks: blocks.into_values().collect(),
                 set,
+                commit,
             })
             .await
     }
