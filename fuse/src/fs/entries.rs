@@ -231,7 +231,12 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
         reply,
         FileWriter::open(&fs.client, &new.path, &options).await
     );
-    try_reply!(reply, fs.set_inherited_acl(&new.path, &new.acl).await);
+    if let Err(e) = fs.set_inherited_acl(&new.path, &new.acl).await {
+        // Its writer gives the file back; the create fails with the error.
+        let _ = w.abort().await;
+        reply.error(super::replies::name_errno(&e));
+        return;
+    }
     let attr = w.attr.clone();
     fs.made_file(new.parent, &attr);
     let ino = fs.inodes.remember(new.parent, &new.name, attr.clone());
