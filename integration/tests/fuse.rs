@@ -694,6 +694,35 @@ fn an_unlinked_open_file_stays_readable() {
         *seen.borrow_mut() = listing;
         empty.then_some(())
     });
+    // A directory stream read again from its start (rewinddir) lists the
+    // directory as it is now.
+    fs::create_dir(m.path("listed")).unwrap();
+    fs::write(m.path("listed/a"), b"a").unwrap();
+    let dirp = unsafe { libc::opendir(cpath(&m.path("listed")).as_ptr()) };
+    assert!(!dirp.is_null());
+    let names = || {
+        let mut out = Vec::new();
+        // SAFETY: an open directory stream; each entry's name is a C string.
+        unsafe {
+            libc::rewinddir(dirp);
+            loop {
+                let e = libc::readdir(dirp);
+                if e.is_null() {
+                    break;
+                }
+                let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr());
+                out.push(name.to_string_lossy().into_owned());
+            }
+        }
+        out.retain(|n| n != "." && n != "..");
+        out.sort();
+        out
+    };
+    assert_eq!(names(), ["a"]);
+    fs::write(m.path("listed/b"), b"b").unwrap();
+    fs::remove_file(m.path("listed/a")).unwrap();
+    assert_eq!(names(), ["b"]);
+    unsafe { libc::closedir(dirp) };
     // A file written, closed and removed at once leaves its directory
     // empty: the kernel's release of the closed file may come after the
     // unlink, which waits for it rather than hiding the file.

@@ -62,6 +62,18 @@ impl Fs {
     }
 }
 
+impl DirState {
+    /// A read from the start (the first, or after `rewinddir`) lists the
+    /// directory as it is now, not as the handle last saw it.
+    fn rewind_at(&mut self, offset: u64) {
+        if offset == 0 && self.loaded {
+            self.loaded = false;
+            self.entries.clear();
+            self.more = true;
+        }
+    }
+}
+
 pub(super) fn opendir(cfs: &CurvineFs, ino: INodeNo, reply: ReplyOpen) {
     let fh = cfs.0.add_handle(Handle::Dir(DirHandleState {
         ino: ino.0,
@@ -89,6 +101,7 @@ pub(super) fn readdir(
             return;
         };
         let mut st = dir.state.lock().await;
+        st.rewind_at(offset);
         let mut off = offset;
         loop {
             let (child, kind, name) = match off {
@@ -137,6 +150,7 @@ pub(super) fn readdirplus(
             return;
         };
         let mut st = dir.state.lock().await;
+        st.rewind_at(offset);
         let mut off = offset;
         loop {
             let full = match off {
