@@ -48,33 +48,6 @@ pub struct DataContext {
     pub tls: Option<Arc<Tls>>,
 }
 
-/// Commits a block written short-circuit on this node (its file synced,
-/// then recorded by the block manager): for the data port's `CommitLocal`
-/// and for a close that carries its last block's commit. Returns the
-/// block's checksum.
-pub async fn commit_local(
-    store: &Arc<BlockStore>,
-    manager: &BlockManagerRef,
-    tokens: &TokenKey,
-    c: LocalCommit,
-) -> FsResult<u32> {
-    tokens.check(&c.token, Access::Write)?;
-    let block = c.token.block;
-    let synced = store.clone();
-    tokio::task::spawn_blocking(move || synced.sync_written(block))
-        .await
-        .map_err(|e| FsError::Io(format!("sync task: {e}")))??;
-    let (len, crcs) = (c.len, c.crcs);
-    manager
-        .call(move |reply| BlockMsg::Commit {
-            block,
-            len,
-            crcs: crcs.clone(),
-            reply,
-        })
-        .await
-}
-
 /// An error that ends the connection (the stream is out of step).
 struct Fatal(String);
 
@@ -395,7 +368,9 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
         .map(Some)),
         DataRequest::CommitLocal { token, len, crcs } => {
             let c = LocalCommit { token, len, crcs };
-            Ok(commit_local(&ctx.store, &ctx.manager, &ctx.tokens, c)
+            Ok(ctx
+                .manager
+                .commit_local(&ctx.store, &ctx.tokens, c)
                 .await
                 .map(|crc| Some(DataReply::Committed { len, crc })))
         }

@@ -32,6 +32,32 @@ impl Default for BlockManagerRef {
 }
 
 impl BlockManagerRef {
+    /// Commits a block written short-circuit on this node: its file
+    /// synced, then recorded by the block manager. For the data port's
+    /// `CommitLocal` and for a close that carries its last block's commit.
+    /// Returns the block's checksum.
+    pub async fn commit_local(
+        &self,
+        store: &Arc<super::BlockStore>,
+        tokens: &crate::token::TokenKey,
+        c: curvine_messages::block::LocalCommit,
+    ) -> FsResult<u32> {
+        tokens.check(&c.token, curvine_messages::block::Access::Write)?;
+        let block = c.token.block;
+        let synced = store.clone();
+        tokio::task::spawn_blocking(move || synced.sync_written(block))
+            .await
+            .map_err(|e| FsError::Io(format!("sync task: {e}")))??;
+        let (len, crcs) = (c.len, c.crcs);
+        self.call(move |reply| BlockMsg::Commit {
+            block,
+            len,
+            crcs: crcs.clone(),
+            reply,
+        })
+        .await
+    }
+
     /// The slot its supervisor keeps pointed at the block manager.
     pub fn slot(&self) -> Slot<BlockMsg> {
         self.actor.clone()

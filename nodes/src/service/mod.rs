@@ -381,7 +381,7 @@ impl Service {
             // the file that lists it.
             let block = c.token.block;
             let (store, manager, tokens) = &self.local_blocks;
-            let crc = crate::data_port::commit_local(store, manager, tokens, c).await?;
+            let crc = manager.commit_local(store, tokens, c).await?;
             match r.blocks.iter_mut().find(|b| b.id == block) {
                 Some(b) => b.crc = crc,
                 None => {
