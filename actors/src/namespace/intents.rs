@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use curvine_messages::shard::{Intent, IntentOp, ShardMsg, Step, StepResult};
-use curvine_messages::{
-    shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, OpId, ShardId,
-};
+use curvine_messages::{shard_of, Attr, DirEntry, FileKind, FsError, FsResult, Ino, OpId, ShardId};
 
 use super::Namespace;
 use crate::store::check_rename_kinds;
@@ -126,7 +124,9 @@ impl Namespace {
                 attrs,
                 child_shard,
             } => {
-                self.drive_mkdir(op, aborting, parent, name, attrs, child_shard)
+                // The directory's inode in its own shard, then its name.
+                let step = (child_shard, Step::CreateDirInode { attrs, parent });
+                self.make_then_name(op, aborting, step, parent, name, "mkdir")
                     .await
             }
             IntentOp::Rmdir { parent, name, ino } => {
@@ -150,7 +150,14 @@ impl Namespace {
                 Ok(None)
             }
             IntentOp::Link { parent, name, ino } => {
-                self.drive_link(op, aborting, parent, name, ino).await
+                // A hard link across shards: the name was reserved when the
+                // intent was recorded; the inode's count goes up in its own
+                // shard, then the name is made. A crash between the two is
+                // finished by the re-drive; a gone inode or a directory
+                // rolls the link back.
+                let step = (shard_of(ino), Step::AddLink { ino });
+                self.make_then_name(op, aborting, step, parent, name, "link")
+                    .await
             }
             IntentOp::Exchange {
                 a_parent,
@@ -164,40 +171,6 @@ impl Namespace {
                 self.drive_exchange(op, aborting, a, b, (ino, kind)).await
             }
         }
-    }
-
-    /// A hard link across shards: the name is reserved in its directory's
-    /// shard when the intent is recorded; the inode's link count goes up
-    /// in its own shard (step 1), then the name is made (step 2). A crash
-    /// between the two is finished by the re-drive; an inode that is gone
-    /// or a directory rolls the link back.
-    async fn drive_link(
-        &self,
-        op: OpId,
-        aborting: bool,
-        parent: Ino,
-        name: String,
-        ino: Ino,
-    ) -> FsResult<Option<Attr>> {
-        let step = (shard_of(ino), Step::AddLink { ino });
-        self.make_then_name(op, aborting, step, parent, name, "link")
-            .await
-    }
-
-    /// A mkdir across shards: the new directory's inode in its own shard
-    /// (step 1), then its name in the parent's (step 2).
-    async fn drive_mkdir(
-        &self,
-        op: OpId,
-        aborting: bool,
-        parent: Ino,
-        name: String,
-        attrs: NewInode,
-        child_shard: ShardId,
-    ) -> FsResult<Option<Attr>> {
-        let step = (child_shard, Step::CreateDirInode { attrs, parent });
-        self.make_then_name(op, aborting, step, parent, name, "mkdir")
-            .await
     }
 
     /// The two steps of a mkdir or link across shards: `step` on its shard

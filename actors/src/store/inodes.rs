@@ -281,6 +281,31 @@ impl ShardStore {
         Ok(attr)
     }
 
+    /// Checks that `parent` is a directory here where `name` is free: no
+    /// entry, and not reserved by an operation in progress.
+    pub(super) fn check_free_name(&self, wtxn: &WriteTxn, parent: Ino, name: &str) -> FsResult<()> {
+        self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
+        if self.dentry(wtxn, parent, name)?.is_some() {
+            return Err(FsError::AlreadyExists(String::new()));
+        }
+        Ok(())
+    }
+
+    /// The entry `name` of directory `parent` here, which no operation in
+    /// progress holds (NotFound when there is none).
+    pub(super) fn named_entry(
+        &self,
+        wtxn: &WriteTxn,
+        parent: Ino,
+        name: &str,
+    ) -> FsResult<DentryValue> {
+        self.dir(wtxn, parent)?;
+        self.check_unlocked(wtxn, parent, name, None)?;
+        self.dentry(wtxn, parent, name)?
+            .ok_or_else(|| FsError::NotFound(String::new()))
+    }
+
     // ---- single-shard mutations --------------------------------------------
 
     /// Makes `name` in `parent` a new link to `ino` when this shard holds
@@ -292,11 +317,7 @@ impl ShardStore {
         parent: Ino,
         name: &str,
     ) -> FsResult<Option<Attr>> {
-        self.dir(wtxn, parent)?;
-        self.check_unlocked(wtxn, parent, name, None)?;
-        if self.dentry(wtxn, parent, name)?.is_some() {
-            return Err(FsError::AlreadyExists(String::new()));
-        }
+        self.check_free_name(wtxn, parent, name)?;
         if !self.is_local(ino) {
             return Ok(None);
         }
@@ -335,11 +356,7 @@ impl ShardStore {
                 "create makes files and symlinks; use mkdir".into(),
             ));
         }
-        self.dir(wtxn, parent)?;
-        self.check_unlocked(wtxn, parent, name, None)?;
-        if self.dentry(wtxn, parent, name)?.is_some() {
-            return Err(FsError::AlreadyExists(String::new()));
-        }
+        self.check_free_name(wtxn, parent, name)?;
         let ino = match ino {
             Some(ino) => ino,
             None => self.alloc_ino(wtxn)?,
@@ -359,11 +376,7 @@ impl ShardStore {
         name: &str,
         attrs: &NewInode,
     ) -> FsResult<Attr> {
-        self.dir(wtxn, parent)?;
-        self.check_unlocked(wtxn, parent, name, None)?;
-        if self.dentry(wtxn, parent, name)?.is_some() {
-            return Err(FsError::AlreadyExists(String::new()));
-        }
+        self.check_free_name(wtxn, parent, name)?;
         let ino = self.alloc_ino(wtxn)?;
         let attr = Self::new_attr(
             ino,
@@ -408,11 +421,7 @@ impl ShardStore {
     /// Removes a file or symlink entry. Its inode goes with it when it is
     /// local; otherwise an intent to drop the remote link is recorded.
     pub fn unlink(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<UnlinkOutcome> {
-        self.dir(wtxn, parent)?;
-        self.check_unlocked(wtxn, parent, name, None)?;
-        let entry = self
-            .dentry(wtxn, parent, name)?
-            .ok_or_else(|| FsError::NotFound(String::new()))?;
+        let entry = self.named_entry(wtxn, parent, name)?;
         if entry.kind == FileKind::Dir {
             return Err(FsError::IsADirectory(String::new()));
         }
@@ -444,11 +453,7 @@ impl ShardStore {
 
     /// Removes an empty directory whose inode lives here.
     pub fn rmdir_local(&self, wtxn: &mut WriteTxn, parent: Ino, name: &str) -> FsResult<DirEntry> {
-        self.dir(wtxn, parent)?;
-        self.check_unlocked(wtxn, parent, name, None)?;
-        let entry = self
-            .dentry(wtxn, parent, name)?
-            .ok_or_else(|| FsError::NotFound(String::new()))?;
+        let entry = self.named_entry(wtxn, parent, name)?;
         if entry.kind != FileKind::Dir {
             return Err(FsError::NotADirectory(String::new()));
         }

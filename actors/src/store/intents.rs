@@ -105,11 +105,7 @@ impl ShardStore {
                 attrs,
                 child_shard,
             } => {
-                self.dir(wtxn, parent)?;
-                self.check_unlocked(wtxn, parent, &name, None)?;
-                if self.dentry(wtxn, parent, &name)?.is_some() {
-                    return Err(FsError::AlreadyExists(String::new()));
-                }
+                self.check_free_name(wtxn, parent, &name)?;
                 IntentOp::Mkdir {
                     parent,
                     name,
@@ -118,11 +114,7 @@ impl ShardStore {
                 }
             }
             IntentOp::Rmdir { parent, name, .. } => {
-                self.dir(wtxn, parent)?;
-                self.check_unlocked(wtxn, parent, &name, None)?;
-                let entry = self
-                    .dentry(wtxn, parent, &name)?
-                    .ok_or_else(|| FsError::NotFound(String::new()))?;
+                let entry = self.named_entry(wtxn, parent, &name)?;
                 if entry.kind != FileKind::Dir {
                     return Err(FsError::NotADirectory(String::new()));
                 }
@@ -139,11 +131,7 @@ impl ShardStore {
                 dst_name,
                 ..
             } => {
-                self.dir(wtxn, src_parent)?;
-                self.check_unlocked(wtxn, src_parent, &src_name, None)?;
-                let entry = self
-                    .dentry(wtxn, src_parent, &src_name)?
-                    .ok_or_else(|| FsError::NotFound(String::new()))?;
+                let entry = self.named_entry(wtxn, src_parent, &src_name)?;
                 IntentOp::Rename {
                     src_parent,
                     src_name,
@@ -165,11 +153,7 @@ impl ShardStore {
                 b_name,
                 ..
             } => {
-                self.dir(wtxn, a_parent)?;
-                self.check_unlocked(wtxn, a_parent, &a_name, None)?;
-                let entry = self
-                    .dentry(wtxn, a_parent, &a_name)?
-                    .ok_or_else(|| FsError::NotFound(String::new()))?;
+                let entry = self.named_entry(wtxn, a_parent, &a_name)?;
                 IntentOp::Exchange {
                     a_parent,
                     a_name,
@@ -180,11 +164,7 @@ impl ShardStore {
                 }
             }
             IntentOp::Link { parent, name, ino } => {
-                self.dir(wtxn, parent)?;
-                self.check_unlocked(wtxn, parent, &name, None)?;
-                if self.dentry(wtxn, parent, &name)?.is_some() {
-                    return Err(FsError::AlreadyExists(String::new()));
-                }
+                self.check_free_name(wtxn, parent, &name)?;
                 IntentOp::Link { parent, name, ino }
             }
         };

@@ -38,15 +38,8 @@ impl Fs {
             _ => 0,
         };
         if let Some(ino) = known.filter(|i| open > 0 && !keeps_a_name(*i)) {
-            let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
-            let to = self.inodes.child_path(parent, &hidden)?;
-            self.client.rename(&path, &to).await?;
+            self.hide_open_file(ino, parent, &path).await?;
             self.inodes.drop_name(parent, name);
-            self.inodes.hide(ino, parent, &hidden);
-            if self.open_count(ino) == 0 {
-                // Its last release came while it was being hidden.
-                self.released(ino).await;
-            }
             return Ok(());
         }
         self.client
@@ -115,19 +108,27 @@ impl Fs {
                 && !self.inodes.is_hidden(ino)
                 && !self.inodes.has_other_name(ino, newparent, newname);
             if hide {
-                let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
-                let to = self.inodes.child_path(newparent, &hidden)?;
-                self.client.rename(&dst, &to).await?;
-                self.inodes.hide(ino, newparent, &hidden);
-                if self.open_count(ino) == 0 {
-                    self.released(ino).await;
-                }
+                self.hide_open_file(ino, newparent, &dst).await?;
             } else {
                 self.inodes.unlinked(ino, newparent, newname);
             }
         }
         self.client.rename(&src, &dst).await?;
         self.inodes.renamed(parent, name, newparent, newname);
+        Ok(())
+    }
+
+    /// Moves open file `ino` from `path` (in directory `dir`) to its hidden
+    /// name there, removed at its last release.
+    async fn hide_open_file(&self, ino: u64, dir: u64, path: &str) -> FsResult<()> {
+        let hidden = format!("{HIDDEN_PREFIX}{ino:x}");
+        let to = self.inodes.child_path(dir, &hidden)?;
+        self.client.rename(path, &to).await?;
+        self.inodes.hide(ino, dir, &hidden);
+        if self.open_count(ino) == 0 {
+            // Its last release came while it was being hidden.
+            self.released(ino).await;
+        }
         Ok(())
     }
 
