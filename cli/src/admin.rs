@@ -28,7 +28,7 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
             .iter()
             .map(|n| (n.node_id.as_str(), n.state.as_str()))
             .collect();
-        println!(
+        out!(
             "cluster map version {} ({} shards, {} nodes)",
             report.map.version,
             report.shard_count,
@@ -49,7 +49,7 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
                     }
                 })
         };
-        println!(
+        out!(
             "{:>5}  {:<14} {:<12} {:>10}  {:<24} {:<14} {:>6} {:>10} {:>10} {:>5}",
             "shard",
             "node",
@@ -92,7 +92,7 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
                         (dash(), dash(), dash(), dash(), dash(), dash())
                     }
                 };
-            println!(
+            out!(
                 "{shard:>5}  {node:<14} {:<12} {inodes:>10}  {replicas:<24} {leader:<14} {term:>6} {commit:>10} {applied:>10} {lag:>5}",
                 states.get(node.as_str()).copied().unwrap_or("unknown")
             );
@@ -113,11 +113,13 @@ async fn move_shard(cx: &Ctx<'_>, shard: u16, node: &str) -> Result<(), Failure>
     if json_out {
         print_json(&moved);
     } else if moved.from == moved.to {
-        println!("shard {} is already on node {}", moved.shard, moved.to);
+        out!("shard {} is already on node {}", moved.shard, moved.to);
     } else {
-        println!(
+        out!(
             "moved shard {} from node {} to node {}",
-            moved.shard, moved.from, moved.to
+            moved.shard,
+            moved.from,
+            moved.to
         );
     }
     Ok(())
@@ -132,15 +134,17 @@ async fn rebalance(cx: &Ctx<'_>) -> Result<(), Failure> {
     if json_out {
         print_json(&moves);
     } else if moves.is_empty() {
-        println!("shards are already balanced");
+        out!("shards are already balanced");
     } else {
         for m in &moves {
-            println!(
+            out!(
                 "moved shard {} from node {} to node {}",
-                m.shard, m.from, m.to
+                m.shard,
+                m.from,
+                m.to
             );
         }
-        println!("{} shard(s) moved", moves.len());
+        out!("{} shard(s) moved", moves.len());
     }
     Ok(())
 }
@@ -157,11 +161,12 @@ async fn decommission(cx: &Ctx<'_>, node: &str) -> Result<(), Failure> {
         print_json(&report);
     } else {
         for m in &report.shards {
-            println!("moved shard {} to node {}", m.shard, m.to);
+            out!("moved shard {} to node {}", m.shard, m.to);
         }
-        println!(
+        out!(
             "{} block(s) copied to other nodes, {} could not be",
-            report.blocks_moved, report.blocks_failed
+            report.blocks_moved,
+            report.blocks_failed
         );
     }
     if report.blocks_failed > 0 {
@@ -175,7 +180,7 @@ async fn decommission(cx: &Ctx<'_>, node: &str) -> Result<(), Failure> {
         });
     }
     if !json_out {
-        println!("node {node} has left the cluster; it can be stopped");
+        out!("node {node} has left the cluster; it can be stopped");
     }
     Ok(())
 }
@@ -189,7 +194,7 @@ async fn scrub(cx: &Ctx<'_>, node: Option<String>, repair: bool) -> Result<(), F
     if json_out {
         print_json(&nodes);
     } else {
-        print!("{}", format_scrub(&nodes));
+        outp!("{}", format_scrub(&nodes));
     }
     let left = nodes
         .iter()
@@ -217,7 +222,7 @@ async fn fsck(cx: &Ctx<'_>) -> Result<(), Failure> {
     if json_out {
         print_json(&report);
     } else {
-        println!(
+        out!(
             "{} inodes, {} directories, {} entries, {} pending operations, {} name locks",
             report.inodes,
             report.directories,
@@ -226,15 +231,15 @@ async fn fsck(cx: &Ctx<'_>) -> Result<(), Failure> {
             report.locks
         );
         if report.compared_copies > 0 {
-            println!(
+            out!(
                 "{} replicated shards: their members' copies compared",
                 report.compared_copies
             );
         }
         for p in &report.problems {
-            println!("problem: {p}");
+            out!("problem: {p}");
         }
-        println!(
+        out!(
             "{}",
             if report.problems.is_empty() {
                 "namespace is consistent"

@@ -23,7 +23,7 @@ pub fn show(loader: &Loader, json_out: bool) {
             .unwrap_or(0);
         for e in entries {
             let kv = format!("{} = {}", e.key, e.value);
-            println!("{kv:<width$}  # {}", e.source);
+            out!("{kv:<width$}  # {}", e.source);
         }
     }
 }

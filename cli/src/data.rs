@@ -11,6 +11,7 @@ use curvine_messages::{Attr, FileKind, FsError};
 
 use crate::args::DataCommand;
 use crate::ctx::Ctx;
+use crate::output::{print_json, print_json_line};
 use crate::{fail, Failure};
 
 /// Bytes moved per read or write call by the data commands.
@@ -48,8 +49,15 @@ fn progress(len: u64, label: &str) -> Option<indicatif::ProgressBar> {
     ) {
         bar.set_style(style.progress_chars("=> "));
     }
-    bar.set_message(label.to_string());
+    bar.set_message(curvine_messages::names::shown(label).into_owned());
     Some(bar)
+}
+
+/// A local path from its form in the arguments: its bytes (see
+/// `curvine_messages::names`).
+fn local_path(s: &str) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    std::ffi::OsString::from_vec(curvine_messages::names::to_bytes(s).into_owned()).into()
 }
 
 fn name_of(path: &str) -> &str {
@@ -157,7 +165,7 @@ async fn put(
     let (input, len): (Box<dyn Read>, u64) = if local == "-" {
         (Box::new(std::io::stdin().lock()), 0)
     } else {
-        let f = std::fs::File::open(local).map_err(|e| local_err("put", local, e))?;
+        let f = std::fs::File::open(local_path(local)).map_err(|e| local_err("put", local, e))?;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(fail("put", local, FsError::IsADirectory(String::new())));
@@ -174,7 +182,7 @@ async fn put(
     };
     let written = copy_in(client, input, writer, &dst, force, bar, ("put", path)).await?;
     if json_out {
-        println!("{}", json!({"path": dst, "size": written.size}));
+        print_json_line(&json!({"path": dst, "size": written.size}));
     }
     Ok(())
 }
@@ -184,9 +192,9 @@ async fn get(cx: &Ctx<'_>, path: &str, local: &str) -> Result<(), Failure> {
     let mut out: Box<dyn Write> = if local == "-" {
         Box::new(std::io::stdout().lock())
     } else {
-        let mut dest = std::path::PathBuf::from(local);
+        let mut dest = local_path(local);
         if dest.is_dir() {
-            dest.push(name_of(&src));
+            dest.push(local_path(name_of(&src)));
         }
         Box::new(
             std::fs::File::create(&dest)
@@ -273,10 +281,10 @@ async fn du(cx: &Ctx<'_>, human: bool, paths: Vec<String>) -> Result<(), Failure
             .iter()
             .map(|(p, b, f)| json!({"path": p, "bytes": b, "files": f}))
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        print_json_line(&v);
     } else {
         for (p, b, _) in rows {
-            println!("{:<12} {p}", size(b, human));
+            out!("{:<12} {p}", size(b, human));
         }
     }
     Ok(())
@@ -298,16 +306,22 @@ async fn df(cx: &Ctx<'_>, human: bool) -> Result<(), Failure> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        print_json_line(&v);
     } else {
-        println!(
+        out!(
             "{:<14} {:<5} {:>12} {:>12} {:>12} {:>5} {:>8}  path",
-            "node", "tier", "capacity", "used", "available", "use%", "blocks"
+            "node",
+            "tier",
+            "capacity",
+            "used",
+            "available",
+            "use%",
+            "blocks"
         );
         for n in &report.nodes {
             for t in &n.tiers {
                 let used = t.used + t.reserved;
-                println!(
+                out!(
                     "{:<14} {:<5} {:>12} {:>12} {:>12} {:>4}% {:>8}  {}",
                     n.node_id,
                     t.kind.name(),
@@ -330,10 +344,9 @@ async fn free(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
         .on_path("free", path, |p| async move { client.free(&p).await })
         .await?;
     if json_out {
-        print!("{}", serde_json::to_string(&s).unwrap_or_default());
-        println!();
+        print_json_line(&s);
     } else {
-        println!(
+        out!(
             "freed {} blocks ({}); kept {} blocks that are the only copy of their data",
             s.freed,
             human(s.freed_bytes),
@@ -349,9 +362,9 @@ async fn blocks(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
         .on_path("blocks", path, |p| async move { client.blocks(&p).await })
         .await?;
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&fb).unwrap_or_default());
+        print_json(&fb);
     } else {
-        println!(
+        out!(
             "{p}: {} bytes in {} blocks of {}{}",
             fb.attr.size,
             fb.blocks.len(),
@@ -362,9 +375,12 @@ async fn blocks(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
                 .map(|l| format!(" (being written by {})", l.client))
                 .unwrap_or_default()
         );
-        println!(
+        out!(
             "{:>6} {:>18} {:>12} {:>9}  replicas",
-            "index", "block", "bytes", "crc32c"
+            "index",
+            "block",
+            "bytes",
+            "crc32c"
         );
         // The answering node knows the tiers of its own copies only.
         let here = client.node_id();
@@ -378,7 +394,7 @@ async fn blocks(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
                     None => r.node_id.clone(),
                 })
                 .collect();
-            println!(
+            out!(
                 "{:>6} {:>#18x} {:>12} {:>9}  {}",
                 b.info.index,
                 b.info.id,

@@ -10,7 +10,9 @@ use curvine_messages::{FileKind, FsError, XattrMode};
 use crate::args::{FsCommand, XattrCommand};
 use crate::ctx::Ctx;
 use crate::data;
-use crate::output::{attr_json, format_time, mode_string, print_entries, show_value};
+use crate::output::{
+    attr_json, format_time, mode_string, print_entries, print_json_line, show_value,
+};
 use crate::{fail, Failure};
 
 pub async fn run(cx: &Ctx<'_>, command: FsCommand) -> Result<(), Failure> {
@@ -78,21 +80,21 @@ async fn stat(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
         if json_out {
             let mut v = attr_json(&attr);
             v["path"] = json!(path);
-            println!("{v}");
+            print_json_line(&v);
         } else {
-            println!(
+            out!(
                 "  File: {path}{}",
                 attr.symlink
                     .as_ref()
                     .map(|t| format!(" -> {t}"))
                     .unwrap_or_default()
             );
-            println!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
+            out!("  Size: {:<12} Type: {}", attr.size, attr.kind.name());
             if let Some(dev) = crate::output::device_numbers(&attr) {
-                println!("Device: {dev}");
+                out!("Device: {dev}");
             }
             if attr.kind == FileKind::File && attr.block_size > 0 {
-                println!(
+                out!(
                     "Block size: {}  Replicas: {}{}",
                     curvine_messages::human_bytes(attr.block_size),
                     attr.replicas,
@@ -102,7 +104,7 @@ async fn stat(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
                 );
             }
             if let Some(lease) = &attr.writing {
-                println!(
+                out!(
                     " State: being written by {} (the size is that of the last close)",
                     lease.client
                 );
@@ -113,19 +115,19 @@ async fn stat(cx: &Ctx<'_>, paths: Vec<String>) -> Result<(), Failure> {
                 } else {
                     format!(", etag {}", u.etag)
                 };
-                println!("   UFS: {}{etag}", u.describe());
+                out!("   UFS: {}{etag}", u.describe());
             }
-            println!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
-            println!(
+            out!("Inode: {:<#18x} Links: {}", attr.ino, attr.nlink);
+            out!(
                 "Access: ({:04o}/{})  Uid: {}  Gid: {}",
                 attr.mode,
                 mode_string(&attr),
                 attr.uid,
                 attr.gid
             );
-            println!("Access: {}", format_time(attr.atime_ns));
-            println!("Modify: {}", format_time(attr.mtime_ns));
-            println!("Change: {}", format_time(attr.ctime_ns));
+            out!("Access: {}", format_time(attr.atime_ns));
+            out!("Modify: {}", format_time(attr.mtime_ns));
+            out!("Change: {}", format_time(attr.ctime_ns));
         }
     }
     Ok(())
@@ -151,11 +153,11 @@ async fn ls(cx: &Ctx<'_>, long: bool, recursive: bool, paths: Vec<String>) -> Re
             }
         } else {
             if several {
-                println!("{path}:");
+                out!("{path}:");
             }
             print_entries(&entries, long);
             if several {
-                println!();
+                out!();
             }
         }
         if recursive {
@@ -174,7 +176,7 @@ async fn ls(cx: &Ctx<'_>, long: bool, recursive: bool, paths: Vec<String>) -> Re
         }
     }
     if json_out {
-        println!("{}", serde_json::Value::Array(all));
+        print_json_line(&all);
     }
     Ok(())
 }
@@ -243,9 +245,9 @@ async fn readlink(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
         )
         .await?;
     if json_out {
-        println!("{}", json!({"path": p, "target": target}));
+        print_json_line(&json!({"path": p, "target": target}));
     } else {
-        println!("{target}");
+        out!("{target}");
     }
     Ok(())
 }
@@ -288,12 +290,9 @@ async fn xattr(cx: &Ctx<'_>, command: XattrCommand) -> Result<(), Failure> {
                 })
                 .await?;
             if json_out {
-                println!(
-                    "{}",
-                    json!({"path": p, "name": name, "value": show_value(&value)})
-                );
+                print_json_line(&json!({"path": p, "name": name, "value": show_value(&value)}));
             } else {
-                println!("{}", show_value(&value));
+                out!("{}", show_value(&value));
             }
         }
         XattrCommand::List { path } => {
@@ -303,10 +302,10 @@ async fn xattr(cx: &Ctx<'_>, command: XattrCommand) -> Result<(), Failure> {
                 })
                 .await?;
             if json_out {
-                println!("{}", json!(names));
+                print_json_line(&names);
             } else {
                 for n in names {
-                    println!("{n}");
+                    out!("{n}");
                 }
             }
         }

@@ -5,6 +5,31 @@
 //! module each). The dispatch is here, at the crate root, because `trace`
 //! runs a command through it ([`run_traced`]).
 
+/// `println!` for what a command prints: a name's bytes that are not
+/// UTF-8 show as `\xNN` (see `curvine_messages::names`).
+macro_rules! out {
+    () => {
+        println!()
+    };
+    ($($arg:tt)*) => {
+        println!("{}", curvine_messages::names::shown(&format!($($arg)*)))
+    };
+}
+
+/// [`out!`] without the line's end.
+macro_rules! outp {
+    ($($arg:tt)*) => {
+        print!("{}", curvine_messages::names::shown(&format!($($arg)*)))
+    };
+}
+
+/// [`out!`] to standard error.
+macro_rules! eout {
+    ($($arg:tt)*) => {
+        eprintln!("{}", curvine_messages::names::shown(&format!($($arg)*)))
+    };
+}
+
 mod admin;
 mod args;
 mod conf;
@@ -134,7 +159,12 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    // Arguments are bytes: a path's bytes that are not UTF-8 are kept
+    // (curvine_messages::names), not refused.
+    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+        curvine_messages::names::from_bytes(std::os::unix::ffi::OsStrExt::as_bytes(a.as_os_str()))
+            .into_owned()
+    }));
     if let Command::Fuse(command) = cli.command {
         // The mount runs its own runtime (and may daemonize first).
         let g = &cli.global;
@@ -155,7 +185,7 @@ fn main() {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("curvine-cli: cannot start the runtime: {e}");
+            eout!("curvine-cli: cannot start the runtime: {e}");
             std::process::exit(1);
         }
     };
@@ -163,7 +193,7 @@ fn main() {
         if f.code == 0 {
             return;
         }
-        eprintln!("curvine-cli: {}: {}", f.what, f.error);
+        eout!("curvine-cli: {}: {}", f.what, f.error);
         std::process::exit(f.code);
     }
 }

@@ -92,7 +92,7 @@ pub async fn mount(
     if json_out {
         print_json(&mount_json(&m));
     } else {
-        println!("mounted {}", mount_line(&m));
+        out!("mounted {}", mount_line(&m));
     }
     Ok(())
 }
@@ -107,7 +107,7 @@ pub async fn umount(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
     if json_out {
         print_json(&mount_json(&m));
     } else {
-        println!("unmounted {} from {}", m.ufs, m.path);
+        out!("unmounted {} from {}", m.ufs, m.path);
     }
     Ok(())
 }
@@ -131,14 +131,16 @@ pub async fn load(
         if json_out {
             print_json(&job_json(&job));
         } else {
-            println!("load job {} started for {}", job.id, job.path);
+            out!("load job {} started for {}", job.id, job.path);
         }
         return Ok(());
     }
     if terminal && !json_out {
-        eprintln!(
+        eout!(
             "load job {} for {} (Ctrl-C leaves it running; see load-status {})",
-            job.id, job.path, job.id
+            job.id,
+            job.path,
+            job.id
         );
     }
     let job = follow_job(client, &job.id, terminal && !json_out).await?;
@@ -167,9 +169,9 @@ pub async fn load_status(cx: &Ctx<'_>, id: Option<String>, watch: bool) -> Resul
             if json_out {
                 print_json(&job_json(&job));
             } else {
-                println!("{}", job_line(&job));
+                out!("{}", job_line(&job));
                 for (path, error) in &job.failures {
-                    println!("  failed: {path}: {error}");
+                    out!("  failed: {path}: {error}");
                 }
             }
         }
@@ -186,7 +188,7 @@ pub async fn cancel_load(cx: &Ctx<'_>, id: &str) -> Result<(), Failure> {
     if json_out {
         print_json(&job_json(&job));
     } else {
-        println!("{}", job_line(&job));
+        out!("{}", job_line(&job));
     }
     Ok(())
 }
@@ -243,12 +245,12 @@ fn finish_job(job: &curvine_messages::mount::LoadJob, json_out: bool) -> Result<
     if json_out {
         print_json(&job_json(job));
     } else {
-        println!("{}", job_line(job));
+        out!("{}", job_line(job));
         for (path, error) in &job.failures {
-            println!("  failed: {path}: {error}");
+            out!("  failed: {path}: {error}");
         }
         if job.files_failed as usize > job.failures.len() {
-            println!(
+            out!(
                 "  ... and {} more failed files",
                 job.files_failed as usize - job.failures.len()
             );

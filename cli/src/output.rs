@@ -4,14 +4,21 @@
 
 use serde_json::json;
 
+use curvine_messages::names;
 use curvine_messages::rpc::ListEntry;
 use curvine_messages::{Attr, FileKind};
 
+/// Prints `value` as indented JSON. A name's bytes that are not UTF-8 are
+/// `\udcNN` (see `curvine_messages::names`).
 pub fn print_json<T: serde::Serialize>(value: &T) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
-    );
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    println!("{}", names::json_text(&text));
+}
+
+/// Prints `value` as JSON on one line, names as [`print_json`] does.
+pub fn print_json_line<T: serde::Serialize>(value: &T) {
+    let text = serde_json::to_string(value).unwrap_or_default();
+    println!("{}", names::json_text(&text));
 }
 
 /// Prints a list: a JSON array with `--json`, else a line per item.
@@ -25,7 +32,7 @@ pub fn print_list<T>(
         print_json(&items.iter().map(json).collect::<Vec<_>>());
     } else {
         for item in items {
-            println!("{}", line(item));
+            out!("{}", line(item));
         }
     }
 }
@@ -136,9 +143,9 @@ fn long_line(name: &str, attr: &Attr) -> String {
 pub fn print_entries(entries: &[ListEntry], long: bool) {
     for e in entries {
         if long {
-            println!("{}", long_line(&e.name, &e.attr));
+            out!("{}", long_line(&e.name, &e.attr));
         } else {
-            println!("{}", e.name);
+            out!("{}", e.name);
         }
     }
 }

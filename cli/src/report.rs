@@ -14,7 +14,7 @@ pub async fn actors(cx: &Ctx<'_>, node: Option<String>) -> Result<(), Failure> {
     if json_out {
         print_json(&trees);
     } else {
-        print!("{}", format_actor_trees(&trees));
+        outp!("{}", format_actor_trees(&trees));
     }
     Ok(())
 }
@@ -25,7 +25,7 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
     if json_out {
         print_json(&report);
     } else {
-        println!(
+        out!(
             "cluster {} ({} shards, {} nodes)",
             report.cluster_id,
             report.shard_count,
@@ -38,7 +38,7 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
                 .iter()
                 .map(|s| (s.env.as_str(), s.env_bytes))
                 .collect();
-            println!(
+            out!(
                 "node {} [{}{}]  client {}  cluster {}  data port {}  dir {}",
                 node.node_id,
                 node.state,
@@ -52,13 +52,13 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
                     &node.data_dir
                 }
             );
-            println!(
+            out!(
                 "  inodes {inodes}, metadata on disk {} bytes in {} environment(s)",
                 envs.values().sum::<u64>(),
                 envs.len()
             );
             for t in &node.tiers {
-                println!(
+                out!(
                     "  tier {} {}: {} of {} used, {} blocks",
                     t.kind,
                     t.path,
@@ -68,16 +68,22 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
                 );
             }
             if node.checksum_errors > 0 {
-                println!("  checksum errors detected: {}", node.checksum_errors);
+                out!("  checksum errors detected: {}", node.checksum_errors);
             }
-            println!(
+            out!(
                 "  {:>5} {:>10} {:>10} {:>8}",
-                "shard", "inodes", "entries", "pending"
+                "shard",
+                "inodes",
+                "entries",
+                "pending"
             );
             for s in &node.shards {
-                println!(
+                out!(
                     "  {:>5} {:>10} {:>10} {:>8}",
-                    s.shard, s.inodes, s.dentries, s.intents
+                    s.shard,
+                    s.inodes,
+                    s.dentries,
+                    s.intents
                 );
             }
         }

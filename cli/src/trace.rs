@@ -16,7 +16,7 @@ use curvine_messages::{now_ns, FsError};
 
 use crate::args::{Command, TraceArgs};
 use crate::ctx::Ctx;
-use crate::output::print_json;
+use crate::output::{print_json, print_json_line};
 use crate::{fail, run_traced, Cli, Failure, Global};
 
 fn bad(flag: &str, e: impl std::fmt::Display) -> FsError {
@@ -83,7 +83,7 @@ pub fn merge(nodes: &[NodeTrace]) -> Vec<TraceEvent> {
     let mut events: Vec<TraceEvent> = Vec::new();
     for n in nodes {
         if let Some(e) = &n.error {
-            eprintln!("curvine-cli: trace: node {}: {e}", n.node);
+            eout!("curvine-cli: trace: node {}: {e}", n.node);
         }
         events.extend(n.batch.events.iter().cloned());
     }
@@ -117,7 +117,7 @@ fn clock(ns: i64) -> String {
 /// One event per line: time (UTC), node, actor, kind, duration, queueing,
 /// outcome and ids.
 pub fn print_line(e: &TraceEvent) {
-    println!(
+    out!(
         "{} {:<12} {:<24} {:<28} {:>11} queued {:>11} {:<14} trace {} span {}",
         clock(e.start_ns),
         e.node,
@@ -267,7 +267,7 @@ pub async fn follow(client: &Client, query: TraceQuery, json_out: bool) -> Resul
         }
         for e in merge(&nodes) {
             if json_out {
-                println!("{}", event_json(&e));
+                print_json_line(&event_json(&e));
             } else {
                 print_line(&e);
             }
@@ -291,7 +291,7 @@ pub async fn run(cx: &Ctx<'_>, global: Global, args: TraceArgs) -> Result<(), Fa
     let events = merge(&nodes);
     if let Some(file) = &args.chrome {
         write_chrome(file, &events)?;
-        eprintln!("wrote {} events to {file}", events.len());
+        eout!("wrote {} events to {file}", events.len());
     }
     if json_out {
         print_json(&events.iter().map(event_json).collect::<Vec<_>>());
@@ -307,7 +307,7 @@ pub async fn run(cx: &Ctx<'_>, global: Global, args: TraceArgs) -> Result<(), Fa
             ));
         }
         for line in tree_lines(&events) {
-            println!("{line}");
+            out!("{line}");
         }
     } else if args.chrome.is_none() {
         for e in &events {
@@ -370,12 +370,12 @@ async fn run_command(
     if let Some(file) = &args.chrome {
         write_chrome(file, &events)?;
     }
-    eprintln!("trace {}", curvine_messages::trace::format_id(ctx.trace));
+    eout!("trace {}", curvine_messages::trace::format_id(ctx.trace));
     if json_out {
         print_json(&events.iter().map(event_json).collect::<Vec<_>>());
     } else {
         for line in tree_lines(&events) {
-            eprintln!("{line}");
+            eout!("{line}");
         }
     }
     outcome

@@ -1072,6 +1072,134 @@ fn paths_longer_than_path_max_from_the_root_work_relative_to_a_directory() {
     fs::remove_dir_all(m.path("deep")).unwrap();
 }
 
+/// The names in `dir` as bytes, sorted.
+fn byte_names(dir: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn names_that_are_not_utf8_keep_their_bytes_through_tar_the_cli_and_other_clients() {
+    use std::ffi::OsStr;
+    let (dir, node, m) = setup(&[]);
+    let os = |b: &[u8]| OsStr::from_bytes(b).to_os_string();
+    // A tree with Latin-1 names, as an old archive has them.
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join(os(b"caf\xe9.txt")), b"latin-1 name").unwrap();
+    fs::write(src.join("café-utf8.txt"), b"utf-8 name").unwrap();
+    fs::create_dir(src.join(os(b"r\xe9pertoire"))).unwrap();
+    fs::write(src.join(os(b"r\xe9pertoire/\xff\xfe")), b"two bad bytes").unwrap();
+    std::os::unix::fs::symlink(os(b"caf\xe9.txt"), src.join("lien")).unwrap();
+    let tar = dir.path().join("latin1.tar");
+    run(Command::new("tar")
+        .arg("cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg("."));
+    fs::create_dir(m.path("t")).unwrap();
+    run(Command::new("tar")
+        .arg("xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(m.path("t")));
+    let t = m.path("t");
+    assert_eq!(byte_names(&t), byte_names(&src));
+    assert_eq!(
+        byte_names(&t.join(os(b"r\xe9pertoire"))),
+        vec![b"\xff\xfe".to_vec()]
+    );
+    assert_eq!(
+        fs::read(t.join(os(b"caf\xe9.txt"))).unwrap(),
+        b"latin-1 name"
+    );
+    assert_eq!(fs::read(t.join("café-utf8.txt")).unwrap(), b"utf-8 name");
+    assert_eq!(
+        fs::read(t.join(os(b"r\xe9pertoire/\xff\xfe"))).unwrap(),
+        b"two bad bytes"
+    );
+    assert_eq!(
+        fs::read_link(t.join("lien"))
+            .unwrap()
+            .as_os_str()
+            .as_bytes(),
+        b"caf\xe9.txt"
+    );
+    assert_eq!(fs::read(t.join("lien")).unwrap(), b"latin-1 name");
+    // Another client names it by the bytes' string form.
+    let other = curvine_messages::names::from_bytes(b"/t/caf\xe9.txt");
+    assert_eq!(cluster_read(&node, &other), b"latin-1 name");
+    // Names are 1 to 255 bytes, however they decode.
+    fs::write(t.join(os(&[0xE9; 255])), b"x").unwrap();
+    assert_eq!(
+        errno(fs::write(t.join(os(&[0xE9; 256])), b"x")),
+        libc::ENAMETOOLONG
+    );
+    // Renamed to another such name, listed, removed.
+    fs::rename(t.join(os(b"caf\xe9.txt")), t.join(os(b"\xe0 bient\xf4t"))).unwrap();
+    assert!(byte_names(&t).contains(&b"\xe0 bient\xf4t".to_vec()));
+    assert!(!byte_names(&t).contains(&b"caf\xe9.txt".to_vec()));
+    fs::remove_file(t.join(os(&[0xE9; 255]))).unwrap();
+    // The CLI takes such a path as its bytes and shows them as \xNN; its
+    // JSON gives Python the bytes back through os.fsencode.
+    let cli = |args: &[&OsStr]| {
+        let out = node
+            .command("curvine-cli")
+            .args(["--cluster", &node.addr])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("the CLI prints UTF-8")
+    };
+    let text = cli(&[OsStr::new("fs"), OsStr::new("ls"), OsStr::new("/t")]);
+    assert!(text.lines().any(|l| l == "r\\xe9pertoire"), "{text}");
+    assert!(text.lines().any(|l| l == "\\xe0 bient\\xf4t"), "{text}");
+    let stat = cli(&[
+        OsStr::new("fs"),
+        OsStr::new("stat"),
+        OsStr::from_bytes(b"/t/r\xe9pertoire/\xff\xfe"),
+    ]);
+    assert!(stat.contains("Size: 13"), "{stat}");
+    let json = cli(&[
+        OsStr::new("--json"),
+        OsStr::new("fs"),
+        OsStr::new("ls"),
+        OsStr::new("/t"),
+    ]);
+    assert!(json.contains("\"r\\udce9pertoire\""), "{json}");
+    let py = "import json, os, sys\n\
+              names = sorted(os.fsencode(e['name']) for e in json.load(sys.stdin))\n\
+              print(names)";
+    let mut child = Command::new("python3")
+        .args(["-c", py])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[b'caf\\xc3\\xa9-utf8.txt', b'lien', b'r\\xe9pertoire', b'\\xe0 bient\\xf4t']"
+    );
+    fs::remove_dir_all(&t).unwrap();
+}
+
 #[test]
 fn rename_exchange_swaps_names_and_whiteout_leaves_a_whiteout() {
     use std::os::unix::fs::FileTypeExt;
@@ -1627,6 +1755,16 @@ fn s3_objects_read_and_written_through_the_mount() {
     args.extend(s3.props());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     node.cli_ok(&args);
+    let mut args: Vec<String> = vec![
+        "mount".into(),
+        s3.location("fuse-fs-mode"),
+        "/s3w".into(),
+        "--write-type".into(),
+        "fs_mode".into(),
+    ];
+    args.extend(s3.props());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    node.cli_ok(&args);
     let m = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
     let names: Vec<String> = fs::read_dir(m.path("s3/in"))
         .unwrap()
@@ -1641,6 +1779,20 @@ fn s3_objects_read_and_written_through_the_mount() {
     fs::write(m.path("s3/out.txt"), b"written through fuse").unwrap();
     let obj = runtime().block_on(ufs.read_all("out.txt")).unwrap();
     assert_eq!(obj, b"written through fuse");
+    // Object keys are UTF-8: a name that is not is refused (EILSEQ), in
+    // cache_mode and in fs_mode, whose directories the mount holds.
+    let raw = |dir: &str, b: &[u8]| m.path(dir).join(std::ffi::OsStr::from_bytes(b));
+    assert_eq!(errno(fs::write(raw("s3", b"caf\xe9"), b"x")), libc::EILSEQ);
+    assert_eq!(errno(fs::create_dir(raw("s3", b"r\xe9p"))), libc::EILSEQ);
+    for i in 0..20 {
+        fs::write(m.path(&format!("s3w/f{i}")), b"fs_mode").unwrap();
+    }
+    assert_eq!(errno(fs::write(raw("s3w", b"caf\xe9"), b"x")), libc::EILSEQ);
+    assert_eq!(
+        errno(fs::rename(m.path("s3w/f0"), raw("s3w", b"caf\xe9"))),
+        libc::EILSEQ
+    );
+    assert_eq!(fs::read(m.path("s3w/f0")).unwrap(), b"fs_mode");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! mount errors, and secrets kept out of every output.
 
 use std::cell::RefCell;
+use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
@@ -426,6 +427,30 @@ fn fs_mode_writes_at_cache_speed_and_persists_in_order() {
     // The blocks read are cached again (recorded just after they were sent).
     wait_blocks(&node, "/fs/moved", 4, Duration::from_secs(10));
     node.cli_ok(&["fs", "rm", "-r", "/fs/d"]);
+
+    // A name that is not UTF-8 cannot be an object key: refused at once,
+    // never accepted and then left out of the bucket.
+    let raw = curvine_messages::names::from_bytes(b"/fs/caf\xe9");
+    runtime().block_on(async {
+        let client = node.client().await;
+        let e = client.mkdir(&raw, false).await.unwrap_err();
+        assert!(matches!(e, FsError::IllegalName(_)), "{e}");
+        let e = client.rename("/fs/moved", &raw).await.unwrap_err();
+        assert!(matches!(e, FsError::IllegalName(_)), "{e}");
+    });
+    let out = node
+        .command("curvine-cli")
+        .args(["--cluster", &node.addr, "fs", "put"])
+        .arg(&src)
+        .arg(std::ffi::OsStr::from_bytes(b"/fs/caf\xe9"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("/fs/caf\\xe9") && err.contains("holds only UTF-8 names"),
+        "{err}"
+    );
 }
 
 #[test]

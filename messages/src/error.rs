@@ -80,6 +80,10 @@ pub enum FsError {
     /// caller opens it again.
     #[error("stale file handle{}", detail(.0))]
     Stale(String),
+    /// A name with bytes that are not UTF-8 where only UTF-8 can go (an
+    /// object key in a UFS).
+    #[error("invalid or incomplete multibyte or wide character{}", detail(.0))]
+    IllegalName(String),
 }
 
 /// Result of a file-system operation.
@@ -114,6 +118,7 @@ impl FsError {
             FsError::NodeDown(_) => libc::EIO,
             FsError::Ufs(_) => libc::EIO,
             FsError::Stale(_) => libc::ESTALE,
+            FsError::IllegalName(_) => libc::EILSEQ,
         }
     }
 
@@ -145,6 +150,7 @@ impl FsError {
             FsError::NodeDown(_) => "node_down",
             FsError::Ufs(_) => "ufs",
             FsError::Stale(_) => "stale",
+            FsError::IllegalName(_) => "illegal_name",
         }
     }
 
@@ -181,6 +187,11 @@ impl FsError {
             FsError::Protocol(_) => FsError::Protocol(text),
             FsError::Corrupt(_) => FsError::Corrupt(text),
             FsError::Stale(_) => FsError::Stale(text),
+            // Keep where only UTF-8 goes: that is what the user must act on.
+            FsError::IllegalName(why) if !text.is_empty() => {
+                FsError::IllegalName(format!("{text}: {why}"))
+            }
+            FsError::IllegalName(why) => FsError::IllegalName(why),
             // Keep what the UFS said: it is the cause the user acts on.
             FsError::Ufs(cause) if !text.is_empty() => FsError::Ufs(format!("{text}: {cause}")),
             FsError::Ufs(cause) => FsError::Ufs(cause),
@@ -219,7 +230,8 @@ impl FsError {
             | FsError::Corrupt(s)
             | FsError::NodeDown(s)
             | FsError::Ufs(s)
-            | FsError::Stale(s) => s,
+            | FsError::Stale(s)
+            | FsError::IllegalName(s) => s,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod delegation;
 pub mod error;
 pub mod members;
 pub mod mount;
+pub mod names;
 pub mod path;
 pub mod raft;
 pub mod remote;

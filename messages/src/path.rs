@@ -1,17 +1,19 @@
 //! Path validation and normalisation as a shell user expects it.
 
 use crate::error::FsError;
+use crate::names;
 use crate::types::{MAX_NAME_LEN, MAX_PATH_LEN};
 
-/// Checks one file name: 1 to 255 bytes, no `/`, no NUL, not `.` or `..`.
+/// Checks one file name: 1 to 255 bytes, no `/`, no NUL, not `.` or `..`,
+/// bytes that are not UTF-8 in their one string form (see [`crate::names`]).
 pub fn check_name(name: &str) -> Result<(), FsError> {
     if name.is_empty() {
         return Err(FsError::InvalidArgument("empty file name".into()));
     }
-    if name.len() > MAX_NAME_LEN {
+    let len = names::byte_len(name);
+    if len > MAX_NAME_LEN {
         return Err(FsError::NameTooLong(format!(
-            "name of {} bytes exceeds {MAX_NAME_LEN}",
-            name.len()
+            "name of {len} bytes exceeds {MAX_NAME_LEN}"
         )));
     }
     if name == "." || name == ".." {
@@ -22,10 +24,10 @@ pub fn check_name(name: &str) -> Result<(), FsError> {
     if name.contains('/') || name.contains('\0') {
         return Err(FsError::InvalidArgument(format!(
             "name {:?} contains '/' or NUL",
-            name
+            names::shown(name)
         )));
     }
-    Ok(())
+    names::check(name)
 }
 
 /// Normalises a path to its components. Relative paths are taken from `cwd`
@@ -128,5 +130,10 @@ mod tests {
         assert!(check_name("a/b").is_err());
         assert!(check_name("..").is_err());
         assert!(check_name("").is_err());
+        // Bytes that are not UTF-8 count one each.
+        let latin1 = names::from_bytes(&[0xE9; 255]).into_owned();
+        assert!(check_name(&latin1).is_ok());
+        let over = names::from_bytes(&[0xE9; 256]).into_owned();
+        assert!(matches!(check_name(&over), Err(FsError::NameTooLong(_))));
     }
 }

@@ -2,6 +2,7 @@
 //! (mkdir, list), files and symlinks created empty, attributes and
 //! extended attributes, and removal (unlink, rmdir, recursive remove).
 
+use curvine_messages::names;
 use curvine_messages::path::{check_name, components, join};
 use curvine_messages::rpc::{ListEntry, Listing, RemoveSummary};
 use curvine_messages::shard::{IntentOp, ShardMsg, UnlinkOutcome};
@@ -189,11 +190,12 @@ impl Namespace {
         if target.is_empty() {
             return Err(FsError::NotFound("empty symlink target".into()));
         }
-        if target.len() > MAX_SYMLINK_LEN || target.contains('\0') {
+        if names::byte_len(target) > MAX_SYMLINK_LEN || target.contains('\0') {
             return Err(FsError::NameTooLong(format!(
                 "symlink target longer than {MAX_SYMLINK_LEN} bytes or with NUL"
             )));
         }
+        names::check(target)?;
         let (parent, name) = self.resolve_parent(link).await?;
         let attrs = NewInode {
             kind: FileKind::Symlink,

@@ -16,7 +16,7 @@ use curvine_messages::{
     now_ns, Attr, DirEntry, FileKind, FsError, FsResult, Ino, NewInode, SetAttr,
 };
 
-use super::keys::{delete_id_prefix, key_ino, key_name};
+use super::keys::{delete_id_prefix, key_ino, key_name, name_of_key};
 use super::{decode, lmdb_err, ShardStore};
 
 impl ShardStore {
@@ -119,11 +119,8 @@ impl ShardStore {
             }
             let (key, value) = item.map_err(lmdb_err)?;
             let v: DentryValue = decode(value)?;
-            let name = std::str::from_utf8(&key[8..]).map_err(|_| {
-                FsError::Corrupt(format!("entry name in directory {ino:#x} is not UTF-8"))
-            })?;
             out.push(DirEntry {
-                name: name.to_string(),
+                name: name_of_key(key),
                 ino: v.ino,
                 kind: v.kind,
             });
@@ -169,9 +166,10 @@ impl ShardStore {
             if Some(op) == by {
                 continue;
             }
-            let name = String::from_utf8_lossy(&key[8..]);
+            let name = name_of_key(key);
             return Err(FsError::Busy(format!(
-                "'{name}' in directory {ino:#x} is being changed by operation {op:#x}"
+                "'{}' in directory {ino:#x} is being changed by operation {op:#x}",
+                curvine_messages::names::shown(&name)
             )));
         }
         let mut iter = self

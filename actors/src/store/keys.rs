@@ -7,7 +7,7 @@ use std::ops::Bound;
 use crate::txn::{Table, WriteTxn};
 
 use curvine_messages::block::BlockId;
-use curvine_messages::{FsError, FsResult, Ino, OpId, ShardId};
+use curvine_messages::{names, FsError, FsResult, Ino, OpId, ShardId};
 
 use super::lmdb_err;
 
@@ -15,11 +15,20 @@ pub(super) fn key_ino(ino: Ino) -> [u8; 8] {
     ino.to_be_bytes()
 }
 
+/// `parent` ++ the name's bytes (see `curvine_messages::names`: a byte
+/// that is not UTF-8 is one byte here, not its four-byte string form, so
+/// a 255-byte name fits LMDB's 511-byte keys).
 pub(super) fn key_name(parent: Ino, name: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + name.len());
+    let bytes = names::to_bytes(name);
+    let mut k = Vec::with_capacity(8 + bytes.len());
     k.extend_from_slice(&parent.to_be_bytes());
-    k.extend_from_slice(name.as_bytes());
+    k.extend_from_slice(&bytes);
     k
+}
+
+/// The name in a key made by [`key_name`].
+pub(super) fn name_of_key(key: &[u8]) -> String {
+    names::from_bytes(key.get(8..).unwrap_or_default()).into_owned()
 }
 
 pub(super) fn key_block(ino: Ino, index: u32) -> [u8; 12] {

@@ -282,7 +282,7 @@ impl ShardStore {
         for item in self.own(self.dentries, txn)? {
             let (key, value) = item.map_err(lmdb_err)?;
             let v: DentryValue = decode(value)?;
-            let name = String::from_utf8_lossy(&key[8..]).into_owned();
+            let name = keys::name_of_key(key);
             scan.dentries.push((
                 ino_from(key)?,
                 DirEntry {

@@ -8,7 +8,7 @@ use curvine_messages::codec::encode_versioned;
 use curvine_messages::shard::XattrValue;
 use curvine_messages::{check_xattr, now_ns, FsError, FsResult, Ino, XattrMode};
 
-use super::keys::{key_ino, key_name};
+use super::keys::{key_ino, key_name, name_of_key};
 use super::{decode, lmdb_err, ShardStore};
 
 impl ShardStore {
@@ -66,7 +66,7 @@ impl ShardStore {
             .map_err(lmdb_err)?
         {
             let (key, _) = item.map_err(lmdb_err)?;
-            names.push(String::from_utf8_lossy(&key[8..]).into_owned());
+            names.push(name_of_key(key));
         }
         Ok(names)
     }

@@ -9,7 +9,7 @@ use fuser::{
 };
 
 use curvine_messages::rpc;
-use curvine_messages::{Attr, FileKind, FsError, FsResult, SetAttr, TimeSet};
+use curvine_messages::{names, Attr, FileKind, FsError, FsResult, SetAttr, TimeSet};
 
 use crate::inodes::empty_attr;
 
@@ -189,7 +189,8 @@ pub(super) fn lookup(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Repl
     let fs = cfs.0.clone();
     let parent = parent.0;
     // A name the mount knows, fetched within the TTL: answered here.
-    if let Some(n) = name.to_str() {
+    if let Ok(n) = name_str(name) {
+        let n = &*n;
         if let Some((ino, attr)) = fs.inodes.fresh_name(parent, n) {
             let attr = fs.with_writes(ino, attr);
             fs.reply_entry(reply, parent, n, attr);
@@ -204,6 +205,7 @@ pub(super) fn lookup(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Repl
     let name = name.to_os_string();
     cfs.spawn("lookup", async move {
         let name = try_reply!(reply, name_str(&name));
+        let name = &*name;
         match fs.lookup(parent, name).await {
             Ok((_, attr)) => fs.reply_entry(reply, parent, name, attr),
             Err(FsError::NotFound(_)) if !fs.negative_ttl.is_zero() => {
@@ -248,12 +250,12 @@ pub(super) fn readlink(cfs: &CurvineFs, ino: INodeNo, reply: ReplyData) {
     let fs = cfs.0.clone();
     cfs.spawn("readlink", async move {
         if let Some(target) = fs.inodes.attr(ino.0).and_then(|a| a.symlink) {
-            reply.data(target.as_bytes());
+            reply.data(&names::to_bytes(&target));
             return;
         }
         let path = try_reply!(reply, fs.inodes.path(ino.0));
         let target = try_reply!(reply, fs.client.readlink(&path).await);
-        reply.data(target.as_bytes());
+        reply.data(&names::to_bytes(&target));
     });
 }
 

@@ -172,6 +172,12 @@ impl DirState {
         !self.stopping && now < self.valid_until
     }
 
+    /// A name with bytes that are not UTF-8 goes to the cluster, which
+    /// refuses it under a UFS mount (object keys are UTF-8).
+    fn utf8_or_plain(&self, name: &str) -> bool {
+        self.plain || !curvine_messages::names::has_escapes(name)
+    }
+
     fn inos_left(&self) -> u64 {
         self.inos.iter().map(|(n, e)| e - n).sum()
     }
@@ -267,7 +273,7 @@ impl Delegations {
         let now = Instant::now();
         let (attr, rx, more, first) = {
             let mut st = held.state.lock();
-            if !st.answers(now) || st.names.contains_key(name) {
+            if !st.answers(now) || st.names.contains_key(name) || !st.utf8_or_plain(name) {
                 return None;
             }
             let ino = st.take_ino()?;
@@ -345,6 +351,7 @@ impl Delegations {
             if !st.answers(Instant::now())
                 || st.names.get(from) != Some(&FileKind::File)
                 || st.names.contains_key(to)
+                || !st.utf8_or_plain(to)
             {
                 return None;
             }

@@ -12,6 +12,7 @@ use curvine_messages::FsResult;
 
 use crate::inodes::{HIDDEN_PREFIX, ROOT};
 
+use super::replies::os_name;
 use super::CurvineFs;
 use super::{Fs, Handle};
 
@@ -126,7 +127,7 @@ pub(super) fn readdir(
                     }
                 },
             };
-            if reply.add(INodeNo(child), off + 1, kind, &name) {
+            if reply.add(INodeNo(child), off + 1, kind, os_name(&name)) {
                 break;
             }
             off += 1;
@@ -176,7 +177,7 @@ pub(super) fn readdirplus(
                             let full = reply.add(
                                 INodeNo(child),
                                 off + 1,
-                                &e.name,
+                                os_name(&e.name),
                                 &fs.entry_ttl,
                                 &fs.file_attr(child, &attr),
                                 Generation(0),

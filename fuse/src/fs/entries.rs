@@ -14,7 +14,7 @@ use curvine_messages::{Attr, FileKind, FsResult};
 
 use super::acl::Inherited;
 use super::perms::Caller;
-use super::replies::{name_str, ErrorReply};
+use super::replies::{name_str, target_str, ErrorReply};
 use super::write;
 use super::CurvineFs;
 use super::Fs;
@@ -95,9 +95,7 @@ impl CurvineFs {
                 NewKind::File => NewKind::File,
                 NewKind::Dir => NewKind::Dir,
                 NewKind::Special(kind) => NewKind::Special(kind),
-                NewKind::Symlink(target) => {
-                    NewKind::Symlink(try_reply!(reply, name_str(&target)).to_string())
-                }
+                NewKind::Symlink(target) => NewKind::Symlink(target_str(&target).into_owned()),
             };
             let dir = matches!(kind, NewKind::Dir);
             // A directory's default ACL replaces the umask (not for symlinks).
@@ -234,7 +232,7 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
     if let Err(e) = fs.set_inherited_acl(&new.path, &new.acl).await {
         // Its writer gives the file back; the create fails with the error.
         let _ = w.abort().await;
-        reply.error(super::replies::name_errno(&e));
+        reply.error(super::replies::errno(&e));
         return;
     }
     let attr = w.attr.clone();
@@ -288,13 +286,13 @@ impl Fs {
         let Some((attr, created)) = self.delegations.create_now(
             new.parent,
             || self.inodes.path(new.parent),
-            name,
+            &name,
             mode,
             owner,
         ) else {
             return Some(reply);
         };
-        self.made_here(new.parent, name, owner, attr, created, reply);
+        self.made_here(new.parent, &name, owner, attr, created, reply);
         None
     }
 

@@ -55,7 +55,7 @@ macro_rules! try_reply {
         match $e {
             Ok(v) => v,
             Err(e) => {
-                $reply.error($crate::fs::replies::name_errno(&e));
+                $reply.error($crate::fs::replies::errno(&e));
                 return;
             }
         }

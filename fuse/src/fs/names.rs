@@ -203,6 +203,7 @@ pub(super) fn unlink(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Repl
     let name = name.to_os_string();
     cfs.spawn("unlink", async move {
         let name = try_reply!(reply, name_str(&name));
+        let name = &*name;
         try_reply!(reply, fs.unlink(parent.0, name).await);
         fs.inodes.expire(parent.0);
         reply.ok();
@@ -214,6 +215,7 @@ pub(super) fn rmdir(cfs: &CurvineFs, parent: INodeNo, name: &OsStr, reply: Reply
     let name = name.to_os_string();
     cfs.spawn("rmdir", async move {
         let name = try_reply!(reply, name_str(&name));
+        let name = &*name;
         fs.delegations.give_back(parent.0).await;
         let path = try_reply!(reply, fs.inodes.child_path(parent.0, name));
         try_reply!(
@@ -249,7 +251,9 @@ pub(super) fn rename(
     let newname = newname.to_os_string();
     cfs.spawn("rename", async move {
         let name = try_reply!(reply, name_str(&name));
+        let name = &*name;
         let newname = try_reply!(reply, name_str(&newname));
+        let newname = &*newname;
         try_reply!(
             reply,
             fs.rename(parent.0, name, newparent.0, newname, flags).await

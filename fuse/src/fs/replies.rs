@@ -1,12 +1,15 @@
 //! Answers in the kernel's terms: the errno of an error, attributes and
 //! entries; names the kernel sends, checked.
 
+use std::borrow::Cow;
 use std::ffi::OsStr;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType, Generation, INodeNo, ReplyCreate, ReplyEntry};
 
-use curvine_messages::{Attr, FileKind, FsError, FsResult};
+use curvine_messages::path::check_name;
+use curvine_messages::{names, Attr, FileKind, FsError, FsResult};
 
 use super::Fs;
 
@@ -51,21 +54,36 @@ fn time(ns: i64) -> SystemTime {
     }
 }
 
-/// A name the namespace can hold (UTF-8).
-pub(super) fn name_str(name: &OsStr) -> FsResult<&str> {
-    name.to_str().ok_or_else(|| {
-        FsError::InvalidArgument(format!("{}: names must be UTF-8", name.to_string_lossy()))
-    })
+/// The namespace's form of a name the kernel sent (any bytes but `/` and
+/// NUL; see `curvine_messages::names`), checked as the namespace checks
+/// names, so a create the mount answers itself is one the shard takes.
+pub(super) fn name_str(name: &OsStr) -> FsResult<Cow<'_, str>> {
+    let s = names::from_bytes(name.as_bytes());
+    check_name(&s)?;
+    Ok(s)
 }
 
-/// Errno for a name that is not UTF-8: "invalid multibyte sequence".
-pub(super) fn name_errno(e: &FsError) -> Errno {
-    match e {
-        FsError::InvalidArgument(m) if m.ends_with("names must be UTF-8") => {
-            Errno::from_i32(libc::EILSEQ)
-        }
-        other => errno(other),
+/// The namespace's form of a symlink target the kernel sent.
+pub(super) fn target_str(target: &OsStr) -> Cow<'_, str> {
+    names::from_bytes(target.as_bytes())
+}
+
+/// A name (or symlink target) as the kernel gets it back: its bytes.
+pub(super) fn os_name(s: &str) -> Cow<'_, OsStr> {
+    match names::to_bytes(s) {
+        Cow::Borrowed(b) => Cow::Borrowed(OsStr::from_bytes(b)),
+        Cow::Owned(b) => Cow::Owned(std::ffi::OsString::from_vec(b)),
     }
+}
+
+/// An extended attribute's name: UTF-8 only (EILSEQ otherwise).
+pub(super) fn xattr_name(name: &OsStr) -> FsResult<&str> {
+    name.to_str().ok_or_else(|| {
+        FsError::IllegalName(format!(
+            "{}: extended attribute names must be UTF-8",
+            names::shown(&names::from_bytes(name.as_bytes()))
+        ))
+    })
 }
 
 /// A reply that can answer an error (each of fuser's replies can; they

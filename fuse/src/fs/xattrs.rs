@@ -9,7 +9,7 @@ use fuser::{Errno, INodeNo, ReplyEmpty, ReplyXattr};
 
 use curvine_messages::{FsError, FsResult, XattrMode};
 
-use super::replies::{errno, name_str};
+use super::replies::{errno, xattr_name};
 use super::CurvineFs;
 use super::Fs;
 
@@ -150,7 +150,7 @@ pub(super) fn setxattr(
     let name = name.to_os_string();
     let value = value.to_vec();
     cfs.spawn("setxattr", async move {
-        let name = try_reply!(reply, name_str(&name));
+        let name = try_reply!(reply, xattr_name(&name));
         if name.starts_with("system.") && !fs.acl_attr(name) {
             reply.error(Errno::from_i32(libc::ENOTSUP));
             return;
@@ -185,7 +185,7 @@ pub(super) fn getxattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, size: u32, r
     }
     let name = name.to_os_string();
     cfs.spawn("getxattr", async move {
-        let name = try_reply!(reply, name_str(&name));
+        let name = try_reply!(reply, xattr_name(&name));
         if name.starts_with("system.posix_acl") && !fs.acl_attr(name) {
             reply.error(Errno::from_i32(libc::ENODATA));
             return;
@@ -221,7 +221,7 @@ pub(super) fn removexattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, reply: Re
     let fs = cfs.0.clone();
     let name = name.to_os_string();
     cfs.spawn("removexattr", async move {
-        let name = try_reply!(reply, name_str(&name));
+        let name = try_reply!(reply, xattr_name(&name));
         let path = try_reply!(reply, fs.inodes.path(ino.0));
         let result = fs.client.remove_xattr(&path, name).await;
         fs.forget_absent_xattrs(ino.0);

@@ -10,7 +10,7 @@ use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{Access, BlockInfo};
 use curvine_messages::mount::{MountInfo, Persist, UfsOp, UfsState, WriteType};
-use curvine_messages::{now_ns, Attr, FileKind, FsError, FsResult, Ino};
+use curvine_messages::{names, now_ns, Attr, FileKind, FsError, FsResult, Ino};
 
 use super::fills::{synced_state, Fills};
 use super::journal::Journal;
@@ -139,6 +139,7 @@ impl Paths {
     }
 
     pub async fn mkdir(&self, r: &curvine_messages::rpc::Mkdir) -> FsResult<Attr> {
+        self.utf8_under_mount(&r.path)?;
         let Some((m, rel)) = self.cache_mount(&r.path) else {
             return self
                 .namespace
@@ -165,6 +166,7 @@ impl Paths {
     }
 
     pub async fn touch(&self, r: &curvine_messages::rpc::Touch) -> FsResult<Attr> {
+        self.utf8_under_mount(&r.path)?;
         let Some((m, rel)) = self.cache_mount(&r.path) else {
             return self
                 .namespace
@@ -184,6 +186,23 @@ impl Paths {
             .touch(&r.path, r.mode, r.exclusive, r.uid, r.gid)
             .await?;
         self.set_ufs(attr.ino, Some(synced_state(&m, &obj))).await
+    }
+
+    /// EILSEQ for a name with bytes that are not UTF-8 under a mount: its
+    /// UFS names objects by UTF-8 keys.
+    fn utf8_under_mount(&self, path: &str) -> FsResult<()> {
+        if !names::has_escapes(path) {
+            return Ok(());
+        }
+        match self
+            .mounts
+            .find(&curvine_messages::path::normalize(path, "/")?)
+        {
+            Some((m, rel)) if names::has_escapes(&rel) => {
+                names::utf8_only(path, &format!("mount {} ({})", m.path, m.ufs))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// ENOTSUP for `what` at `path` when `path` is under a mount: the
@@ -230,6 +249,7 @@ impl Paths {
     }
 
     pub async fn rename(&self, src: &str, dst: &str) -> FsResult<()> {
+        self.utf8_under_mount(dst)?;
         let (src_n, dst_n) = (
             curvine_messages::path::normalize(src, "/")?,
             curvine_messages::path::normalize(dst, "/")?,
@@ -362,6 +382,7 @@ impl Paths {
         &self,
         r: &curvine_messages::rpc::OpenFile,
     ) -> FsResult<curvine_actors::namespace::Opened> {
+        self.utf8_under_mount(&r.path)?;
         let norm = curvine_messages::path::normalize(&r.path, "/")?;
         let Some((m, _)) = self.mounts.find(&norm) else {
             return self.namespace.open_write(r).await;
