@@ -306,6 +306,41 @@ async fn a_holder_that_stops_renewing_loses_the_directory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recalled_holder_that_keeps_renewing_sends_what_it_answered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ns, _) = start(tmp.path()).await;
+    let d = ns.mkdir("/r", false, 0o755, 0, 0).await.unwrap();
+    let grant = ns.delegate(d.ino, 3, 4).await.unwrap();
+    let recall = {
+        let ns = ns.clone();
+        tokio::spawn(async move { ns.await_recall(d.ino, 3).await })
+    };
+    let touch = {
+        let ns = ns.clone();
+        tokio::spawn(async move { ns.touch("/r/other", 0o644, true, 0, 0).await })
+    };
+    assert!(recall.await.unwrap().unwrap());
+    // The holder's batch is slow (a loaded host, a slow sync): longer
+    // than a lease. It renews meanwhile, so the directory stays its own.
+    let lease = Duration::from_millis(u64::from(DELEGATION_LEASE_MS));
+    let until = Instant::now() + lease + lease / 2;
+    while Instant::now() < until {
+        assert!(ns.renew_delegation(d.ino, 3).await.unwrap().recalled);
+        tokio::time::sleep(lease / 5).await;
+    }
+    assert!(!touch.is_finished(), "the create went through a held directory");
+    let done = ns
+        .dir_ops(d.ino, 3, vec![create("answered", grant.first_ino, 21)])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok(), "{done:?}");
+    ns.release_delegation(d.ino, 3).await.unwrap();
+    touch.await.unwrap().unwrap();
+    let listing = ns.list("/r", None, 100).await.unwrap();
+    assert_eq!(names(&listing), vec!["answered", "other"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_file_closes_with_the_attributes_set_through_it() {
     // What the mount sends for a file tar made: its close carries the
     // mode, owner and times set while it was written, in one commit.

@@ -9,7 +9,8 @@
 //! listing it, looking up a name it does not have, and reading or changing
 //! the directory's own attributes; it asks the holder to give the
 //! directory back first (a recall), and takes it back itself once the
-//! holder stops renewing.
+//! holder stops renewing (or has renewed for [`RECALL_GRACE_MS`] since
+//! the recall).
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,13 @@ use crate::types::{DirEntry, Ino, NewInode};
 /// How long a delegation lasts without renewal (the holder renews it four
 /// times as often). A holder that dies holds its directories this long.
 pub const DELEGATION_LEASE_MS: u32 = 2_000;
+
+/// After a recall, how long a holder that keeps renewing (and sending
+/// batches) keeps the directory while it sends the creates it answered:
+/// a slow disk or a loaded host must not turn them into lost files. A
+/// holder that stops renewing loses the directory a lease after its last
+/// renewal, as before the recall.
+pub const RECALL_GRACE_MS: u32 = 15_000;
 
 /// The most entries a delegated directory may have (the grant lists them
 /// all).

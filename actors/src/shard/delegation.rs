@@ -13,8 +13,11 @@
 //!   before the grant is applied: any message that conflicts with it and
 //!   comes later is refused, so nothing reaches the writer between the
 //!   grant's listing and the holder's creates.
-//! - A lease is never extended after a recall: the holder sends what it
-//!   has and releases, or loses the directory when the lease ends.
+//! - After a recall the holder answers nothing new; it sends what it
+//!   answered and releases. Its renewals and batches keep extending the
+//!   lease meanwhile, for at most `RECALL_GRACE_MS` from the recall (a
+//!   loaded host or a slow sync must not lose creates it acknowledged);
+//!   a holder that goes quiet loses the directory a lease later.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,7 +25,9 @@ use std::time::{Duration, Instant};
 use ractor::RpcReplyPort;
 
 use curvine_messages::delegation::DirOp;
-use curvine_messages::delegation::{DirGrant, Renewal, DELEGATION_LEASE_MS, MAX_DELEGATED_ENTRIES};
+use curvine_messages::delegation::{
+    DirGrant, Renewal, DELEGATION_LEASE_MS, MAX_DELEGATED_ENTRIES, RECALL_GRACE_MS,
+};
 use curvine_messages::shard::{IntentOp, ShardMsg, Step};
 use curvine_messages::trace::Outcome;
 use curvine_messages::{FsError, FsResult, Ino};
@@ -45,7 +50,8 @@ pub(super) struct Held {
     /// The group's term when the lease was taken or found (see
     /// `ShardState::lease_of`).
     term: u64,
-    recalled: bool,
+    /// When the shard asked for the directory back.
+    recalled: Option<Instant>,
     /// The holder's `AwaitRecall`, answered at the recall (or `false` at
     /// its next renewal).
     waiter: Option<RpcReplyPort<FsResult<bool>>>,
@@ -72,6 +78,17 @@ impl Delegations {
 
 fn lease() -> Duration {
     Duration::from_millis(u64::from(DELEGATION_LEASE_MS))
+}
+
+impl Held {
+    /// A lease from now; after a recall, no later than the recall's grace.
+    fn extend(&mut self) {
+        let mut until = Instant::now() + lease();
+        if let Some(at) = self.recalled {
+            until = until.min(at + Duration::from_millis(u64::from(RECALL_GRACE_MS)));
+        }
+        self.until = self.until.max(until);
+    }
 }
 
 /// The directories a message would read or change the entries of (or the
@@ -165,7 +182,7 @@ impl ShardState {
                         holder,
                         until: Instant::now() + lease(),
                         term,
-                        recalled: false,
+                        recalled: None,
                         waiter: None,
                     })),
                     _ => None,
@@ -226,8 +243,8 @@ impl ShardState {
                 self.write_unanswered(move |s, t| s.end_delegation(t, dir, Some(holder)));
                 continue;
             }
-            if !held.recalled {
-                held.recalled = true;
+            if held.recalled.is_none() {
+                held.recalled = Some(Instant::now());
                 if let Some(w) = held.waiter.take() {
                     answer(w, Ok(true));
                 }
@@ -268,7 +285,7 @@ impl ShardState {
                 reply,
             } => {
                 if let Some(h) = self.lease_of(&txn, dir, term) {
-                    if h.holder == holder && h.recalled {
+                    if h.holder == holder && h.recalled.is_some() {
                         // Asked back: its holder gives it back, not more.
                         return answer(
                             reply,
@@ -307,7 +324,7 @@ impl ShardState {
                         holder,
                         until: Instant::now() + lease(),
                         term,
-                        recalled: false,
+                        recalled: None,
                         waiter,
                     }),
                 );
@@ -318,13 +335,11 @@ impl ShardState {
             ShardMsg::RenewDelegation { dir, holder, reply } => {
                 match self.lease_of(&txn, dir, term) {
                     Some(h) if h.holder == holder => {
-                        if !h.recalled {
-                            h.until = Instant::now() + lease();
-                        }
+                        h.extend();
                         if let Some(w) = h.waiter.take() {
                             answer(w, Ok(false));
                         }
-                        let recalled = h.recalled;
+                        let recalled = h.recalled.is_some();
                         answer(
                             reply,
                             Ok(Renewal {
@@ -338,7 +353,7 @@ impl ShardState {
             }
             ShardMsg::AwaitRecall { dir, holder, reply } => match self.lease_of(&txn, dir, term) {
                 Some(h) if h.holder == holder => {
-                    if h.recalled {
+                    if h.recalled.is_some() {
                         answer(reply, Ok(true));
                     } else if let Some(old) = h.waiter.replace(reply) {
                         answer(old, Ok(false));
@@ -352,6 +367,12 @@ impl ShardState {
                 ops,
                 reply,
             } => {
+                // A batch is a sign of life, like a renewal.
+                if let Some(h) = self.lease_of(&txn, dir, term) {
+                    if h.holder == holder {
+                        h.extend();
+                    }
+                }
                 drop(txn);
                 // Like a writer's `CreateFile`: a file made for a writer is
                 // made durable by its close (or fsync), whose commit in

@@ -574,19 +574,32 @@ impl Delegations {
         }
     }
 
-    /// Renews the directory's lease a few times per lease; gives the
-    /// directory back when the shard recalled it, when it is lost, or when
-    /// nothing was created in it for a while.
+    /// Renews the directory's lease a few times per lease until it is
+    /// given back; gives it back when the shard recalled it, when it is
+    /// lost, or when nothing was created in it for a while. While what
+    /// was answered here is being sent, the renewals go on: the shard
+    /// keeps a recalled directory for a holder that renews, so a slow
+    /// batch does not lose creates already answered.
     async fn renew_loop(self: Arc<Self>, held: Arc<Dir>, lease: Duration) {
         let every = lease / 4;
+        let mut giving_back = false;
+        let give_back = |me: &Arc<Self>| {
+            let me = me.clone();
+            let fuse = held.fuse;
+            tokio::spawn(async move { me.give_back(fuse).await });
+        };
         loop {
             tokio::time::sleep(every).await;
-            let (done, idle) = {
+            let (ended, stopping, idle) = {
                 let st = held.state.lock();
-                (st.ended || st.stopping, st.last_create.elapsed() > IDLE)
+                (st.ended, st.stopping, st.last_create.elapsed() > IDLE)
             };
-            if done || idle {
-                break;
+            if ended {
+                return;
+            }
+            if (stopping || idle) && !giving_back {
+                giving_back = true;
+                give_back(&self);
             }
             let sent = Instant::now();
             match self
@@ -601,9 +614,18 @@ impl Delegations {
                     let lease = Duration::from_millis(u64::from(r.lease_ms));
                     held.state.lock().valid_until = sent + lease.saturating_sub(MARGIN);
                 }
-                Ok(_) | Err(FsError::Stale(_)) => {
+                Ok(_) if giving_back => {}
+                Ok(_) => {
                     self.pause(held.fuse, PAUSE);
-                    break;
+                    giving_back = true;
+                    give_back(&self);
+                }
+                Err(FsError::Stale(_)) => {
+                    if !giving_back {
+                        self.pause(held.fuse, PAUSE);
+                        give_back(&self);
+                    }
+                    return;
                 }
                 // The lease runs out unless a later renewal gets through.
                 Err(e) => {
@@ -611,7 +633,6 @@ impl Delegations {
                 }
             }
         }
-        self.give_back(held.fuse).await;
     }
 
     /// Waits for the shard to recall the directory.
