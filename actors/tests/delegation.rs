@@ -328,7 +328,10 @@ async fn a_recalled_holder_that_keeps_renewing_sends_what_it_answered() {
         assert!(ns.renew_delegation(d.ino, 3).await.unwrap().recalled);
         tokio::time::sleep(lease / 5).await;
     }
-    assert!(!touch.is_finished(), "the create went through a held directory");
+    assert!(
+        !touch.is_finished(),
+        "the create went through a held directory"
+    );
     let done = ns
         .dir_ops(d.ino, 3, vec![create("answered", grant.first_ino, 21)])
         .await

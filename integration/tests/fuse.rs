@@ -1201,6 +1201,50 @@ fn names_that_are_not_utf8_keep_their_bytes_through_tar_the_cli_and_other_client
 }
 
 #[test]
+fn o_trunc_opens_empty_a_file_but_never_a_running_programs() {
+    let (_dir, node, m) = setup(&[]);
+    let trunc_ro = |p: &Path| {
+        let c = cpath(p);
+        // SAFETY: a valid C string; the descriptor is closed at once.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_TRUNC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        unsafe { libc::close(fd) };
+        Ok(fd)
+    };
+    // O_RDONLY|O_TRUNC empties a file, as on Linux, for every client.
+    fs::write(m.path("data"), b"some content").unwrap();
+    trunc_ro(&m.path("data")).unwrap();
+    assert_eq!(fs::metadata(m.path("data")).unwrap().len(), 0);
+    assert_eq!(cluster_read(&node, "/data"), b"");
+    // A program started from the mount: its file cannot be emptied while
+    // it runs (ETXTBSY) and stays whole, however soon after the start.
+    let sleep = fs::read("/usr/bin/sleep").unwrap();
+    for i in 0..20 {
+        let prog = m.path(&format!("sleep{i}"));
+        fs::write(&prog, &sleep).unwrap();
+        fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+        let mut child = Command::new(&prog).arg("10").spawn().unwrap();
+        assert_eq!(errno(trunc_ro(&prog)), libc::ETXTBSY);
+        assert_eq!(
+            errno(OpenOptions::new().write(true).open(&prog)),
+            libc::ETXTBSY
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the program died");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            fs::read(&prog).unwrap() == sleep,
+            "the program's file changed"
+        );
+        // Once it has ended, its file can be emptied.
+        trunc_ro(&prog).unwrap();
+        assert_eq!(fs::metadata(&prog).unwrap().len(), 0);
+    }
+}
+
+#[test]
 fn rename_exchange_swaps_names_and_whiteout_leaves_a_whiteout() {
     use std::os::unix::fs::FileTypeExt;
     let (_dir, node, m) = setup(&[]);

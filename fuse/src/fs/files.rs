@@ -161,15 +161,27 @@ pub(super) fn open(
     let fs = cfs.0.clone();
     let owner = (req.uid(), req.gid());
     let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
+    let truncates = flags.0 & libc::O_TRUNC != 0;
+    let exec = flags.0 & FMODE_EXEC != 0;
+    // The kernel refuses to write a running program's file, but with
+    // atomic O_TRUNC it empties its own cache of the file at the open,
+    // before that check: an O_RDONLY|O_TRUNC open (the only one that gets
+    // here) is refused here instead, as the kernel would.
+    if truncates && fs.executing(ino.0) {
+        reply.error(Errno::from_i32(libc::ETXTBSY));
+        return;
+    }
+    let caller = super::perms::Caller::of(req);
     // A read-only open of a file whose attributes are cached is answered
     // here, without a hand-off to a task (the common case of reading
     // many small files).
-    if !writes && !fs.passthrough.load(Ordering::SeqCst) {
+    if !writes && !truncates && !fs.passthrough.load(Ordering::SeqCst) {
         if let Some(attr) = fs.inodes.fresh_attr(ino.0) {
             if attr.kind != FileKind::Dir {
                 let attr = fs.with_writes(ino.0, attr);
                 let open_flags = fs.open_flags(ino.0, &attr) | FopenFlags::FOPEN_NOFLUSH;
                 let fh = fs.add_file_handle(ino.0, None, None);
+                fs.note_exec(exec, fh, ino.0);
                 reply.opened(FileHandle(fh), open_flags);
                 return;
             }
@@ -177,10 +189,19 @@ pub(super) fn open(
     }
     cfs.spawn("open", async move {
         let ino = ino.0;
-        let attr = try_reply!(reply, fs.getattr(ino).await);
+        let mut attr = try_reply!(reply, fs.getattr(ino).await);
         if attr.kind == FileKind::Dir {
             reply.error(Errno::from_i32(libc::EISDIR));
             return;
+        }
+        if truncates && !writes {
+            // O_RDONLY|O_TRUNC empties the file as on Linux (the kernel,
+            // told the open truncates, drops its cached size and pages).
+            let set = curvine_messages::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            attr = try_reply!(reply, fs.setattr(ino, caller, set).await);
         }
         // With passthrough, opens of one inode decide one at a time: the
         // kernel wants all of them on the same backing file, or none.
@@ -194,7 +215,6 @@ pub(super) fn open(
             reply.error(Errno::from_i32(libc::ETXTBSY));
             return;
         }
-        let mut attr = attr;
         let writer = if writes {
             let w = fs.join_writer(ino, owner, write::Opened::No);
             if flags.0 & libc::O_TRUNC != 0 {
@@ -227,14 +247,35 @@ pub(super) fn open(
             && fs.open_count(ino) == fs.passthrough_open(ino);
         if passthrough || fs.passthrough_open(ino) > 0 {
             if let Some((fh, backing)) = fs.open_passthrough(ino, &reply).await {
+                fs.note_exec(exec, fh, ino);
                 // Page-cache flags do not go with passthrough.
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
                 return;
             }
         }
         let fh = fs.add_file_handle(ino, writer, None);
+        fs.note_exec(exec, fh, ino);
         reply.opened(FileHandle(fh), open_flags);
     });
+}
+
+/// The kernel's `__FMODE_EXEC` in an open's flags: execve opening a program.
+const FMODE_EXEC: i32 = 0x20;
+
+impl Fs {
+    /// Records handle `fh` of inode `ino` as a running program's when
+    /// `exec`, before the open is answered (so any open that follows sees it).
+    fn note_exec(&self, exec: bool, fh: u64, ino: u64) {
+        if exec {
+            self.exec_handles.lock().insert(fh, ino);
+        }
+    }
+
+    /// Whether a program runs from inode `ino` (a handle execve opened).
+    fn executing(&self, ino: u64) -> bool {
+        let handles = self.exec_handles.lock();
+        !handles.is_empty() && handles.values().any(|&i| i == ino)
+    }
 }
 
 pub(super) fn read(
@@ -313,6 +354,7 @@ pub(super) fn flush(cfs: &CurvineFs, fh: FileHandle, closing: bool, reply: Reply
 pub(super) fn release(cfs: &CurvineFs, ino: INodeNo, fh: FileHandle, reply: ReplyEmpty) {
     let fs = cfs.0.clone();
     let handle = fs.handles.lock().remove(&fh.0);
+    fs.exec_handles.lock().remove(&fh.0);
     let Some(handle) = handle else {
         reply.ok();
         return;

@@ -115,6 +115,9 @@ pub struct Fs {
     generations: Mutex<HashMap<u64, u64>>,
     /// Handles open per inode (files unlinked while open stay readable).
     open: Mutex<HashMap<u64, u32>>,
+    /// Handles a program was started from (opens with `__FMODE_EXEC`),
+    /// with their inode: see `files::open`.
+    exec_handles: Mutex<HashMap<u64, u64>>,
     statfs: Mutex<Option<(Instant, (u64, u64))>>,
     entry_ttl: Duration,
     attr_ttl: Duration,

@@ -44,6 +44,7 @@ impl Fs {
             writers: Mutex::new(HashMap::new()),
             generations: Mutex::new(HashMap::new()),
             open: Mutex::new(HashMap::new()),
+            exec_handles: Mutex::new(HashMap::new()),
             statfs: Mutex::new(None),
             entry_ttl: conf.entry_timeout.0,
             attr_ttl: conf.attr_timeout.0,
