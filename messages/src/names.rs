@@ -105,31 +105,25 @@ pub fn check(s: &str) -> Result<(), FsError> {
 
 /// `s` for people: each byte that is not UTF-8 as `\xNN`.
 pub fn shown(s: &str) -> Cow<'_, str> {
-    if !has_escapes(s) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if is_escape(c) {
-            out.push_str(&format!("\\x{:02x}", c as u32 - BASE));
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    with_bytes_as(s, "\\x")
 }
 
 /// JSON text (as serde_json writes it, non-ASCII characters as they are)
 /// with each escaped byte as `\udcNN`, the lone surrogate Python's
 /// `surrogateescape` gives the byte.
 pub fn json_text(json: &str) -> Cow<'_, str> {
-    if !has_escapes(json) {
-        return Cow::Borrowed(json);
+    with_bytes_as(json, "\\udc")
+}
+
+/// `s` with each escape character as `prefix` and its byte in hex.
+fn with_bytes_as<'a>(s: &'a str, prefix: &str) -> Cow<'a, str> {
+    if !has_escapes(s) {
+        return Cow::Borrowed(s);
     }
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
         if is_escape(c) {
-            out.push_str(&format!("\\udc{:02x}", c as u32 - BASE));
+            out.push_str(&format!("{prefix}{:02x}", c as u32 - BASE));
         } else {
             out.push(c);
         }

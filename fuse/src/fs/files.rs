@@ -163,11 +163,13 @@ pub(super) fn open(
     let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
     let truncates = flags.0 & libc::O_TRUNC != 0;
     let exec = flags.0 & FMODE_EXEC != 0;
-    // The kernel refuses to write a running program's file, but with
-    // atomic O_TRUNC it empties its own cache of the file at the open,
-    // before that check: an O_RDONLY|O_TRUNC open (the only one that gets
-    // here) is refused here instead, as the kernel would.
-    if truncates && fs.executing(ino.0) {
+    // The kernel refuses to write a running program's file before it
+    // sends a writing open, but an O_RDONLY|O_TRUNC open is checked after
+    // it (with atomic O_TRUNC the kernel has emptied its cache of the
+    // file by then): refused here instead, as the kernel would. (The
+    // kernel's release of a program's handle comes just after the program
+    // ends: this rare open may be refused in that moment.)
+    if truncates && !writes && fs.executing(ino.0) {
         reply.error(Errno::from_i32(libc::ETXTBSY));
         return;
     }
