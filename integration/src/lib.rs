@@ -402,8 +402,9 @@ impl NodeProcess {
             .expect("connect to node")
     }
 
-    /// Runs `curvine-cli --cluster ADDR args...`.
-    pub fn cli(&self, args: &[&str]) -> Output {
+    /// Runs `curvine-cli --cluster ADDR args...` (arguments are bytes: a
+    /// path need not be UTF-8).
+    pub fn cli<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Output {
         self.command("curvine-cli")
             .args(["--cluster", &self.addr])
             .args(args)

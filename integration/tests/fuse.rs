@@ -1148,12 +1148,7 @@ fn names_that_are_not_utf8_keep_their_bytes_through_tar_the_cli_and_other_client
     // The CLI takes such a path as its bytes and shows them as \xNN; its
     // JSON gives Python the bytes back through os.fsencode.
     let cli = |args: &[&OsStr]| {
-        let out = node
-            .command("curvine-cli")
-            .args(["--cluster", &node.addr])
-            .args(args)
-            .output()
-            .unwrap();
+        let out = node.cli(args);
         assert!(
             out.status.success(),
             "{}",

@@ -438,13 +438,12 @@ fn fs_mode_writes_at_cache_speed_and_persists_in_order() {
         let e = client.rename("/fs/moved", &raw).await.unwrap_err();
         assert!(matches!(e, FsError::IllegalName(_)), "{e}");
     });
-    let out = node
-        .command("curvine-cli")
-        .args(["--cluster", &node.addr, "fs", "put"])
-        .arg(&src)
-        .arg(std::ffi::OsStr::from_bytes(b"/fs/caf\xe9"))
-        .output()
-        .unwrap();
+    let out = node.cli(&[
+        std::ffi::OsStr::new("fs"),
+        std::ffi::OsStr::new("put"),
+        src.as_os_str(),
+        std::ffi::OsStr::from_bytes(b"/fs/caf\xe9"),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
