@@ -245,9 +245,10 @@ def fuse_section(r, rows, meta):
     r.p(f"- B1: {meta.get('files', '?')} files of {meta.get('file_size', '100MB')} per run, "
         "128KiB buffers, `--checksum true`; one node with a MEM tier in /dev/shm; the page "
         f"cache is dropped before each read; {meta.get('reps', '?')} repetitions. `mount` is "
-        "the default mount; `passthrough` mounts with `--passthrough --block-size 128MiB`, "
-        "so each file is one block the kernel reads itself; `writeback-cache` mounts with "
-        "`--writeback-cache`")
+        "the default mount (passthrough on, but each file is several 64MiB blocks, read "
+        "through the mount); `passthrough` mounts with `--block-size 128MiB`, so each file "
+        "is one block the kernel reads itself; `writeback-cache` mounts with "
+        "`--writeback-cache` (which rules passthrough out)")
     r.p(f"- B3: fio `--direct=1 --iodepth=1 --ioengine=libaio`, {meta.get('runtime', '?')}s per "
         f"job, on a {meta.get('fio_size', '?')} file cached in the MEM tier (passthrough: a "
         f"{meta.get('fio_pt_size', '?')} file of one block); baseline: the same job on the "

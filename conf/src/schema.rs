@@ -360,7 +360,9 @@ pub struct FuseConf {
     pub direct_io: bool,
     /// Serve reads of files whose data is one block kept on this host
     /// straight from the block file in the kernel (FUSE passthrough, Linux
-    /// 6.9 and later, root only).
+    /// 6.9 and later, with CAP_SYS_ADMIN; off by itself, with one log
+    /// line saying why, where those are missing, and with `direct_io` or
+    /// `writeback_cache`).
     pub passthrough: bool,
     /// Ask a directory's shard to delegate it to this mount when files are
     /// created in it one after another: the mount then answers lookups of
@@ -404,7 +406,7 @@ impl Default for FuseConf {
             keep_cache: true,
             writeback_cache: false,
             direct_io: false,
-            passthrough: false,
+            passthrough: true,
             delegations: true,
             allow_other: false,
             default_permissions: true,

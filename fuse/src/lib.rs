@@ -122,9 +122,13 @@ pub struct MountArgs {
     #[arg(long)]
     pub direct_io: bool,
     /// Serve reads of one-block files cached on this host from the block
-    /// file in the kernel (fuse.passthrough; Linux 6.9+, root).
-    #[arg(long)]
+    /// file in the kernel (fuse.passthrough, the default where the kernel
+    /// allows it: Linux 6.9+, CAP_SYS_ADMIN).
+    #[arg(long, conflicts_with = "no_passthrough")]
     pub passthrough: bool,
+    /// Read every file through the mount (fuse.passthrough = false).
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Never ask for directory delegations: every create goes to the
     /// cluster as it happens (fuse.delegations = false).
     #[arg(long)]
@@ -215,6 +219,12 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             args.passthrough,
             "true",
             "--passthrough",
+        ),
+        (
+            "fuse.passthrough",
+            args.no_passthrough,
+            "false",
+            "--no-passthrough",
         ),
         (
             "fuse.delegations",

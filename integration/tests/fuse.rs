@@ -1834,28 +1834,95 @@ fn s3_objects_read_and_written_through_the_mount() {
     assert_eq!(fs::read(m.path("s3w/f0")).unwrap(), b"fs_mode");
 }
 
+/// Read-only opens the mount passed through, or read through the mount
+/// for reason `result` (`curvine_fuse_passthrough_opens_total`).
+fn passthrough_opens(m: &FuseMount, result: &str) -> u64 {
+    m.counter(
+        "curvine_fuse_passthrough_opens_total",
+        &format!("result=\"{result}\""),
+    )
+}
+
 #[test]
-fn passthrough_reads_one_block_files_from_the_block_file() {
-    let (_dir, node, m) = setup(&["--passthrough", "--block-size", "1MiB"]);
+fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another_client_writes() {
+    let (_dir, node, m) = setup(&["--block-size", "1MiB"]);
+    assert!(m.log_text().contains("passthrough on"), "{}", m.log_text());
     let small = random_bytes(700_000, 21);
     let big = random_bytes(3 * 1024 * 1024 + 9, 22);
     fs::write(m.path("small"), &small).unwrap();
     fs::write(m.path("big"), &big).unwrap();
     // One block on this host: the kernel reads the block file itself.
-    let mut r1 = File::open(m.path("small")).unwrap();
-    let mut got = Vec::new();
-    r1.read_to_end(&mut got).unwrap();
-    assert!(got == small);
+    let passed = passthrough_opens(&m, "passthrough");
+    let r1 = File::open(m.path("small")).unwrap();
     let r2 = File::open(m.path("small")).unwrap();
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 2);
+    let whole = |f: &File| {
+        let mut got = vec![0u8; small.len() + 10];
+        let mut n = 0;
+        loop {
+            let k = f.read_at(&mut got[n..], n as u64).unwrap();
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        got.truncate(n);
+        got
+    };
+    assert!(whole(&r1) == small);
     let mut part = vec![0u8; 1000];
     r2.read_exact_at(&mut part, 5000).unwrap();
     assert_eq!(part, small[5000..6000]);
-    // The block file is never written in place: a writer waits for the
-    // passthrough readers to close.
+
+    // The block file is never written in place, and the kernel takes no
+    // open of the file that does not pass through: a writer through this
+    // mount is refused while the readers are open.
     let busy = OpenOptions::new().write(true).open(m.path("small"));
     assert_eq!(errno(busy), libc::ETXTBSY);
+    // Another client (a second mount) replaces the file while both readers
+    // are open: they keep the content they opened, whole, at every point
+    // of the write.
+    let other = FuseMount::start(&node, &_dir.path().join("other"), &[]);
+    let new = random_bytes(900_000, 23);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for r in [&r1, &r2] {
+            let (done, whole, small) = (&done, &whole, &small);
+            scope.spawn(move || {
+                let mut reads = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 3 {
+                    assert!(whole(r) == *small, "a reader saw content it did not open");
+                    reads += 1;
+                }
+            });
+        }
+        let mut w = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(other.path("small"))
+            .unwrap();
+        for chunk in new.chunks(100_000) {
+            w.write_all(chunk).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(w);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert!(whole(&r1) == small);
+    assert_eq!(cluster_read(&node, "/small"), new);
     drop(r1);
     drop(r2);
+    // Once they are closed, opens read the new content, through the new
+    // block; a writer is let in again.
+    let passed = passthrough_opens(&m, "passthrough");
+    wait_for(
+        "the new block passed through",
+        Duration::from_secs(10),
+        || {
+            let got = fs::read(m.path("small")).unwrap();
+            (got == new && passthrough_opens(&m, "passthrough") > passed).then_some(())
+        },
+    );
     let mut w = OpenOptions::new()
         .write(true)
         .open(m.path("small"))
@@ -1864,10 +1931,40 @@ fn passthrough_reads_one_block_files_from_the_block_file() {
     drop(w);
     let now = fs::read(m.path("small")).unwrap();
     assert_eq!(&now[..7], b"changed");
-    assert_eq!(&now[7..], &small[7..]);
-    assert_eq!(cluster_read(&node, "/small"), now);
-    // Files of several blocks read through the mount as usual.
+    assert!(now[7..] == new[7..]);
+
+    // Files of several blocks are read through the mount, and say why.
+    let several = passthrough_opens(&m, "several_blocks");
     assert!(fs::read(m.path("big")).unwrap() == big);
+    assert_eq!(passthrough_opens(&m, "several_blocks"), several + 1);
+    assert!(m.log_text().contains("its data is several blocks"));
+}
+
+#[test]
+fn a_mount_that_cannot_pass_through_says_why_and_reads_through_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n0"), &[]);
+    let data = random_bytes(200_000, 24);
+    for (name, flags, why) in [
+        (
+            "wb",
+            &["--writeback-cache"][..],
+            "passthrough off: fuse.writeback_cache is on",
+        ),
+        ("no", &["--no-passthrough"][..], ""),
+    ] {
+        let m = FuseMount::start(&node, &dir.path().join(name), flags);
+        fs::write(m.path("f"), &data).unwrap();
+        assert!(fs::read(m.path("f")).unwrap() == data);
+        let mut w = OpenOptions::new().append(true).open(m.path("f")).unwrap();
+        w.write_all(b"tail").unwrap();
+        drop(w);
+        assert_eq!(fs::read(m.path("f")).unwrap().len(), data.len() + 4);
+        let log = m.log_text();
+        assert!(log.contains(why), "{log}");
+        assert!(!log.contains("passthrough on"), "{log}");
+        assert_eq!(passthrough_opens(&m, "passthrough"), 0);
+    }
 }
 
 /// A TCP proxy in front of the S3 server that can be told to hold what it

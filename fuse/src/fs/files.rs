@@ -14,6 +14,7 @@ use fuser::{
 use curvine_client::io::FileReader;
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
 
+use super::passthrough::ReadOpen;
 use super::replies::errno;
 use super::write::{self, Writer};
 use super::CurvineFs;
@@ -174,21 +175,18 @@ pub(super) fn open(
         return;
     }
     let caller = super::perms::Caller::of(req);
+    let passthrough = fs.passthrough.load(Ordering::SeqCst);
     // A read-only open of a file whose attributes are cached is answered
     // here, without a hand-off to a task (the common case of reading
     // many small files).
-    if !writes && !truncates && !fs.passthrough.load(Ordering::SeqCst) {
-        if let Some(attr) = fs.inodes.fresh_attr(ino.0) {
-            if attr.kind != FileKind::Dir {
-                let attr = fs.with_writes(ino.0, attr);
-                let open_flags = fs.open_flags(ino.0, &attr) | FopenFlags::FOPEN_NOFLUSH;
-                let fh = fs.add_file_handle(ino.0, None, None);
-                fs.note_exec(exec, fh, ino.0);
-                reply.opened(FileHandle(fh), open_flags);
-                return;
-            }
+    let reply = if !writes && !truncates {
+        match open_now(&fs, ino.0, exec, passthrough, reply) {
+            Some(reply) => reply,
+            None => return,
         }
-    }
+    } else {
+        reply
+    };
     cfs.spawn("open", async move {
         let ino = ino.0;
         let mut attr = try_reply!(reply, fs.getattr(ino).await);
@@ -207,13 +205,13 @@ pub(super) fn open(
         }
         // With passthrough, opens of one inode decide one at a time: the
         // kernel wants all of them on the same backing file, or none.
-        let _decide = match fs.passthrough.load(Ordering::SeqCst) {
+        let _decide = match passthrough {
             true => Some(fs.open_lock(ino).lock_owned().await),
             false => None,
         };
-        if writes && !fs.passthrough_closed(ino).await {
-            // The kernel reads the file from its block file now, which
-            // is never written in place.
+        if writes && passthrough && !fs.passthrough_closed(ino).await {
+            // The kernel reads the file from its block file now, which is
+            // never written in place (and takes no other open of it).
             reply.error(Errno::from_i32(libc::ETXTBSY));
             return;
         }
@@ -233,32 +231,75 @@ pub(super) fn open(
         } else {
             None
         };
-        let mut open_flags = fs.open_flags(ino, &attr);
-        if writer.is_some() {
-            fs.inodes.drop_cached(ino);
-            open_flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
-        } else {
-            // Closing a read-only handle has nothing to flush (locks
-            // are the kernel's): no FLUSH request at each close.
-            open_flags |= FopenFlags::FOPEN_NOFLUSH;
-        }
-        let passthrough = !writes
-            && fs.passthrough.load(Ordering::SeqCst)
-            && !fs.conf.direct_io
-            && fs.writer(ino).is_none()
-            && fs.open_count(ino) == fs.passthrough_open(ino);
-        if passthrough || fs.passthrough_open(ino) > 0 {
-            if let Some((fh, backing)) = fs.open_passthrough(ino, &reply).await {
-                fs.note_exec(exec, fh, ino);
-                // Page-cache flags do not go with passthrough.
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+        if passthrough && writer.is_none() {
+            let attr = fs.with_writes(ino, attr.clone());
+            if let ReadOpen::Pass(backing) = fs.open_passthrough(ino, &attr, &reply).await {
+                fs.opened_passthrough(ino, backing, exec, reply);
                 return;
             }
         }
         let fh = fs.add_file_handle(ino, writer, None);
         fs.note_exec(exec, fh, ino);
-        reply.opened(FileHandle(fh), open_flags);
+        reply.opened(FileHandle(fh), fs.handle_flags(ino, &attr, writes));
     });
+}
+
+/// Answers a read-only open from cached attributes, in the calling
+/// thread; gives the reply back when a task has to answer.
+fn open_now(
+    fs: &Arc<Fs>,
+    ino: u64,
+    exec: bool,
+    passthrough: bool,
+    reply: ReplyOpen,
+) -> Option<ReplyOpen> {
+    let Some(attr) = fs.inodes.fresh_attr(ino) else {
+        return Some(reply);
+    };
+    if attr.kind == FileKind::Dir {
+        return Some(reply);
+    }
+    let attr = fs.with_writes(ino, attr);
+    // Holds the inode's open lock until answered (one deciding already
+    // sends this open to a task).
+    let lock = fs.open_lock(ino);
+    let _decide = match passthrough {
+        true => {
+            let Ok(guard) = lock.try_lock() else {
+                return Some(reply);
+            };
+            match fs.open_passthrough_now(ino, &attr, &reply) {
+                ReadOpen::Pass(backing) => {
+                    fs.opened_passthrough(ino, backing, exec, reply);
+                    return None;
+                }
+                ReadOpen::Normal => {}
+                ReadOpen::Ask => return Some(reply),
+            }
+            Some(guard)
+        }
+        false => None,
+    };
+    let fh = fs.add_file_handle(ino, None, None);
+    fs.note_exec(exec, fh, ino);
+    reply.opened(FileHandle(fh), fs.handle_flags(ino, &attr, false));
+    None
+}
+
+impl Fs {
+    /// The flags of a handle opened through the mount.
+    fn handle_flags(&self, ino: u64, attr: &Attr, writes: bool) -> FopenFlags {
+        let mut flags = self.open_flags(ino, attr);
+        if writes {
+            self.inodes.drop_cached(ino);
+            flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+        } else {
+            // Closing a read-only handle has nothing to flush (locks
+            // are the kernel's): no FLUSH request at each close.
+            flags |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        flags
+    }
 }
 
 /// The kernel's `__FMODE_EXEC` in an open's flags: execve opening a program.
@@ -267,7 +308,7 @@ const FMODE_EXEC: i32 = 0x20;
 impl Fs {
     /// Records handle `fh` of inode `ino` as a running program's when
     /// `exec`, before the open is answered (so any open that follows sees it).
-    fn note_exec(&self, exec: bool, fh: u64, ino: u64) {
+    pub(super) fn note_exec(&self, exec: bool, fh: u64, ino: u64) {
         if exec {
             self.exec_handles.lock().insert(fh, ino);
         }

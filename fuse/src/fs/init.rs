@@ -53,13 +53,50 @@ pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
         }
     }
     if conf.passthrough {
-        let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-            && config.set_max_stack_depth(1).is_ok();
-        if ok {
-            fs.passthrough.store(true, Ordering::SeqCst);
-        } else {
-            tracing::warn!("fuse.passthrough is on but the kernel does not offer passthrough; reads go through the mount");
+        match passthrough_refused(conf) {
+            Some(why) => tracing::info!("passthrough off: {why}; files are read through the mount"),
+            None => {
+                let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                    && config.set_max_stack_depth(1).is_ok();
+                if ok {
+                    fs.passthrough.store(true, Ordering::SeqCst);
+                    tracing::info!("passthrough on: reads of files that are one block on this host go straight to the block file");
+                } else {
+                    tracing::info!("passthrough off: the kernel does not offer it (Linux 6.9 or later, built with CONFIG_FUSE_PASSTHROUGH); files are read through the mount");
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// Why this mount cannot use passthrough whatever the kernel offers.
+fn passthrough_refused(conf: &curvine_conf::FuseConf) -> Option<String> {
+    if conf.direct_io {
+        return Some("fuse.direct_io is on".into());
+    }
+    if conf.writeback_cache {
+        return Some("fuse.writeback_cache is on (the kernel takes one or the other)".into());
+    }
+    if !has_cap_sys_admin() {
+        return Some(format!(
+            "registering backing files needs CAP_SYS_ADMIN, which this process (uid {}) lacks",
+            // SAFETY: geteuid cannot fail.
+            unsafe { libc::geteuid() }
+        ));
+    }
+    None
+}
+
+/// Whether CAP_SYS_ADMIN is in this process's effective set.
+fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }

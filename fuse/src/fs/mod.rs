@@ -132,9 +132,8 @@ pub struct Fs {
     absent_xattrs: Mutex<HashMap<(u64, String), Instant>>,
     /// Locks of opens deciding on passthrough, by inode.
     open_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
-    /// Passthrough handles open per inode, and the backing file they share
-    /// (the kernel wants every open of such an inode to use it).
-    passthrough_handles: Mutex<HashMap<u64, (u32, Arc<fuser::BackingId>)>>,
+    /// Passthrough handles open per inode and the block files found.
+    pt: passthrough::Passthrough,
     /// Sampled requests' traces.
     pub traces: Arc<crate::traces::FuseTraces>,
     /// Directories the cluster delegated to this mount.

@@ -1,16 +1,133 @@
-//! Passthrough (Linux 6.9+): a read-only open of a file that is one block
-//! on this host has the kernel read the block file itself. Opens of one
-//! inode decide one at a time and share one backing file.
+//! Passthrough (Linux 6.9+, CAP_SYS_ADMIN; on by default): a read-only
+//! open of a file that is one block on this host has the kernel read the
+//! block file itself, with no request to the mount per read.
+//!
+//! The kernel's rules, which every open here keeps: while an inode has
+//! passthrough handles open, every open of it must pass through to the
+//! same backing file, and while it has handles that use the page cache none
+//! may pass through (either open fails with EIO). So opens of an inode
+//! decide one at a time (`open_lock`), and later readers share the open
+//! backing file. Block files are never written in place, so an open for
+//! writing waits up to [`RELEASE_GRACE`] for the passthrough handles to be
+//! released, then fails with ETXTBSY; a reader opening after another
+//! client changed the file, while older passthrough handles are open,
+//! shares their content (one whole older version) until they close.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use fuser::ReplyOpen;
+use curvine_messages::Attr;
+use fuser::{BackingId, ReplyOpen};
+use parking_lot::Mutex;
 
 use super::Fs;
 
+/// A file's content as its attributes tell it (size, mtime, ctime): what
+/// a backing file and a found block file stand for.
+pub(super) type Version = (u64, i64, i64);
+
+pub(super) fn version(attr: &Attr) -> Version {
+    (attr.size, attr.mtime_ns, attr.ctime_ns)
+}
+
 /// How long an open for writing waits for passthrough handles being
 /// closed before it is refused with ETXTBSY.
-const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+const RELEASE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long an open trusts that a file found not passable (several
+/// blocks, not on this host) stays so without asking the cluster again:
+/// blocks cached here since then are passed through after this.
+const NOT_PASSABLE_TTL: Duration = Duration::from_secs(2);
+
+/// Files remembered at most (cleared beyond).
+const MAX_FOUND: usize = 1 << 16;
+
+/// Why an open did not pass through: the `result` label of
+/// `curvine_fuse_passthrough_opens_total` and the log's reason.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Fallback {
+    /// The file is empty: no block to pass through.
+    Empty,
+    /// The file's data is several blocks (the kernel takes one backing file).
+    SeveralBlocks,
+    /// The file's block is not kept on this host.
+    NotLocal,
+    /// The file is open for writing through this mount.
+    BeingWritten,
+    /// Other handles of the file use the page cache.
+    CachedHandles,
+    /// The cluster could not say where the block is, or the block file
+    /// could not be opened.
+    Lookup,
+    /// The kernel refused the backing file.
+    Refused,
+}
+
+impl Fallback {
+    fn label(self) -> &'static str {
+        match self {
+            Fallback::Empty => "empty",
+            Fallback::SeveralBlocks => "several_blocks",
+            Fallback::NotLocal => "not_local",
+            Fallback::BeingWritten => "being_written",
+            Fallback::CachedHandles => "cached_handles",
+            Fallback::Lookup => "lookup_failed",
+            Fallback::Refused => "refused",
+        }
+    }
+
+    fn reason(self) -> &'static str {
+        match self {
+            Fallback::Empty => "the file is empty",
+            Fallback::SeveralBlocks => {
+                "its data is several blocks (the kernel takes one backing file)"
+            }
+            Fallback::NotLocal => "its block is not kept on this host",
+            Fallback::BeingWritten => "it is open for writing through this mount",
+            Fallback::CachedHandles => "other handles of it use the page cache",
+            Fallback::Lookup => "its block could not be found or opened",
+            Fallback::Refused => "the kernel refused the block file as a backing file",
+        }
+    }
+}
+
+/// Passthrough handles of an inode open now, sharing one backing file.
+pub(super) struct Shared {
+    count: u32,
+    backing: Arc<BackingId>,
+    version: Version,
+}
+
+/// What opens found of each file: its block file, or why it cannot pass.
+#[derive(Clone)]
+enum Found {
+    Block(Version, PathBuf),
+    NotPassable(Version, Fallback, Instant),
+}
+
+/// The mount's passthrough state.
+#[derive(Default)]
+pub(super) struct Passthrough {
+    /// Handles open per inode and the backing file they share.
+    shared: Mutex<HashMap<u64, Shared>>,
+    /// Block files (or reasons) found per inode.
+    found: Mutex<HashMap<u64, Found>>,
+    /// Fallback reasons already logged at info (later ones go to debug).
+    logged: Mutex<Vec<Fallback>>,
+}
+
+/// What an open of a file for reading does.
+pub(super) enum ReadOpen {
+    /// Pass through this backing file (counted among the inode's
+    /// handles: answer with [`Fs::opened_passthrough`]).
+    Pass(Arc<BackingId>),
+    /// Read through the mount.
+    Normal,
+    /// The fast path cannot tell without asking the cluster.
+    Ask,
+}
 
 impl Fs {
     /// The lock under which opens of an inode choose passthrough or not.
@@ -24,11 +141,114 @@ impl Fs {
 
     /// Passthrough handles of an inode open now.
     pub(super) fn passthrough_open(&self, ino: u64) -> u32 {
-        self.passthrough_handles
+        self.pt
+            .shared
             .lock()
             .get(&ino)
-            .map(|(n, _)| *n)
+            .map(|s| s.count)
             .unwrap_or(0)
+    }
+
+    /// A read-only open decided without asking the cluster, under the
+    /// inode's open lock: passes through when the file's block file is
+    /// known for this content (or its passthrough handles are open), says
+    /// `Normal` when the file is known not to pass, else `Ask`.
+    pub(super) fn open_passthrough_now(
+        &self,
+        ino: u64,
+        attr: &Attr,
+        reply: &ReplyOpen,
+    ) -> ReadOpen {
+        let v = version(attr);
+        if let Some(done) = self.share_backing(ino, v) {
+            return done;
+        }
+        let found = self.pt.found.lock().get(&ino).cloned();
+        match found {
+            Some(Found::Block(fv, path)) if fv == v => {
+                if let Some(why) = self.busy(ino) {
+                    return self.fall_back(ino, None, why);
+                }
+                match std::fs::File::open(&path) {
+                    Ok(file) => self.pass(ino, v, &file, reply, None),
+                    // Moved to another tier or evicted: ask again.
+                    Err(_) => ReadOpen::Ask,
+                }
+            }
+            Some(Found::NotPassable(fv, why, at)) if fv == v && at.elapsed() < NOT_PASSABLE_TTL => {
+                self.count(why);
+                ReadOpen::Normal
+            }
+            _ => ReadOpen::Ask,
+        }
+    }
+
+    /// A read-only open that asks the cluster where the file's block is
+    /// when what it knows does not tell (under the inode's open lock).
+    pub(super) async fn open_passthrough(
+        &self,
+        ino: u64,
+        attr: &Attr,
+        reply: &ReplyOpen,
+    ) -> ReadOpen {
+        match self.open_passthrough_now(ino, attr, reply) {
+            ReadOpen::Ask => {}
+            decided => return decided,
+        }
+        let Ok(path) = self.inodes.path(ino) else {
+            return self.fall_back(ino, None, Fallback::Lookup);
+        };
+        if let Some(why) = self.busy(ino) {
+            return self.fall_back(ino, Some(&path), why);
+        }
+        let (fv, block) = match self.client.blocks(&path).await {
+            Ok(b) => (version(&b.attr), block_file(&b)),
+            Err(_) => return self.fall_back(ino, Some(&path), Fallback::Lookup),
+        };
+        let file = match block {
+            Ok(p) => {
+                self.remember(ino, Found::Block(fv, p.clone()));
+                std::fs::File::open(&p).map_err(|_| Fallback::Lookup)
+            }
+            Err(why) => {
+                self.remember(ino, Found::NotPassable(fv, why, Instant::now()));
+                Err(why)
+            }
+        };
+        match file {
+            Ok(file) => self.pass(ino, fv, &file, reply, Some(&path)),
+            Err(why) => self.fall_back(ino, Some(&path), why),
+        }
+    }
+
+    /// Why handles of `ino` open now keep a new one from passing through
+    /// (with no passthrough handle open).
+    fn busy(&self, ino: u64) -> Option<Fallback> {
+        if self.writer(ino).is_some() {
+            Some(Fallback::BeingWritten)
+        } else if self.open_count(ino) > 0 {
+            Some(Fallback::CachedHandles)
+        } else {
+            None
+        }
+    }
+
+    /// Shares the inode's open backing file when there is one (the
+    /// kernel takes no other open of the inode meanwhile).
+    fn share_backing(&self, ino: u64, v: Version) -> Option<ReadOpen> {
+        let mut shared = self.pt.shared.lock();
+        let s = shared.get_mut(&ino)?;
+        s.count += 1;
+        let (backing, older) = (s.backing.clone(), s.version != v);
+        drop(shared);
+        if older {
+            self.count_result("older_content");
+            tracing::debug!(
+                ino,
+                "passthrough: the file changed in the cluster while passthrough readers have it open; this open shares their content"
+            );
+        }
+        Some(ReadOpen::Pass(backing))
     }
 
     /// Whether no passthrough handle of `ino` is open, waiting up to
@@ -36,76 +256,136 @@ impl Fs {
     /// release of a closed file without waiting for it, so an open that
     /// follows a `close` can reach the mount first.
     pub(super) async fn passthrough_closed(&self, ino: u64) -> bool {
-        let until = std::time::Instant::now() + RELEASE_GRACE;
+        let until = Instant::now() + RELEASE_GRACE;
         while self.passthrough_open(ino) > 0 {
-            if std::time::Instant::now() >= until {
+            if Instant::now() >= until {
                 return false;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         true
     }
 
-    /// Opens a handle whose reads the kernel serves from the file's block
-    /// file on this host (the inode's shared one, or a new one); `None` when
-    /// the file is not one block on this host.
-    pub(super) async fn open_passthrough(
+    /// Registers `file` with the kernel as the inode's backing file and
+    /// answers the open through it.
+    fn pass(
         &self,
         ino: u64,
+        v: Version,
+        file: &std::fs::File,
         reply: &ReplyOpen,
-    ) -> Option<(u64, Arc<fuser::BackingId>)> {
-        let shared = self
-            .passthrough_handles
-            .lock()
-            .get(&ino)
-            .map(|(_, b)| b.clone());
-        let backing = match shared {
-            Some(b) => b,
-            None => {
-                let path = self.inodes.path(ino).ok()?;
-                let file = self.passthrough_file(&path).await?;
-                match reply.open_backing(&file) {
-                    Ok(b) => Arc::new(b),
-                    Err(e) => {
-                        tracing::debug!(path, error = %e, "passthrough refused by the kernel");
-                        return None;
-                    }
-                }
+        path: Option<&str>,
+    ) -> ReadOpen {
+        let backing = match reply.open_backing(file) {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                tracing::debug!(ino, error = %e, "the kernel refused a backing file");
+                return self.fall_back(ino, path, Fallback::Refused);
             }
         };
-        self.passthrough_handles
-            .lock()
-            .entry(ino)
-            .or_insert_with(|| (0, backing.clone()))
-            .0 += 1;
-        let fh = self.add_file_handle(ino, None, Some(backing.clone()));
-        Some((fh, backing))
+        self.pt.shared.lock().insert(
+            ino,
+            Shared {
+                count: 1,
+                backing: backing.clone(),
+                version: v,
+            },
+        );
+        ReadOpen::Pass(backing)
     }
 
-    /// Opens the block file of a file whose data is one block on this host
-    /// for passthrough.
-    async fn passthrough_file(&self, path: &str) -> Option<std::fs::File> {
-        let blocks = self.client.blocks(path).await.ok()?;
-        if blocks.blocks.len() != 1 || blocks.attr.size == 0 || blocks.attr.writing.is_some() {
-            return None;
+    /// Answers an open with the backing file [`ReadOpen::Pass`] gave.
+    pub(super) fn opened_passthrough(
+        &self,
+        ino: u64,
+        backing: Arc<BackingId>,
+        exec: bool,
+        reply: ReplyOpen,
+    ) {
+        self.count_result("passthrough");
+        let fh = self.add_file_handle(ino, None, Some(backing.clone()));
+        self.note_exec(exec, fh, ino);
+        // Page-cache flags do not go with passthrough.
+        reply.opened_passthrough(fuser::FileHandle(fh), fuser::FopenFlags::empty(), &backing);
+    }
+
+    /// Counts and logs an open that does not pass through: the first of
+    /// each reason at info, the others at debug.
+    fn fall_back(&self, ino: u64, path: Option<&str>, why: Fallback) -> ReadOpen {
+        self.count(why);
+        let first = {
+            let mut logged = self.pt.logged.lock();
+            let first = !logged.contains(&why);
+            if first {
+                logged.push(why);
+            }
+            first
+        };
+        let path = path
+            .map(str::to_string)
+            .or_else(|| self.inodes.path(ino).ok())
+            .unwrap_or_default();
+        if first {
+            tracing::info!(
+                path = %curvine_messages::names::shown(&path),
+                "passthrough: read through the mount because {} (further opens for this reason are logged at debug)",
+                why.reason()
+            );
+        } else {
+            tracing::debug!(path = %curvine_messages::names::shown(&path), "passthrough: read through the mount because {}", why.reason());
         }
-        let block = &blocks.blocks[0];
-        if block.info.len != blocks.attr.size {
-            return None;
+        ReadOpen::Normal
+    }
+
+    fn count(&self, why: Fallback) {
+        self.count_result(why.label());
+    }
+
+    fn count_result(&self, result: &'static str) {
+        curvine_runtime::stats::process().add(
+            "curvine_fuse_passthrough_opens_total",
+            "Read-only opens with passthrough agreed, by result: passthrough, or why the file was read through the mount.",
+            &[("result", result)],
+            1,
+        );
+    }
+
+    fn remember(&self, ino: u64, found: Found) {
+        let mut all = self.pt.found.lock();
+        if all.len() >= MAX_FOUND {
+            all.clear();
         }
-        let replica = block.replicas.iter().find_map(|r| r.path.clone())?;
-        std::fs::File::open(replica).ok()
+        all.insert(ino, found);
     }
 
     /// A passthrough handle of an inode was released: the last one lets
     /// the backing file go.
     pub(super) fn passthrough_released(&self, ino: u64) {
-        let mut pt = self.passthrough_handles.lock();
-        if let Some((n, _)) = pt.get_mut(&ino) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                pt.remove(&ino);
+        let mut shared = self.pt.shared.lock();
+        if let Some(s) = shared.get_mut(&ino) {
+            s.count = s.count.saturating_sub(1);
+            if s.count == 0 {
+                shared.remove(&ino);
             }
         }
     }
+}
+
+/// The block file of a file whose data is one block kept on this host.
+fn block_file(blocks: &curvine_messages::rpc::FileBlocks) -> Result<PathBuf, Fallback> {
+    if blocks.attr.writing.is_some() {
+        return Err(Fallback::BeingWritten);
+    }
+    if blocks.attr.size == 0 {
+        return Err(Fallback::Empty);
+    }
+    if blocks.blocks.len() != 1 || blocks.blocks[0].info.len != blocks.attr.size {
+        return Err(Fallback::SeveralBlocks);
+    }
+    blocks.blocks[0]
+        .replicas
+        .iter()
+        .find_map(|r| r.path.clone())
+        .map(PathBuf::from)
+        .ok_or(Fallback::NotLocal)
 }

@@ -52,7 +52,7 @@ impl Fs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             acl: std::sync::atomic::AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
-            passthrough_handles: Mutex::new(HashMap::new()),
+            pt: Default::default(),
             open_locks: Mutex::new(HashMap::new()),
             absent_xattrs: Mutex::new(HashMap::new()),
             traces,
