@@ -270,6 +270,13 @@ def fuse_section(r, rows, meta):
         ("fuse.read, passthrough", "passthrough", "fuse.read", "tmpfs", "local.read", 0.9,
          "the kernel reads the block file itself"),
     ])
+    remote = [("fuse.read, blocks on another node", "remote", "fuse.read", "iperf3", "iperf3", 0.6,
+               "each read is a request through /dev/fuse, then a stream from the other "
+               "node's data port")]
+    if select(rows, "gib_per_sec", label="remote", action="fuse.read"):
+        r.p("", "| figure | tasks | mount GiB/s | iperf3 loopback GiB/s | ratio | target |",
+            "|---|---|---|---|---|---|")
+        ratio_rows(r, "B1 FUSE", m, remote)
     r.p("", r.plots.bars("b1-fuse", "B1 through the FUSE mount", "GiB/s", cats,
                          [("curvine mount", cur), ("tmpfs", base)]))
     fio = [x for x in rows if x.get("action") == "fio"]
@@ -278,17 +285,20 @@ def fuse_section(r, rows, meta):
             key = "mib_per_sec" if rw == "read" else "iops"
             return med(select(fio, key, label=label, rw=rw, bs=bs, threads=jobs))
 
-        r.p("", "| fio job | jobs | mount | tmpfs | ratio | passthrough | tmpfs | ratio |",
-            "|---|---|---|---|---|---|---|---|")
+        r.p("", "| fio job | jobs | mount | tmpfs | ratio | passthrough | tmpfs | ratio "
+            "| blocks on another node | ratio to tmpfs |",
+            "|---|---|---|---|---|---|---|---|---|---|")
         cats, series = [], {k: [] for k in ("mount", "passthrough", "tmpfs")}
         for rw, bs, unit in (("read", "256k", "MiB/s"), ("randread", "4k", "IOPS")):
             for jobs in (1, 4, 16):
                 mo, t = one("mount", rw, bs, jobs), one("tmpfs", rw, bs, jobs)
                 pt, tp = one("passthrough", rw, bs, jobs), one("tmpfs-pt", rw, bs, jobs)
+                far = one("remote", rw, bs, jobs)
                 if mo is None or t is None:
                     continue
                 r.p(f"| {rw} {bs} | {jobs} | {num(mo)} {unit} | {num(t)} {unit} | {ratio(mo, t)} | "
-                    f"{num(pt)} {unit} | {num(tp)} {unit} | {ratio(pt, tp)} |")
+                    f"{num(pt)} {unit} | {num(tp)} {unit} | {ratio(pt, tp)} | "
+                    f"{num(far)} {unit} | {ratio(far, t)} |")
                 if rw == "randread":
                     cats.append(f"4k randread, {jobs} jobs")
                     series["mount"].append(mo)
@@ -300,6 +310,11 @@ def fuse_section(r, rows, meta):
                     if pt and tp:
                         r.target("B3", "fio 4k randread, 16 jobs, passthrough", ">= 0.50 of tmpfs",
                                  ratio(pt, tp), pt / tp >= 0.5, "the kernel reads the block file itself")
+                    if far:
+                        r.target("B3", "fio 4k randread, 16 jobs, blocks on another node",
+                                 ">= 0.50 of tmpfs", ratio(far, t), far / t >= 0.5,
+                                 "each read is a request through /dev/fuse and one to the other "
+                                 "node's data port")
         r.p("", r.plots.bars("b3", "B3: fio 4k randread, direct I/O", "IOPS (log)", cats,
                              [(k, v) for k, v in series.items()], log=True))
     r.notes("fuse")

@@ -5,7 +5,10 @@
 # benchmark files are several blocks: they are read through the mount), one
 # with a block size that keeps each benchmark file in one block, read by
 # passthrough (B1 and B3), and one with the kernel's writeback cache, which
-# rules passthrough out (B1). Writes
+# rules passthrough out (B1). A second node on 127.0.0.2 holds files whose
+# blocks are all on it, read through a mount of the first node with
+# short-circuit off (B1 beside iperf3 over loopback, B3 4k randread beside
+# tmpfs). Writes
 # results/fuse.jsonl and RESULTS.md.
 #
 #   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 5s per job
@@ -23,6 +26,7 @@ esac
 
 need fio fio
 need fusermount3 fuse3
+need iperf3 iperf3
 warm_memory 12
 mnt=$work/mnt; ptmnt=$work/ptmnt; wbmnt=$work/wbmnt
 mkdir -p "$shm/local"
@@ -32,6 +36,13 @@ start_node node 127.0.0.1 "$port" "[MEM:14GiB]$shm/tier"
 fuse_mount "$addr" "$mnt"
 fuse_mount "$addr" "$ptmnt" --block-size 128MiB
 fuse_mount "$addr" "$wbmnt" --writeback-cache
+# The second node, and a mount of the first that reads its blocks over the
+# data port.
+fport=$(free_port)
+far=127.0.0.2:$fport
+start_node far 127.0.0.2 "$fport" "[MEM:6GiB]$shm/far-tier" --seeds "127.0.0.1:$((port + 1))"
+rmnt=$work/rmnt
+fuse_mount "$addr" "$rmnt" -c client.short_circuit=false
 
 results fuse
 b1() {
@@ -57,7 +68,21 @@ for t in 2 8; do
       b1 "$side" "$ra" "$dir" "$t"
       rm -rf "$dir"
     done
+    # Files whose blocks are all on the second node.
+    "$bin/curvine-bench" --cluster "$far" --action fs.write --dir "/far-$t-$r" --client-threads "$t" \
+      --file-num "$files" --file-size "$size" --buf-size 128KB --checksum true >/dev/null
+    drop_caches
+    b1 remote fuse.read "$rmnt/far-$t-$r" "$t"
+    rm -rf "$rmnt/far-$t-$r"
   done
+  # What loopback TCP carries with as many streams.
+  iport=$(free_port)
+  iperf3 -s -p "$iport" -1 >/dev/null 2>&1 &
+  sleep 0.5
+  iperf3 -c 127.0.0.1 -p "$iport" -t "$runtime" -P "$t" -J 2>/dev/null | python3 -c "
+import json, sys
+bps = json.load(sys.stdin)['end']['sum_received']['bits_per_second']
+print(json.dumps({'action': 'iperf3', 'label': 'iperf3', 'threads': $t, 'gib_per_sec': bps / 8 / 2**30}))" | record
 done
 
 # B3: fio on one file loaded into the cache, read through the mount with
@@ -82,6 +107,8 @@ cp "$shm/local/fio" "$mnt/fio"
 # Passthrough needs the file in one block (2GiB at most).
 head -c "$((fio_pt_mib << 20))" "$shm/local/fio" > "$shm/local/fio-pt"
 "$bin/curvine-cli" --cluster "$addr" fs put --block-size 2GiB "$shm/local/fio-pt" /fio-pt >&2
+# A file whose blocks are all on the second node.
+"$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio" /fio-far >&2
 for spec in "read 256k" "randread 4k"; do
   set -- $spec
   for jobs in 1 4 16; do
@@ -89,6 +116,7 @@ for spec in "read 256k" "randread 4k"; do
     fio_job tmpfs "$shm/local/fio" "$1" "$2" "$jobs" "$fio_mib"
     fio_job passthrough "$ptmnt/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
     fio_job tmpfs-pt "$shm/local/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
+    fio_job remote "$rmnt/fio-far" "$1" "$2" "$jobs" "$fio_mib"
   done
 done
 

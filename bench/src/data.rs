@@ -21,7 +21,6 @@ use serde::Serialize;
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_messages::FsError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -252,19 +251,6 @@ pub async fn run(p: Params, client: Option<Client>) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads until `buf` is full or the file ends.
-async fn read_full(r: &mut FileReader, buf: &mut [u8]) -> Result<usize, FsError> {
-    let mut done = 0;
-    while done < buf.len() {
-        let n = r.read(&mut buf[done..]).await?;
-        if n == 0 {
-            break;
-        }
-        done += n;
-    }
-    Ok(done)
-}
-
 async fn cluster_file(c: &Client, p: &Params, content: &Content, f: u64) -> Result<u64, String> {
     let file = path(&p.dir, f);
     let mut buf = vec![0u8; p.buf_size];
@@ -299,7 +285,8 @@ async fn cluster_file(c: &Client, p: &Params, content: &Content, f: u64) -> Resu
             .await
             .map_err(|e| format!("{file}: {e}"))?;
         loop {
-            let n = read_full(&mut r, &mut buf)
+            let n = r
+                .read_full(&mut buf)
                 .await
                 .map_err(|e| format!("{file}: {e}"))?;
             if n == 0 {

@@ -364,6 +364,11 @@ pub struct FuseConf {
     /// line saying why, where those are missing, and with `direct_io` or
     /// `writeback_cache`).
     pub passthrough: bool,
+    /// Files smaller than this are read through the mount even with
+    /// passthrough on: their warm reads hit the kernel's page cache of the
+    /// mount with no request at all, which costs less than registering a
+    /// backing file at each open.
+    pub passthrough_min_size: ByteSize,
     /// Ask a directory's shard to delegate it to this mount when files are
     /// created in it one after another: the mount then answers lookups of
     /// new names and creates there itself, and sends the creates in
@@ -407,6 +412,7 @@ impl Default for FuseConf {
             writeback_cache: false,
             direct_io: false,
             passthrough: true,
+            passthrough_min_size: ByteSize(1 << 20),
             delegations: true,
             allow_other: false,
             default_permissions: true,

@@ -103,6 +103,36 @@ fn round_trips_of_edge_sizes_both_ways() {
     });
 }
 
+/// `pread` (what the mount calls) in every pattern reads the source:
+/// random reads fetch their bytes, runs continue one stream from there,
+/// reads far ahead of a stream inside a block restart it.
+async fn check_preads(
+    r: &mut FileReader,
+    bytes: &[u8],
+    bs: u64,
+    rng: &mut rand::rngs::StdRng,
+    short_circuit: bool,
+) {
+    let mut off = 0u64;
+    for i in 0..120 {
+        if i % 3 == 0 {
+            off = rng.gen_range(0..bytes.len() as u64 + 10);
+        } else if i % 7 == 0 {
+            off += rng.gen_range(0..bs / 2);
+        }
+        let len = rng.gen_range(1..300_000);
+        let mut buf = vec![0u8; len];
+        let n = r.pread(off, &mut buf).await.unwrap();
+        let want = &bytes[(off as usize).min(bytes.len())..(off as usize + len).min(bytes.len())];
+        assert_eq!(
+            &buf[..n],
+            want,
+            "pread at {off} of {len} (short-circuit {short_circuit})"
+        );
+        off += n as u64;
+    }
+}
+
 #[test]
 fn positional_reads_match_the_source() {
     let dir = tempfile::tempdir().unwrap();
@@ -128,6 +158,22 @@ fn positional_reads_match_the_source() {
                     "read at {off} of {len} (short-circuit {short_circuit})"
                 );
             }
+            check_preads(&mut r, &bytes, BS, &mut rng, short_circuit).await;
+            // The same in blocks of 8MiB, where reads jump far ahead of a
+            // stream inside one block.
+            let big = data(20 * BS as usize + 3, 8);
+            put(
+                &c,
+                &format!("/pos8-{short_circuit}"),
+                &big,
+                &spec(8 * BS),
+                1 << 20,
+            )
+            .await;
+            let mut r8 = FileReader::open(&c, &format!("/pos8-{short_circuit}"))
+                .await
+                .unwrap();
+            check_preads(&mut r8, &big, 8 * BS, &mut rng, short_circuit).await;
             // Sequential reads after seeks, backwards too.
             for off in [4 * BS + 5, 10, BS - 1, 0] {
                 r.seek(off);

@@ -1845,12 +1845,19 @@ fn passthrough_opens(m: &FuseMount, result: &str) -> u64 {
 
 #[test]
 fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another_client_writes() {
-    let (_dir, node, m) = setup(&["--block-size", "1MiB"]);
+    let (_dir, node, m) = setup(&["--block-size", "2MiB"]);
     assert!(m.log_text().contains("passthrough on"), "{}", m.log_text());
-    let small = random_bytes(700_000, 21);
-    let big = random_bytes(3 * 1024 * 1024 + 9, 22);
+    // (`small` is one block, above fuse.passthrough_min_size.)
+    let small = random_bytes(1_500_000, 21);
+    let big = random_bytes(5 * 1024 * 1024 + 9, 22);
     fs::write(m.path("small"), &small).unwrap();
     fs::write(m.path("big"), &big).unwrap();
+    // Files under fuse.passthrough_min_size (1MiB) keep the page cache.
+    let tiny = random_bytes(100_000, 25);
+    fs::write(m.path("tiny"), &tiny).unwrap();
+    let small_opens = passthrough_opens(&m, "small");
+    assert!(fs::read(m.path("tiny")).unwrap() == tiny);
+    assert_eq!(passthrough_opens(&m, "small"), small_opens + 1);
     // One block on this host: the kernel reads the block file itself.
     let passed = passthrough_opens(&m, "passthrough");
     let r1 = File::open(m.path("small")).unwrap();
@@ -1883,7 +1890,7 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     // are open: they keep the content they opened, whole, at every point
     // of the write.
     let other = FuseMount::start(&node, &_dir.path().join("other"), &[]);
-    let new = random_bytes(900_000, 23);
+    let new = random_bytes(1_700_000, 23);
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         for r in [&r1, &r2] {
@@ -1901,7 +1908,7 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
             .truncate(true)
             .open(other.path("small"))
             .unwrap();
-        for chunk in new.chunks(100_000) {
+        for chunk in new.chunks(200_000) {
             w.write_all(chunk).unwrap();
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -95,15 +95,8 @@ impl Fs {
         };
         let len = (size as u64).min(reader.size().saturating_sub(off)) as usize;
         let mut buf = vec![0u8; len];
-        reader.seek(off);
-        let mut done = 0;
-        while done < len {
-            let n = reader.read(&mut buf[done..]).await?;
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
+        // Sequential reads stream the block; random ones fetch their bytes.
+        let done = reader.pread(off, &mut buf).await?;
         buf.truncate(done);
         Ok(buf)
     }

@@ -50,6 +50,8 @@ const MAX_FOUND: usize = 1 << 16;
 pub(super) enum Fallback {
     /// The file is empty: no block to pass through.
     Empty,
+    /// The file is smaller than `fuse.passthrough_min_size`.
+    Small,
     /// The file's data is several blocks (the kernel takes one backing file).
     SeveralBlocks,
     /// The file's block is not kept on this host.
@@ -69,6 +71,7 @@ impl Fallback {
     fn label(self) -> &'static str {
         match self {
             Fallback::Empty => "empty",
+            Fallback::Small => "small",
             Fallback::SeveralBlocks => "several_blocks",
             Fallback::NotLocal => "not_local",
             Fallback::BeingWritten => "being_written",
@@ -81,6 +84,9 @@ impl Fallback {
     fn reason(self) -> &'static str {
         match self {
             Fallback::Empty => "the file is empty",
+            Fallback::Small => {
+                "it is smaller than fuse.passthrough_min_size (its warm reads hit the page cache)"
+            }
             Fallback::SeveralBlocks => {
                 "its data is several blocks (the kernel takes one backing file)"
             }
@@ -162,6 +168,10 @@ impl Fs {
         let v = version(attr);
         if let Some(done) = self.share_backing(ino, v) {
             return done;
+        }
+        if attr.size > 0 && attr.size < self.conf.passthrough_min_size.0 {
+            self.count(Fallback::Small);
+            return ReadOpen::Normal;
         }
         let found = self.pt.found.lock().get(&ino).cloned();
         match found {
@@ -305,8 +315,13 @@ impl Fs {
         self.count_result("passthrough");
         let fh = self.add_file_handle(ino, None, Some(backing.clone()));
         self.note_exec(exec, fh, ino);
-        // Page-cache flags do not go with passthrough.
-        reply.opened_passthrough(fuser::FileHandle(fh), fuser::FopenFlags::empty(), &backing);
+        // Page-cache flags do not go with passthrough; closing a read-only
+        // handle has nothing to flush (no FLUSH request at each close).
+        reply.opened_passthrough(
+            fuser::FileHandle(fh),
+            fuser::FopenFlags::FOPEN_NOFLUSH,
+            &backing,
+        );
     }
 
     /// Counts and logs an open that does not pass through: the first of

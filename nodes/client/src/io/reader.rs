@@ -35,7 +35,19 @@ pub struct FileReader {
     failed: std::collections::HashSet<(u32, String)>,
     /// A UFS file: blocks that are not cached are read through this node.
     ufs: Option<(curvine_messages::rpc::UfsRead, Arc<str>)>,
+    /// Where the last random read of [`FileReader::pread`] ended: a read
+    /// from there starts streaming again.
+    random_end: u64,
 }
+
+/// How far ahead of a reader's position a [`FileReader::pread`] still runs
+/// on from its stream (the kernel's readahead requests can arrive a little
+/// out of order).
+const SEQUENTIAL_WINDOW: u64 = 2 << 20;
+
+/// How far ahead of what a block stream has delivered a read may be and
+/// still wait for the stream; further ahead, the stream starts over there.
+const STREAM_SKIP: u64 = 1 << 20;
 
 impl FileReader {
     pub async fn open(client: &Client, path: &str) -> FsResult<FileReader> {
@@ -62,6 +74,7 @@ impl FileReader {
             ahead: VecDeque::new(),
             since_yield: 0,
             failed: Default::default(),
+            random_end: u64::MAX,
         }
     }
 
@@ -221,6 +234,36 @@ impl FileReader {
         Ok(done)
     }
 
+    /// Fills `buf` from `offset` as far as the file goes, choosing how:
+    /// a read that runs on from the position (or from where the previous
+    /// random read ended) streams the rest of the block, and moves the
+    /// position; any other fetches just its bytes, leaving the stream and
+    /// the position where they were.
+    pub async fn pread(&mut self, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        let runs_on = (offset >= self.pos && offset - self.pos <= SEQUENTIAL_WINDOW)
+            || offset == self.random_end;
+        if !runs_on {
+            let done = self.read_full_at(offset, buf).await?;
+            self.random_end = offset + done as u64;
+            return Ok(done);
+        }
+        self.seek(offset);
+        self.read_full(buf).await
+    }
+
+    /// Reads from the position until `buf` is full or the file ends.
+    pub async fn read_full(&mut self, buf: &mut [u8]) -> FsResult<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read(&mut buf[done..]).await?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
     /// Reads from one replica; when that node fails, from the next.
     async fn read_inner(&mut self, pos: u64, buf: &mut [u8], sequential: bool) -> FsResult<usize> {
         loop {
@@ -348,8 +391,9 @@ impl FileReader {
                     buf[..n].copy_from_slice(&data[from..from + n]);
                     return Ok(n);
                 }
-                if off < *start {
-                    // A backwards seek inside the block: start over.
+                if off < *start || off - end > STREAM_SKIP {
+                    // A seek backwards, or far ahead, inside the block:
+                    // start over there.
                     *stream = start_stream(&self.client.data, src, index, off, u64::MAX);
                     continue;
                 }
