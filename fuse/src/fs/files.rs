@@ -253,12 +253,11 @@ fn open_now(
         return Some(reply);
     }
     let attr = fs.with_writes(ino, attr);
-    // Holds the inode's open lock until answered (one deciding already
-    // sends this open to a task).
-    let lock = fs.open_lock(ino);
+    // With passthrough, holds the inode's open lock until answered (one
+    // deciding already sends this open to a task).
     let _decide = match passthrough {
         true => {
-            let Ok(guard) = lock.try_lock() else {
+            let Ok(guard) = fs.open_lock(ino).try_lock_owned() else {
                 return Some(reply);
             };
             match fs.open_passthrough_now(ino, &attr, &reply) {
