@@ -65,7 +65,7 @@ struct Node {
     hidden: bool,
     /// (size, mtime, ctime) of the content the kernel's page cache holds,
     /// set at each open: an open that finds the same keeps the page cache.
-    cached: Option<(u64, i64, i64)>,
+    cached: Option<ContentVersion>,
 }
 
 /// Names in a mount that hold files unlinked while open.
@@ -463,7 +463,7 @@ impl Inodes {
     /// Whether the kernel may keep its page cache of a file it opens now,
     /// given the file's current attributes; remembers them for the next open.
     pub fn keep_cache(&self, ino: u64, attr: &Attr) -> bool {
-        let version = (attr.size, attr.mtime_ns, attr.ctime_ns);
+        let version = content_version(attr);
         let mut nodes = self.nodes.write();
         let Some(node) = nodes.get_mut(&ino) else {
             return false;
@@ -493,6 +493,14 @@ impl Inodes {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A file's content as its attributes tell it (size, mtime, ctime): what
+/// the kernel's page cache of it, or a backing file, stands for.
+pub type ContentVersion = (u64, i64, i64);
+
+pub fn content_version(attr: &Attr) -> ContentVersion {
+    (attr.size, attr.mtime_ns, attr.ctime_ns)
 }
 
 #[cfg(test)]
