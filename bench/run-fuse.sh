@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # B1 (fuse.write, fuse.read) and B3 (fio) through the FUSE mount, each next
 # to the same tool on tmpfs in the same run. One node with a MEM tier in
-# /dev/shm; three mounts of it: the default one (passthrough is on, but the
-# benchmark files are several blocks: they are read through the mount), one
+# /dev/shm; three mounts of it: the default one (passthrough is on; the
+# benchmark files are several blocks, read through the mount at their first
+# open, which has the node lay them out in one extent file, and passed
+# through at the next: B1 reads them twice, B3 after a first read), one
 # with a block size that keeps each benchmark file in one block, read by
 # passthrough (B1 and B3), and one with the kernel's writeback cache, which
 # rules passthrough out (B1). A second node on 127.0.0.2 holds files whose
@@ -11,7 +13,7 @@
 # tmpfs). Writes
 # results/fuse.jsonl and RESULTS.md.
 #
-#   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions; B3: 4GiB file, 5s per job
+#   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions, and 4 of 1GiB; B3: 4GiB file, 5s per job
 #   bench/run-fuse.sh --quick   # B1: 2 files, 1 repetition; B3: 512MiB file, 1s per job
 #   bench/run-fuse.sh --smoke   # B1: 1 file of 4MB; B3: 64MiB file, 1s per job
 set -euo pipefail
@@ -19,9 +21,9 @@ source "$(dirname "$0")/lib.sh"
 bench_init "$@"
 
 case $mode in
-  full) files=20; size=100MB; reps=3; fio_mib=4096; fio_pt_mib=2048; runtime=5 ;;
-  quick) files=2; size=100MB; reps=1; fio_mib=512; fio_pt_mib=512; runtime=1 ;;
-  smoke) files=1; size=4MB; reps=1; fio_mib=64; fio_pt_mib=64; runtime=1 ;;
+  full) files=20; size=100MB; reps=3; big_files=4; big_size=1GiB; fio_mib=4096; fio_pt_mib=2048; runtime=5 ;;
+  quick) files=2; size=100MB; reps=1; big_files=2; big_size=1GiB; fio_mib=512; fio_pt_mib=512; runtime=1 ;;
+  smoke) files=1; size=4MB; reps=1; big_files=1; big_size=80MiB; fio_mib=64; fio_pt_mib=64; runtime=1 ;;
 esac
 
 need fio fio
@@ -47,8 +49,26 @@ fuse_mount "$addr" "$rmnt" -c client.short_circuit=false
 results fuse
 b1() {
   local label=$1 action=$2 dir=$3 t=$4
-  "$bin/curvine-bench" --action "$action" --dir "$dir" --client-threads "$t" --file-num "$files" \
-    --file-size "$size" --buf-size 128KB --checksum true --json --label "$label" | record
+  "$bin/curvine-bench" --action "$action" --dir "$dir" --client-threads "$t" --file-num "${n:-$files}" \
+    --file-size "${sz:-$size}" --buf-size 128KB --checksum true --json --label "$label" | record
+}
+
+# Waits (60 s at most) until the node has laid each file out in one
+# extent file (files of several blocks, or each file of directories, on the
+# default mount): their first open through the mount asked for it, and
+# later opens pass through.
+laid_out() {
+  local f deadline=$((SECONDS + 60))
+  for f in $(find "$@" -type f); do
+    until "$bin/curvine-cli" --cluster "$addr" --json fs blocks "${f#"$mnt"}" | python3 -c '
+import json, sys
+b = json.load(sys.stdin)["blocks"]
+here = [next((r["path"] for r in x["replicas"] if r.get("path")), None) for x in b]
+sys.exit(0 if len(b) <= 1 or (None not in here and len(set(here)) == 1) else 1)'; do
+      [ "$SECONDS" -lt "$deadline" ] || { echo "bench: ${f#"$mnt"} not laid out in one file" >&2; return 1; }
+      sleep 0.2
+    done
+  done
 }
 
 # B1: write then read the same files; the page cache is dropped before each
@@ -66,6 +86,12 @@ for t in 2 8; do
       b1 "$side" "$wa" "$dir" "$t"
       drop_caches
       b1 "$side" "$ra" "$dir" "$t"
+      if [ "$side" = mount ]; then
+        # Read again once the first read had the blocks laid out.
+        laid_out "$dir"
+        drop_caches
+        b1 mount-again "$ra" "$dir" "$t"
+      fi
       rm -rf "$dir"
     done
     # Files whose blocks are all on the second node.
@@ -84,6 +110,26 @@ import json, sys
 bps = json.load(sys.stdin)['end']['sum_received']['bits_per_second']
 print(json.dumps({'action': 'iperf3', 'label': 'iperf3', 'threads': $t, 'gib_per_sec': bps / 8 / 2**30}))" | record
 done
+
+# B1 with files of many blocks (1GiB of 64MiB blocks), default mount: the
+# first read goes through the mount while the node lays each file out in
+# one extent file; the second passes through. Beside the same on tmpfs.
+n=$big_files sz=$big_size
+for side in mount tmpfs; do
+  case $side in
+    mount) dir=$mnt/b1-big; wa=fuse.write; ra=fuse.read ;;
+    tmpfs) dir=$shm/local/b1-big; wa=local.write; ra=local.read ;;
+  esac
+  mkdir -p "$dir"
+  b1 "$side-big-write" "$wa" "$dir" "$big_files"
+  drop_caches
+  b1 "$side-big-first" "$ra" "$dir" "$big_files"
+  [ "$side" = tmpfs ] || laid_out "$dir"
+  drop_caches
+  b1 "$side-big" "$ra" "$dir" "$big_files"
+  rm -rf "$dir"
+done
+unset n sz
 
 # B3: fio on one file loaded into the cache, read through the mount with
 # direct I/O, next to the same job on the same file in tmpfs.
@@ -104,6 +150,10 @@ print(json.dumps({"action": "fio", "label": label, "rw": rw, "bs": bs, "threads"
 }
 dd if=/dev/urandom of="$shm/local/fio" bs=1M count="$fio_mib" status=none
 cp "$shm/local/fio" "$mnt/fio"
+# The default mount's first read has the node lay the file out in one
+# extent file; fio's opens after that pass through.
+cat "$mnt/fio" >/dev/null
+laid_out "$mnt/fio"
 # Passthrough needs the file in one block (2GiB at most).
 head -c "$((fio_pt_mib << 20))" "$shm/local/fio" > "$shm/local/fio-pt"
 "$bin/curvine-cli" --cluster "$addr" fs put --block-size 2GiB "$shm/local/fio-pt" /fio-pt >&2
@@ -120,6 +170,6 @@ for spec in "read 256k" "randread 4k"; do
   done
 done
 
-write_info fuse files="$files" file_size="$size" reps="$reps" fio_size="${fio_mib}MiB" \
+write_info fuse files="$files" file_size="$size" reps="$reps" big_files="$big_files" big_size="$big_size" fio_size="${fio_mib}MiB" \
   fio_pt_size="${fio_pt_mib}MiB" runtime="$runtime"
 report

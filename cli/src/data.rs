@@ -403,6 +403,11 @@ async fn blocks(cx: &Ctx<'_>, path: &str) -> Result<(), Failure> {
                 replicas.join(" ")
             );
         }
+        if fb.blocks.len() > 1 {
+            if let Some(file) = fb.backing_file() {
+                out!("laid out in one extent file on {here}: {file}");
+            }
+        }
     }
     Ok(())
 }

@@ -460,6 +460,76 @@ fn a_tiny_mem_tier_demotes_to_disk_while_data_is_read() {
 }
 
 #[test]
+fn blocks_laid_out_in_one_file_are_read_scrubbed_and_demoted_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = dir.path().join("mem");
+    let tiers = format!(
+        "data.tiers=[MEM:10MiB]{},[HDD:256MiB]{}",
+        mem.display(),
+        dir.path().join("hdd").display()
+    );
+    let node = NodeProcess::start(
+        &dir.path().join("n"),
+        &["-c", &tiers, "-c", "data.evict_interval=100ms"],
+    );
+    runtime().block_on(async {
+        let c = node.client().await;
+        let model = data(4 * BS as usize - 333, 77);
+        put(&c, "/model", &model, &spec(BS), 1 << 20).await;
+        let before = c.blocks("/model").await.unwrap();
+        assert!(before.backing_file().is_none() && before.all_here());
+        // Laid out in one extent file in the MEM tier, each block at its
+        // offset in the file; the blocks' own files go.
+        let after = c.assemble("/model").await.unwrap();
+        let extent = after.backing_file().expect("one file").to_string();
+        assert!(extent.starts_with(&mem.display().to_string()), "{extent}");
+        assert_eq!(std::fs::read(&extent).unwrap(), model);
+        for (i, b) in after.blocks.iter().enumerate() {
+            assert_eq!(b.replicas[0].offset, i as u64 * BS);
+            let own = before.blocks[i].replicas[0].path.clone().unwrap();
+            assert!(!std::path::Path::new(&own).exists(), "{own}");
+        }
+        // Asked again, nothing changes.
+        assert_eq!(c.assemble("/model").await.unwrap(), after);
+        // Every reader finds the blocks at their offsets.
+        for sc in [true, false] {
+            assert!(get(&client(&node, sc).await, "/model").await == model);
+        }
+        let out = node.cli_ok(&["--json", "admin", "scrub"]);
+        assert!(
+            !out.contains("mismatch") && !out.contains("missing"),
+            "{out}"
+        );
+        // Other files fill the MEM tier: the evictor demotes the extent's
+        // blocks to the disk tier one by one, copied from their offsets
+        // and verified; the extent file goes with the last.
+        for i in 0..8u64 {
+            let bytes = data(BS as usize, 900 + i);
+            put(&c, &format!("/fill{i}"), &bytes, &spec(BS), 1 << 20).await;
+        }
+        wait_for_async(
+            "the extent's blocks demoted and its file removed",
+            Duration::from_secs(30),
+            || async {
+                let fb = c.blocks("/model").await.unwrap();
+                let on_disk = fb
+                    .blocks
+                    .iter()
+                    .all(|b| b.replicas[0].tier == Some(curvine_messages::block::TierKind::Hdd));
+                (on_disk && !std::path::Path::new(&extent).exists()).then_some(())
+            },
+        )
+        .await;
+        assert!(get(&c, "/model").await == model);
+        let out = node.cli_ok(&["--json", "admin", "scrub"]);
+        assert!(
+            !out.contains("mismatch") && !out.contains("missing"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
 fn enospc_when_every_tier_is_full_and_nothing_written_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let tiers = format!("data.tiers=[MEM:5MiB]{}", dir.path().join("mem").display());

@@ -7,7 +7,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -1836,6 +1836,39 @@ fn s3_objects_read_and_written_through_the_mount() {
 
 /// Read-only opens the mount passed through, or read through the mount
 /// for reason `result` (`curvine_fuse_passthrough_opens_total`).
+/// Everything an open file holds, read with `pread` from the start.
+fn whole(f: &File) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let k = f.read_at(&mut buf, got.len() as u64).unwrap();
+        if k == 0 {
+            return got;
+        }
+        got.extend_from_slice(&buf[..k]);
+    }
+}
+
+/// Has `readers` read their whole content again and again, each time
+/// `opened`, while `write` runs (and at least 3 times each).
+fn readers_keep_while(readers: [&File; 2], opened: &[u8], write: impl FnOnce()) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for r in readers {
+            let done = &done;
+            scope.spawn(move || {
+                let mut reads = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 3 {
+                    assert!(whole(r) == opened, "a reader saw content it did not open");
+                    reads += 1;
+                }
+            });
+        }
+        write();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+}
+
 fn passthrough_opens(m: &FuseMount, result: &str) -> u64 {
     m.counter(
         "curvine_fuse_passthrough_opens_total",
@@ -1863,19 +1896,6 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     let r1 = File::open(m.path("small")).unwrap();
     let r2 = File::open(m.path("small")).unwrap();
     assert_eq!(passthrough_opens(&m, "passthrough"), passed + 2);
-    let whole = |f: &File| {
-        let mut got = vec![0u8; small.len() + 10];
-        let mut n = 0;
-        loop {
-            let k = f.read_at(&mut got[n..], n as u64).unwrap();
-            if k == 0 {
-                break;
-            }
-            n += k;
-        }
-        got.truncate(n);
-        got
-    };
     assert!(whole(&r1) == small);
     let mut part = vec![0u8; 1000];
     r2.read_exact_at(&mut part, 5000).unwrap();
@@ -1891,18 +1911,7 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     // of the write.
     let other = FuseMount::start(&node, &_dir.path().join("other"), &[]);
     let new = random_bytes(1_700_000, 23);
-    let done = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for r in [&r1, &r2] {
-            let (done, whole, small) = (&done, &whole, &small);
-            scope.spawn(move || {
-                let mut reads = 0;
-                while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 3 {
-                    assert!(whole(r) == *small, "a reader saw content it did not open");
-                    reads += 1;
-                }
-            });
-        }
+    readers_keep_while([&r1, &r2], &small, || {
         let mut w = OpenOptions::new()
             .write(true)
             .truncate(true)
@@ -1912,8 +1921,6 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
             w.write_all(chunk).unwrap();
             std::thread::sleep(Duration::from_millis(5));
         }
-        drop(w);
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
     });
     assert!(whole(&r1) == small);
     assert_eq!(cluster_read(&node, "/small"), new);
@@ -1940,11 +1947,123 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     assert_eq!(&now[..7], b"changed");
     assert!(now[7..] == new[7..]);
 
-    // Files of several blocks are read through the mount, and say why.
-    let several = passthrough_opens(&m, "several_blocks");
+    // A file of several blocks, each in a file of its own, is read through
+    // the mount while the node lays its blocks out in one file, and says why.
+    let assembling = passthrough_opens(&m, "assembling");
     assert!(fs::read(m.path("big")).unwrap() == big);
-    assert_eq!(passthrough_opens(&m, "several_blocks"), several + 1);
-    assert!(m.log_text().contains("its data is several blocks"));
+    assert_eq!(passthrough_opens(&m, "assembling"), assembling + 1);
+    assert!(m.log_text().contains("the node is laying them out in one"));
+}
+
+/// The extent files in the node's MEM tier.
+fn extent_files(node: &NodeProcess) -> Vec<PathBuf> {
+    match fs::read_dir(node.data_dir.with_extension("mem").join("extents")) {
+        Ok(d) => d.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_readers_keep_it_whole()
+{
+    let (dir, node, m) = setup(&["--block-size", "1MiB"]);
+    let old = random_bytes(3 * 1024 * 1024 + 4321, 31);
+    fs::write(m.path("model"), &old).unwrap();
+    assert!(extent_files(&node).is_empty());
+    // The first open reads through the mount and has the node lay the four
+    // blocks out in one extent file; an open after that passes through.
+    let passed = passthrough_opens(&m, "passthrough");
+    assert!(fs::read(m.path("model")).unwrap() == old);
+    assert_eq!(passthrough_opens(&m, "assembling"), 1);
+    wait_for(
+        "the file's blocks laid out in one file",
+        Duration::from_secs(20),
+        || (extent_files(&node).len() == 1).then_some(()),
+    );
+    let extent = extent_files(&node).remove(0);
+    assert_eq!(fs::metadata(&extent).unwrap().len(), old.len() as u64);
+    wait_for("an open passed through", Duration::from_secs(20), || {
+        let got = fs::read(m.path("model")).unwrap();
+        assert!(got == old, "a read through the extent differs");
+        (passthrough_opens(&m, "passthrough") > passed).then_some(())
+    });
+    // The library reads the same bytes from the extent file, on this host
+    // (short-circuit) and over the data port.
+    for short_circuit in [true, false] {
+        let got = runtime().block_on(async {
+            let conf = curvine_conf::ClientConf {
+                short_circuit,
+                ..node.client_conf()
+            };
+            let client = curvine_client::Client::connect(&conf).await.unwrap();
+            let mut r = FileReader::open(&client, "/model").await.unwrap();
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).await.unwrap();
+            let mut part = vec![0u8; 100_000];
+            r.read_full_at(2 * 1024 * 1024 - 50_000, &mut part)
+                .await
+                .unwrap();
+            assert!(part[..] == old[2 * 1024 * 1024 - 50_000..][..100_000]);
+            out
+        });
+        assert!(got == old, "short_circuit={short_circuit}");
+    }
+    // Two readers pass through; a second mount rewrites the file: they keep
+    // reading the content they opened, whole.
+    let passed = passthrough_opens(&m, "passthrough");
+    let (r1, r2) = (
+        File::open(m.path("model")).unwrap(),
+        File::open(m.path("model")).unwrap(),
+    );
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 2);
+    let other = FuseMount::start(&node, &dir.path().join("other"), &["--block-size", "1MiB"]);
+    let new = random_bytes(2 * 1024 * 1024 + 777, 32);
+    readers_keep_while([&r1, &r2], &old, || {
+        let mut w = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(other.path("model"))
+            .unwrap();
+        for chunk in new.chunks(300_000) {
+            w.write_all(chunk).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    assert_eq!(cluster_read(&node, "/model"), new);
+    // The rewrite freed the old blocks, and their extent file went with
+    // the last of them; the readers keep the bytes they opened (an
+    // unlinked file lives while it is open).
+    assert!(whole(&r1) == old);
+    drop((r1, r2));
+    wait_for(
+        "the old extent file removed",
+        Duration::from_secs(20),
+        || (!extent.exists()).then_some(()),
+    );
+    // The new content is laid out in its turn, and passes through (this
+    // mount sees another mount's change within its attribute cache's time;
+    // until then it reads the old content, whole).
+    let passed = passthrough_opens(&m, "passthrough");
+    wait_for(
+        "the new content passed through",
+        Duration::from_secs(20),
+        || {
+            let got = fs::read(m.path("model")).unwrap();
+            assert!(got == new || got == old, "a read after the rewrite is torn");
+            (got == new && passthrough_opens(&m, "passthrough") > passed).then_some(())
+        },
+    );
+    let blocks = node.cli_ok(&["fs", "blocks", "/model"]);
+    assert!(blocks.contains("3 blocks of 1.0MiB"), "{blocks}");
+    assert!(blocks.contains("laid out in one extent file"), "{blocks}");
+    assert_eq!(extent_files(&node).len(), 1);
+    // Removing the file removes its extent file.
+    fs::remove_file(m.path("model")).unwrap();
+    wait_for(
+        "the extent file removed with the file",
+        Duration::from_secs(20),
+        || extent_files(&node).is_empty().then_some(()),
+    );
 }
 
 #[test]

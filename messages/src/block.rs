@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::Versioned;
+use crate::codec::{from_bytes, CodecError, Versioned};
 use crate::error::{FsError, FsResult};
 use crate::types::Ino;
 
@@ -298,7 +298,7 @@ pub struct ReadBlock {
 /// wrong port gets a clear refusal instead of garbage).
 pub const DATA_MAGIC: [u8; 4] = *b"CRVB";
 /// Version of the data-port protocol.
-pub const DATA_VERSION: u16 = 2;
+pub const DATA_VERSION: u16 = 3;
 
 /// A request frame on the data port: the request and the trace it joins.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -406,6 +406,8 @@ pub enum DataReply {
         path: String,
         len: u64,
         crcs: Vec<u32>,
+        /// Where the block's bytes start in `path` (an extent file).
+        offset: u64,
     },
     Done,
     Error(FsError),
@@ -488,20 +490,94 @@ pub struct BlockRecord {
     pub crcs: Vec<u32>,
     pub created_ns: i64,
     pub last_access_ns: i64,
+    /// Set when the block's bytes are in an extent file shared with the
+    /// other blocks of its file (laid out at their file offsets, so that
+    /// the whole file can be handed to the kernel as one backing file);
+    /// `None` for a block file of its own.
+    pub extent: Option<ExtentRef>,
+}
+
+impl BlockRecord {
+    /// Where the block's bytes start in the file holding them.
+    pub fn offset(&self) -> u64 {
+        self.extent.map_or(0, |e| e.offset)
+    }
+}
+
+/// A block's place in an extent file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtentRef {
+    /// The extent file (`TIER/extents/ID`).
+    pub id: u64,
+    /// Where the block's bytes start in it.
+    pub offset: u64,
+}
+
+/// [`BlockRecord`] as version 1 stored it (every block in a file of its own).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct BlockRecordV1 {
+    tier: u8,
+    kind: TierKind,
+    len: u64,
+    crcs: Vec<u32>,
+    created_ns: i64,
+    last_access_ns: i64,
 }
 
 impl Versioned for BlockRecord {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const WHAT: &'static str = "block index record";
+    fn migrate(version: u8, payload: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => from_bytes::<BlockRecordV1>(Self::WHAT, payload).map(|v| BlockRecord {
+                tier: v.tier,
+                kind: v.kind,
+                len: v.len,
+                crcs: v.crcs,
+                created_ns: v.created_ns,
+                last_access_ns: v.last_access_ns,
+                extent: None,
+            }),
+            found => Err(CodecError::UnknownVersion {
+                what: Self::WHAT,
+                found,
+            }),
+        }
+    }
 }
 
 /// Where a block moves and what to copy, for the tier evictor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MovePlan {
     pub from: String,
+    /// Where the block's bytes start in `from` (an extent file's offset).
+    pub from_offset: u64,
     pub to_tmp: String,
     pub record: BlockRecord,
     pub to_tier: u8,
+}
+
+/// Copying the blocks of one file into an extent file, planned by the
+/// block manager and done by its caller off the manager's mailbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssemblePlan {
+    pub extent: u64,
+    pub tier: u8,
+    /// The temporary file to copy into.
+    pub tmp: String,
+    pub parts: Vec<AssemblePart>,
+}
+
+/// One block of an [`AssemblePlan`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssemblePart {
+    pub block: BlockId,
+    pub from: String,
+    pub from_offset: u64,
+    /// Where the block goes in the extent file (its offset in the file).
+    pub offset: u64,
+    pub record: BlockRecord,
 }
 
 /// What `free` did on one node.
@@ -566,6 +642,20 @@ pub enum BlockMsg {
         ok: bool,
         reply: Reply<()>,
     },
+    /// Plan copying blocks (with their offsets in their file) into one
+    /// extent file in a tier with room for them all.
+    PrepareAssemble {
+        blocks: Vec<(BlockId, u64)>,
+        reply: Reply<AssemblePlan>,
+    },
+    /// Finish (or, with `ok` false, abandon) a planned extent: the blocks
+    /// still as planned are read from it from now on. Replies with the
+    /// extent file's path.
+    FinishAssemble {
+        extent: u64,
+        ok: bool,
+        reply: Reply<String>,
+    },
     /// Drop cached blocks that have another copy (replica or UFS).
     Free {
         ids: Vec<BlockId>,
@@ -592,6 +682,8 @@ impl BlockMsg {
             BlockMsg::Coldest { .. } => "coldest",
             BlockMsg::PrepareMove { .. } => "prepare_move",
             BlockMsg::FinishMove { .. } => "finish_move",
+            BlockMsg::PrepareAssemble { .. } => "prepare_assemble",
+            BlockMsg::FinishAssemble { .. } => "finish_assemble",
             BlockMsg::Free { .. } => "free",
             BlockMsg::Stats { .. } => "stats",
             BlockMsg::Tick => "tick",
@@ -614,6 +706,38 @@ mod tests {
         let before = block_crc(&crcs);
         data[2 * CHECKSUM_UNIT + 9] ^= 1;
         assert_ne!(block_crc(&unit_crcs(&data)), before);
+    }
+
+    #[test]
+    fn block_records_of_version_1_read_as_blocks_of_their_own() {
+        let v1 = BlockRecordV1 {
+            tier: 1,
+            kind: TierKind::Ssd,
+            len: 70_000,
+            crcs: vec![1, 2],
+            created_ns: 5,
+            last_access_ns: 6,
+        };
+        let mut stored = vec![1u8];
+        stored.extend(postcard::to_allocvec(&v1).unwrap());
+        let read: BlockRecord = crate::codec::decode_versioned(&stored).unwrap();
+        assert_eq!((read.tier, read.kind, read.len), (1, TierKind::Ssd, 70_000));
+        assert_eq!(
+            (&read.crcs, read.extent, read.offset()),
+            (&vec![1, 2], None, 0)
+        );
+        let now = BlockRecord {
+            extent: Some(ExtentRef {
+                id: 9,
+                offset: 64 << 20,
+            }),
+            ..read
+        };
+        let again = crate::codec::encode_versioned(&now);
+        assert_eq!(again[0], 2);
+        let back: BlockRecord = crate::codec::decode_versioned(&again).unwrap();
+        assert_eq!(back.offset(), 64 << 20);
+        assert_eq!(back, now);
     }
 
     #[test]

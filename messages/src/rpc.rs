@@ -302,12 +302,24 @@ pub struct Blocks {
     pub path: String,
 }
 
+/// Client request: lay the blocks of a file out in one extent file on the
+/// node asked (every block must be there), so that a mount on its host can
+/// pass the whole file through to it. Replies with the file's blocks as
+/// [`Blocks`] does, after.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assemble {
+    pub path: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockReplica {
     pub node_id: String,
     /// `None` when the node does not have the block (lost or being written).
     pub tier: Option<TierKind>,
+    /// The file holding the block on the node asked (`None` elsewhere).
     pub path: Option<String>,
+    /// Where the block's bytes start in `path` (non-zero in an extent file).
+    pub offset: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -320,6 +332,54 @@ pub struct BlockDetail {
 pub struct FileBlocks {
     pub attr: Attr,
     pub blocks: Vec<BlockDetail>,
+}
+
+impl FileBlocks {
+    /// Each block's offset in the file, when the blocks cover the file end
+    /// to end (block `i` at `i` block sizes, every one full but the last);
+    /// `None` for an empty file, or one with holes or cut blocks.
+    pub fn layout(&self) -> Option<Vec<u64>> {
+        let bs = self.attr.block_size;
+        let last = self.blocks.len().checked_sub(1)?;
+        let mut out = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let off = (i as u64).checked_mul(bs)?;
+            let full = if i == last {
+                off + b.info.len == self.attr.size
+            } else {
+                b.info.len == bs
+            };
+            if b.info.index as usize != i || !full || b.info.stored < b.info.len {
+                return None;
+            }
+            out.push(off);
+        }
+        Some(out)
+    }
+
+    /// Whether every block has a copy on the node asked.
+    pub fn all_here(&self) -> bool {
+        self.blocks
+            .iter()
+            .all(|b| b.replicas.iter().any(|r| r.path.is_some()))
+    }
+
+    /// The one file on the node asked that holds the whole file's bytes at
+    /// their offsets in the file: a one-block file's block file, or the
+    /// extent file its blocks were laid out in.
+    pub fn backing_file(&self) -> Option<&str> {
+        let layout = self.layout()?;
+        let mut found: Option<&str> = None;
+        for (b, off) in self.blocks.iter().zip(layout) {
+            let here = b.replicas.iter().find(|r| r.path.is_some())?;
+            let path = here.path.as_deref()?;
+            if here.offset != off || found.is_some_and(|f| f != path) {
+                return None;
+            }
+            found = Some(path);
+        }
+        found
+    }
 }
 
 /// Mount a UFS location at a namespace path.
@@ -559,6 +619,7 @@ calls! {
     AwaitRecall => bool, Recall;
     DirOps => Vec<FsResult<DirOpReply>>, DirOps;
     ReleaseDelegation => (), Done;
+    Assemble => FileBlocks, FileBlocks;
 }
 
 // ---- directory delegations (see `crate::delegation`) ----

@@ -20,9 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::token::TokenKey;
 use curvine_messages::block::{
-    next_reservation, units, verify_units, Access, BlockMsg, DataFrame, DataReply, DataRequest,
-    LocalCommit, CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, FIRST_RESERVATION, MAX_BLOCK_SIZE,
-    MAX_CHUNK,
+    next_reservation, units, verify_units, Access, BlockMsg, BlockRecord, DataFrame, DataReply,
+    DataRequest, LocalCommit, CHECKSUM_UNIT, DATA_MAGIC, DATA_VERSION, FIRST_RESERVATION,
+    MAX_BLOCK_SIZE, MAX_CHUNK,
 };
 use curvine_messages::codec::{from_bytes, to_bytes};
 use curvine_messages::{FsError, FsResult};
@@ -346,6 +346,7 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             Ok(DataReply::Local {
                 path: path.display().to_string(),
                 len: record.len,
+                offset: record.offset(),
                 crcs: record.crcs,
             })
         }
@@ -362,6 +363,7 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
                 path: r.path,
                 len: 0,
                 crcs: Vec::new(),
+                offset: 0,
             })
         }
         .await
@@ -475,6 +477,21 @@ async fn reserve(
         .await
 }
 
+/// A block's record and its file, opened. A block moved between finding
+/// its record and opening its file (to another tier, or into an extent
+/// file) is found again once.
+fn open_block(ctx: &DataContext, block: u64) -> FsResult<(BlockRecord, File)> {
+    let mut last = None;
+    for _ in 0..2 {
+        let (record, path) = ctx.store.locate(block)?;
+        match File::open(&path) {
+            Ok(f) => return Ok((record, f)),
+            Err(e) => last = Some(format!("block {block:#x} file {}: {e}", path.display())),
+        }
+    }
+    Err(FsError::Io(last.unwrap_or_default()))
+}
+
 async fn read(
     stream: &mut Stream,
     ctx: &DataContext,
@@ -482,7 +499,7 @@ async fn read(
     offset: u64,
     len: u64,
 ) -> Handled {
-    let (record, path) = match ctx.store.locate(block) {
+    let (record, file) = match open_block(ctx, block) {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };
@@ -492,15 +509,7 @@ async fn read(
             record.len
         ))));
     }
-    let file = match File::open(&path) {
-        Ok(f) => f,
-        Err(e) => {
-            return Ok(Err(FsError::Io(format!(
-                "block {block:#x} file {}: {e}",
-                path.display()
-            ))))
-        }
-    };
+    let base = record.offset();
     let unit = CHECKSUM_UNIT as u64;
     let start = offset / unit * unit;
     let end = offset.saturating_add(len).min(record.len);
@@ -529,7 +538,9 @@ async fn read(
         curvine_messages::block::chunk_header(n, crcs, &mut header);
         let s = stream.get_mut();
         send_more(s, &header).await.map_err(fatal)?;
-        send_file(s, &file, pos, n, &mut buf).await.map_err(fatal)?;
+        send_file(s, &file, base + pos, n, &mut buf)
+            .await
+            .map_err(fatal)?;
         pos += n as u64;
     }
     // Over TLS the last records may still sit in the session's buffer.

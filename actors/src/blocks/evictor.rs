@@ -2,17 +2,17 @@
 //! tier's least recently used blocks to the next tier with room, copying
 //! and verifying each, down to the low watermark.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use curvine_messages::block::{verify_units, BlockMsg, MovePlan, CHECKSUM_UNIT};
+use curvine_messages::block::{BlockMsg, MovePlan};
 use curvine_messages::{FsError, FsResult};
 
+use super::copy::{copy_block, create_tmp};
 use super::{io_err, BlockConf, BlockStore};
 use crate::stats::{ActorStats, Metrics};
 
@@ -44,26 +44,15 @@ pub struct EvictState {
 
 /// Copies a block file to its new place, verifying every checksum unit.
 fn copy_verified(plan: &MovePlan, sync: bool) -> FsResult<()> {
-    let mut src = File::open(&plan.from).map_err(|e| io_err(&plan.from, e))?;
-    let mut dst = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&plan.to_tmp)
-        .map_err(|e| io_err(&plan.to_tmp, e))?;
-    let mut buf = vec![0u8; 16 * CHECKSUM_UNIT];
-    let mut done: u64 = 0;
-    while done < plan.record.len {
-        let want = ((plan.record.len - done) as usize).min(buf.len());
-        src.read_exact(&mut buf[..want])
-            .map_err(|e| io_err(&plan.from, e))?;
-        let first = (done / CHECKSUM_UNIT as u64) as usize;
-        let crcs = &plan.record.crcs[first.min(plan.record.crcs.len())..];
-        verify_units(&buf[..want], crcs, first, &plan.from)?;
-        dst.write_all(&buf[..want])
-            .map_err(|e| io_err(&plan.to_tmp, e))?;
-        done += want as u64;
-    }
+    let src = File::open(&plan.from).map_err(|e| io_err(&plan.from, e))?;
+    let dst = create_tmp(&plan.to_tmp)?;
+    copy_block(
+        (&src, &plan.from),
+        plan.from_offset,
+        &plan.record,
+        (&dst, &plan.to_tmp),
+        0,
+    )?;
     if sync {
         dst.sync_data().map_err(|e| io_err(&plan.to_tmp, e))?;
     }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use curvine_messages::block::{
-    block_crc, units, BlockId, BlockMsg, BlockRecord, FreeSummary, MovePlan, Reservation, TierKind,
-    FIRST_RESERVATION,
+    block_crc, units, AssemblePart, AssemblePlan, BlockId, BlockMsg, BlockRecord, ExtentRef,
+    FreeSummary, MovePlan, Reservation, TierKind, FIRST_RESERVATION,
 };
 use curvine_messages::{now_ns, FsError, FsResult};
 
@@ -55,12 +55,22 @@ struct Reserved {
 
 pub struct BlockManager;
 
+/// An extent file being filled: its tier, the bytes reserved there, and
+/// what was planned.
+struct Assembling {
+    tier: usize,
+    size: u64,
+    parts: Vec<AssemblePart>,
+}
+
 pub struct BlockState {
     args: BlockArgs,
     stats: Arc<ActorStats>,
     reservations: HashMap<BlockId, Reserved>,
     /// Blocks being moved: target tier and bytes reserved there.
     moving: HashMap<BlockId, (usize, u64)>,
+    /// Extent files being filled, by extent id.
+    assembling: HashMap<u64, Assembling>,
     /// Each tier's evictor, as its supervisor keeps it.
     evictors: Vec<Slot<EvictMsg>>,
     /// The evictors' supervisor.
@@ -225,6 +235,7 @@ impl BlockState {
             crcs,
             created_ns: now,
             last_access_ns: now,
+            extent: None,
         };
         store.put(block, &record)?;
         let path = store.block_path(tier, block);
@@ -256,11 +267,7 @@ impl BlockState {
                 continue;
             };
             store.delete(id)?;
-            let tier = record.tier as usize;
-            let _ = fs::remove_file(store.block_path(tier, id));
-            let t = &store.tiers[tier];
-            t.used.fetch_sub(record.len, Ordering::Relaxed);
-            t.blocks.fetch_sub(1, Ordering::Relaxed);
+            store.release_file(id, &record);
             removed += 1;
         }
         Ok(removed)
@@ -290,7 +297,7 @@ impl BlockState {
     fn prepare_move(&mut self, block: BlockId) -> FsResult<MovePlan> {
         let store = self.args.store.clone();
         let (record, from) = store.locate(block)?;
-        if self.moving.contains_key(&block) {
+        if self.moving.contains_key(&block) || self.is_assembling(block) {
             return Err(FsError::Busy(format!("block {block:#x} is being moved")));
         }
         let here = record.tier as usize;
@@ -308,6 +315,7 @@ impl BlockState {
         self.moving.insert(block, (to, record.len));
         Ok(MovePlan {
             from: from.display().to_string(),
+            from_offset: record.offset(),
             to_tmp: store.tmp_path(to, block).display().to_string(),
             record,
             to_tier: to as u8,
@@ -335,6 +343,7 @@ impl BlockState {
         let moved = BlockRecord {
             tier: to as u8,
             kind: store.tier_kind(to),
+            extent: None,
             ..record.clone()
         };
         store.put(block, &moved)?;
@@ -345,17 +354,136 @@ impl BlockState {
         if store.syncs(to) {
             sync_dir(&dir);
         }
-        let _ = fs::remove_file(store.block_path(from, block));
-        store.tiers[from]
-            .used
-            .fetch_sub(record.len, Ordering::Relaxed);
-        store.tiers[from].blocks.fetch_sub(1, Ordering::Relaxed);
+        store.release_file(block, &record);
         store.tiers[to]
             .used
             .fetch_add(record.len, Ordering::Relaxed);
         store.tiers[to].blocks.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(block, from = %store.tier_kind(from), to = %store.tier_kind(to), "block demoted");
         Ok(())
+    }
+
+    fn is_assembling(&self, block: BlockId) -> bool {
+        self.assembling
+            .values()
+            .any(|a| a.parts.iter().any(|p| p.block == block))
+    }
+
+    /// Plans an extent file for `blocks` (id, offset in their file): in
+    /// the tier of the first when it has room for it, else the fastest
+    /// with room.
+    fn prepare_assemble(&mut self, blocks: &[(BlockId, u64)]) -> FsResult<AssemblePlan> {
+        let store = self.args.store.clone();
+        let mut parts = Vec::with_capacity(blocks.len());
+        for &(block, offset) in blocks {
+            let (record, from) = store.locate(block)?;
+            if self.moving.contains_key(&block) || self.is_assembling(block) {
+                return Err(FsError::Busy(format!("block {block:#x} is being moved")));
+            }
+            parts.push(AssemblePart {
+                block,
+                from: from.display().to_string(),
+                from_offset: record.offset(),
+                offset,
+                record,
+            });
+        }
+        let size = parts
+            .iter()
+            .map(|p| p.offset + p.record.len)
+            .max()
+            .unwrap_or(0);
+        let first = parts.first().map_or(0, |p| p.record.tier as usize);
+        let Some(tier) = std::iter::once(first)
+            .chain(0..store.tier_count())
+            .find(|&t| store.tiers[t].free() >= size)
+        else {
+            return Err(FsError::NoSpace(format!(
+                "no tier has room for an extent of {}",
+                human(size)
+            )));
+        };
+        store.tiers[tier]
+            .reserved
+            .fetch_add(size, Ordering::Relaxed);
+        let (extent, tmp) = store.new_extent(tier);
+        self.assembling.insert(
+            extent,
+            Assembling {
+                tier,
+                size,
+                parts: parts.clone(),
+            },
+        );
+        Ok(AssemblePlan {
+            extent,
+            tier: tier as u8,
+            tmp: tmp.display().to_string(),
+            parts,
+        })
+    }
+
+    /// Switches the blocks still as planned to the filled extent file; the
+    /// files they leave go. The extent's records are written before the old
+    /// files go: a crash in between leaves files the index does not know,
+    /// which the next open removes.
+    fn finish_assemble(&mut self, extent: u64, ok: bool) -> FsResult<String> {
+        let store = self.args.store.clone();
+        let Some(a) = self.assembling.remove(&extent) else {
+            return Err(FsError::InvalidArgument(format!(
+                "extent {extent:#x} is not being assembled"
+            )));
+        };
+        store.tiers[a.tier]
+            .reserved
+            .fetch_sub(a.size, Ordering::Relaxed);
+        let (_, tmp) = store.new_extent_tmp(a.tier, extent);
+        if !ok {
+            let _ = fs::remove_file(&tmp);
+            return Ok(String::new());
+        }
+        let mut switched = Vec::new();
+        for p in &a.parts {
+            let same = store.get(p.block)?.is_some_and(|now| {
+                now.tier == p.record.tier
+                    && now.extent == p.record.extent
+                    && now.len == p.record.len
+            });
+            if same {
+                switched.push(p);
+            }
+        }
+        let path = store.extent_path(a.tier, extent);
+        if switched.is_empty() {
+            let _ = fs::remove_file(&tmp);
+            return Err(FsError::NotFound(
+                "the file's blocks changed while they were copied".into(),
+            ));
+        }
+        fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
+        if store.syncs(a.tier) {
+            if let Some(dir) = path.parent() {
+                sync_dir(dir);
+            }
+        }
+        for p in &switched {
+            let record = BlockRecord {
+                tier: a.tier as u8,
+                kind: store.tier_kind(a.tier),
+                extent: Some(ExtentRef {
+                    id: extent,
+                    offset: p.offset,
+                }),
+                ..p.record.clone()
+            };
+            store.put(p.block, &record)?;
+        }
+        store.add_extent(a.tier, extent, a.size, switched.len() as u32);
+        for p in &switched {
+            store.release_file(p.block, &p.record);
+        }
+        tracing::debug!(extent, blocks = switched.len(), bytes = a.size, tier = %store.tier_kind(a.tier), "blocks laid out in an extent file");
+        Ok(path.display().to_string())
     }
 
     fn tick(&mut self, myself: &ActorRef<BlockMsg>) {
@@ -429,6 +557,7 @@ impl Actor for BlockManager {
             stats,
             reservations: HashMap::new(),
             moving: HashMap::new(),
+            assembling: HashMap::new(),
             evictors,
             evictor_sup,
             sweeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -490,6 +619,12 @@ impl Actor for BlockManager {
                 ok,
                 reply,
             } => answer(reply, state.finish_move(block, to_tier as usize, ok)),
+            BlockMsg::PrepareAssemble { blocks, reply } => {
+                answer(reply, state.prepare_assemble(&blocks))
+            }
+            BlockMsg::FinishAssemble { extent, ok, reply } => {
+                answer(reply, state.finish_assemble(extent, ok))
+            }
             BlockMsg::Free { ids, reply } => {
                 // Without replicas or an under-file-system every cached block
                 // is the only copy of its data: nothing may be dropped.

@@ -6,6 +6,8 @@
 //! ```text
 //! <tier>/blocks/<xx>/<id as 16 hex digits>   committed blocks (xx: low byte of the id)
 //! <tier>/tmp/<id as 16 hex digits>           blocks being written or moved
+//! <tier>/extents/<extent as 16 hex digits>   blocks of one file at their file offsets
+//! <tier>/tmp/extent-<extent>                 an extent file being filled
 //! ```
 //!
 //! A block is written to `tmp`, then committed: its record goes into the
@@ -20,15 +22,18 @@
 //! Modules: `store` (the block files and their index), `handle` (the
 //! node's reference to its current BlockManager), `manager` (the
 //! BlockManager actor: reservations, commits, moves, removal), `sweep`
-//! (freed blocks and orphans removed in the background) and `evictor` (the
-//! TierEvictor of a tier).
+//! (freed blocks and orphans removed in the background), `evictor` (the
+//! TierEvictor of a tier) and `copy` (verified copies for moves and extent
+//! files).
 
+mod copy;
 mod evictor;
 mod handle;
 mod manager;
 mod store;
 mod sweep;
 
+pub use copy::fill_extent;
 pub use evictor::{EvictArgs, EvictMsg, EvictState, TierEvictor};
 pub use handle::BlockManagerRef;
 pub use manager::{BlockArgs, BlockConf, BlockManager, BlockState};

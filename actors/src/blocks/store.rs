@@ -75,6 +75,20 @@ pub struct BlockStore {
     /// Checksum mismatches found by this node (bytes received from writers,
     /// blocks read for a move).
     pub checksum_errors: AtomicU64,
+    /// Extent files and how many indexed blocks each still holds.
+    extents: Mutex<HashMap<u64, ExtentUse>>,
+    next_extent: AtomicU64,
+}
+
+/// An extent file's size and live blocks. Its bytes count as used
+/// until its last block goes, when the file goes: a block removed from it
+/// keeps its bytes, so a reader that opened the file (a mount passing the
+/// file through) keeps reading what it opened, as with a block file of its
+/// own that was unlinked.
+#[derive(Debug, Clone, Copy)]
+struct ExtentUse {
+    size: u64,
+    live: u32,
 }
 
 /// What [`BlockStore::open`] found on disk.
@@ -105,7 +119,7 @@ impl BlockStore {
         }
         fs::create_dir_all(index_dir).map_err(|e| io_err(index_dir.display(), e))?;
         for t in &tiers {
-            for sub in ["blocks", "tmp"] {
+            for sub in ["blocks", "tmp", "extents"] {
                 let dir = t.root.join(sub);
                 fs::create_dir_all(&dir).map_err(|e| {
                     io_err(format!("tier {} directory {}", t.kind, dir.display()), e)
@@ -152,6 +166,8 @@ impl BlockStore {
             sync_blocks,
             accessed: Mutex::new(HashMap::new()),
             checksum_errors: AtomicU64::new(0),
+            extents: Mutex::new(HashMap::new()),
+            next_extent: AtomicU64::new(now_ns() as u64),
         };
         let report = store.reconcile()?;
         Ok((store, report))
@@ -172,6 +188,76 @@ impl BlockStore {
             .join("blocks")
             .join(format!("{:02x}", id & 0xff))
             .join(format!("{id:016x}"))
+    }
+
+    pub fn extent_path(&self, tier: usize, extent: u64) -> PathBuf {
+        self.tiers[tier]
+            .info
+            .root
+            .join("extents")
+            .join(format!("{extent:016x}"))
+    }
+
+    /// The file holding a block's bytes: its own, or its extent file (at
+    /// [`BlockRecord::offset`]).
+    pub fn file_of(&self, id: BlockId, record: &BlockRecord) -> PathBuf {
+        match record.extent {
+            Some(e) => self.extent_path(record.tier as usize, e.id),
+            None => self.block_path(record.tier as usize, id),
+        }
+    }
+
+    /// A new extent id, and its temporary file in `tier`.
+    pub(super) fn new_extent(&self, tier: usize) -> (u64, PathBuf) {
+        loop {
+            let id = self.next_extent.fetch_add(1, Ordering::Relaxed);
+            if !self.extent_path(tier, id).exists() && !self.extents.lock().contains_key(&id) {
+                return self.new_extent_tmp(tier, id);
+            }
+        }
+    }
+
+    /// The temporary file of extent `id` being filled in `tier`.
+    pub(super) fn new_extent_tmp(&self, tier: usize, id: u64) -> (u64, PathBuf) {
+        let tmp = self.tiers[tier]
+            .info
+            .root
+            .join("tmp")
+            .join(format!("extent-{id:016x}"));
+        (id, tmp)
+    }
+
+    /// Counts a new extent file of `live` blocks in `tier`.
+    pub(super) fn add_extent(&self, tier: usize, extent: u64, size: u64, live: u32) {
+        self.extents.lock().insert(extent, ExtentUse { size, live });
+        let t = &self.tiers[tier];
+        t.used.fetch_add(size, Ordering::Relaxed);
+        t.blocks.fetch_add(live as u64, Ordering::Relaxed);
+    }
+
+    /// A block's bytes are no longer indexed where `record` says: its own
+    /// file goes, or its extent counts one block less (and goes with its
+    /// last). Tier usage follows.
+    pub(super) fn release_file(&self, id: BlockId, record: &BlockRecord) {
+        let tier = record.tier as usize;
+        let t = &self.tiers[tier];
+        t.blocks.fetch_sub(1, Ordering::Relaxed);
+        let Some(e) = record.extent else {
+            let _ = fs::remove_file(self.block_path(tier, id));
+            t.used.fetch_sub(record.len, Ordering::Relaxed);
+            return;
+        };
+        let mut extents = self.extents.lock();
+        let Some(u) = extents.get_mut(&e.id) else {
+            return;
+        };
+        u.live = u.live.saturating_sub(1);
+        if u.live == 0 {
+            let size = u.size;
+            extents.remove(&e.id);
+            let _ = fs::remove_file(self.extent_path(tier, e.id));
+            t.used.fetch_sub(size, Ordering::Relaxed);
+        }
     }
 
     pub fn tmp_path(&self, tier: usize, id: BlockId) -> PathBuf {
@@ -217,12 +303,13 @@ impl BlockStore {
         Ok(None)
     }
 
-    /// A block's record and file path, or ENOENT naming the block.
+    /// A block's record and the path of the file holding it (its bytes
+    /// start at [`BlockRecord::offset`]), or ENOENT naming the block.
     pub fn locate(&self, id: BlockId) -> FsResult<(BlockRecord, PathBuf)> {
         let record = self
             .get(id)?
             .ok_or_else(|| FsError::NotFound(format!("block {id:#x} is not on this node")))?;
-        let path = self.block_path(record.tier as usize, id);
+        let path = self.file_of(id, &record);
         Ok((record, path))
     }
 
@@ -308,6 +395,32 @@ impl BlockStore {
                 // moves to the index of its tier (below, all at once).
                 moving.push((at, home, id, record.clone()));
             }
+            if let Some(e) = record.extent {
+                let path = self.extent_path(tier, e.id);
+                match fs::metadata(&path) {
+                    Ok(m) if m.len() >= e.offset + record.len => {
+                        let mut extents = self.extents.lock();
+                        let u = extents.entry(e.id).or_insert_with(|| {
+                            self.tiers[tier].used.fetch_add(m.len(), Ordering::Relaxed);
+                            ExtentUse {
+                                size: m.len(),
+                                live: 0,
+                            }
+                        });
+                        u.live += 1;
+                        known.insert(path, ());
+                        self.tiers[tier].blocks.fetch_add(1, Ordering::Relaxed);
+                        report.blocks += 1;
+                    }
+                    _ => {
+                        tracing::warn!(block = id, path = %path.display(), "extent file missing or short; dropping the block from the index");
+                        moving.retain(|m| m.2 != id);
+                        index.delete(id)?;
+                        report.missing += 1;
+                    }
+                }
+                continue;
+            }
             let path = self.block_path(tier, id);
             let tmp = self.tmp_path(tier, id);
             let have = fs::metadata(&path).map(|m| m.len()).ok();
@@ -353,6 +466,13 @@ impl BlockStore {
             for entry in read_dir_all(&tier.info.root.join("tmp"))? {
                 let _ = fs::remove_file(&entry);
                 report.temporary += 1;
+            }
+            for file in read_dir_all(&tier.info.root.join("extents"))? {
+                if !known.contains_key(&file) {
+                    tracing::warn!(path = %file.display(), "extent file holding no indexed block; removing it");
+                    let _ = fs::remove_file(&file);
+                    report.unindexed += 1;
+                }
             }
             for sub in read_dir_all(&tier.info.root.join("blocks"))? {
                 if !sub.is_dir() {
@@ -607,6 +727,7 @@ pub(super) fn sync_dir(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use curvine_messages::block::ExtentRef;
 
     fn tiers(dir: &Path) -> Vec<TierInfo> {
         vec![
@@ -639,7 +760,84 @@ mod tests {
             crcs: vec![0],
             created_ns: 1,
             last_access_ns: 1,
+            extent: None,
         }
+    }
+
+    #[test]
+    fn an_extent_file_lives_until_its_last_block_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path());
+        let one = block(&store, 0, 1, 100);
+        let two = block(&store, 0, 2, 50);
+        store.put(1, &one).unwrap();
+        store.put(2, &two).unwrap();
+        drop(store);
+        let (store, _) = open(dir.path());
+        assert_eq!((store.stats()[0].used, store.stats()[0].blocks), (150, 2));
+        // Blocks 1 and 2 laid out at 0 and 100 in an extent file.
+        let (id, tmp) = store.new_extent(0);
+        fs::write(&tmp, [vec![7u8; 100], vec![7u8; 50]].concat()).unwrap();
+        let path = store.extent_path(0, id);
+        fs::rename(&tmp, &path).unwrap();
+        for (bid, rec, offset) in [(1, &one, 0), (2, &two, 100)] {
+            let moved = BlockRecord {
+                extent: Some(ExtentRef { id, offset }),
+                ..rec.clone()
+            };
+            store.put(bid, &moved).unwrap();
+        }
+        store.add_extent(0, id, 150, 2);
+        store.release_file(1, &one);
+        store.release_file(2, &two);
+        assert!(!store.block_path(0, 1).exists() && path.exists());
+        assert_eq!((store.stats()[0].used, store.stats()[0].blocks), (150, 2));
+        let (rec, at) = store.locate(2).unwrap();
+        assert_eq!((at, rec.offset()), (path.clone(), 100));
+        // Opening again counts the extent once, with its two blocks, and
+        // removes an extent file no record names.
+        let stray = store.extent_path(0, id + 1000);
+        fs::write(&stray, b"x").unwrap();
+        drop(store);
+        let (store, report) = open(dir.path());
+        assert_eq!((report.blocks, report.unindexed), (2, 1), "{report:?}");
+        assert!(!stray.exists());
+        assert_eq!((store.stats()[0].used, store.stats()[0].blocks), (150, 2));
+        // A block leaving the extent keeps its bytes there (a reader that
+        // opened the file keeps reading them); the last one takes the file.
+        let first = store.get(1).unwrap().unwrap();
+        store.delete(1).unwrap();
+        store.release_file(1, &first);
+        assert!(path.exists());
+        assert_eq!((store.stats()[0].used, store.stats()[0].blocks), (150, 1));
+        let second = store.get(2).unwrap().unwrap();
+        store.delete(2).unwrap();
+        store.release_file(2, &second);
+        assert!(!path.exists());
+        assert_eq!((store.stats()[0].used, store.stats()[0].blocks), (0, 0));
+    }
+
+    #[test]
+    fn an_extent_file_cut_short_drops_its_blocks_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path());
+        let (id, _) = store.new_extent(0);
+        fs::write(store.extent_path(0, id), vec![7u8; 60]).unwrap();
+        let rec = BlockRecord {
+            extent: Some(ExtentRef { id, offset: 50 }),
+            ..block(&store, 0, 4, 20)
+        };
+        fs::remove_file(store.block_path(0, 4)).unwrap();
+        store.put(4, &rec).unwrap();
+        drop(store);
+        let (store, report) = open(dir.path());
+        assert_eq!(
+            (report.blocks, report.missing, report.unindexed),
+            (0, 1, 1),
+            "{report:?}"
+        );
+        assert_eq!(store.get(4).unwrap(), None);
+        assert_eq!(store.stats()[0].used, 0);
     }
 
     #[test]

@@ -219,10 +219,7 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
         truncate: flags & libc::O_TRUNC != 0,
         mode: new.mode,
         owner: Some((new.uid, new.gid)),
-        spec: curvine_messages::block::FileSpec {
-            block_size: fs.conf.block_size.0,
-            ..Default::default()
-        },
+        spec: fs.layout(),
         ..Default::default()
     };
     let w = try_reply!(

@@ -1,6 +1,10 @@
 //! Passthrough (Linux 6.9+, CAP_SYS_ADMIN; on by default): a read-only
-//! open of a file that is one block on this host has the kernel read the
-//! block file itself, with no request to the mount per read.
+//! open of a file whose bytes are in one file on this host (the block file
+//! of a one-block file, or the extent file the node laid a file's blocks
+//! out in) has the kernel read that file itself, with no request to the
+//! mount per read. A file whose blocks are all here but each in its own
+//! file is read through the mount while the node lays them out in an
+//! extent file (asked once, in the background); opens after that pass.
 //!
 //! The kernel's rules, which every open here keeps: while an inode has
 //! passthrough handles open, every open of it must pass through to the
@@ -46,8 +50,12 @@ pub(super) enum Fallback {
     Empty,
     /// The file is smaller than `fuse.passthrough_min_size`.
     Small,
-    /// The file's data is several blocks (the kernel takes one backing file).
+    /// The file's blocks do not cover it end to end (a hole or a cut
+    /// block), so no one file holds it at its offsets.
     SeveralBlocks,
+    /// The file's blocks are here, each in its own file: the node is
+    /// asked to lay them out in one extent file.
+    Assembling,
     /// The file's block is not kept on this host.
     NotLocal,
     /// The file is open for writing through this mount.
@@ -67,6 +75,7 @@ impl Fallback {
             Fallback::Empty => "empty",
             Fallback::Small => "small",
             Fallback::SeveralBlocks => "several_blocks",
+            Fallback::Assembling => "assembling",
             Fallback::NotLocal => "not_local",
             Fallback::BeingWritten => "being_written",
             Fallback::CachedHandles => "cached_handles",
@@ -82,9 +91,12 @@ impl Fallback {
                 "it is smaller than fuse.passthrough_min_size (its warm reads hit the page cache)"
             }
             Fallback::SeveralBlocks => {
-                "its data is several blocks (the kernel takes one backing file)"
+                "its blocks do not cover it end to end (the kernel takes one backing file)"
             }
-            Fallback::NotLocal => "its block is not kept on this host",
+            Fallback::Assembling => {
+                "its blocks are each in a file of their own; the node is laying them out in one (later opens pass through)"
+            }
+            Fallback::NotLocal => "its blocks are not all kept on this host",
             Fallback::BeingWritten => "it is open for writing through this mount",
             Fallback::CachedHandles => "other handles of it use the page cache",
             Fallback::Lookup => "its block could not be found or opened",
@@ -113,7 +125,9 @@ pub(super) struct Passthrough {
     /// Handles open per inode and the backing file they share.
     shared: Mutex<HashMap<u64, Shared>>,
     /// Block files (or reasons) found per inode.
-    found: Mutex<HashMap<u64, Found>>,
+    found: Arc<Mutex<HashMap<u64, Found>>>,
+    /// Inodes whose blocks the node is laying out in an extent file.
+    assembling: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// Fallback reasons already logged at info (later ones go to debug).
     logged: Mutex<Vec<Fallback>>,
 }
@@ -216,6 +230,9 @@ impl Fs {
             }
             Err(why) => {
                 self.remember(ino, Found::NotPassable(fv, why, Instant::now()));
+                if why == Fallback::Assembling {
+                    self.assemble(ino, &path);
+                }
                 Err(why)
             }
         };
@@ -363,11 +380,33 @@ impl Fs {
     }
 
     fn remember(&self, ino: u64, found: Found) {
-        let mut all = self.pt.found.lock();
-        if all.len() >= MAX_FOUND {
-            all.clear();
+        remember(&self.pt.found, ino, found);
+    }
+
+    /// Asks the node, in the background, to lay the blocks of `path` out
+    /// in one extent file; once it has, the file's next open passes
+    /// through to it. One request per file at a time.
+    fn assemble(&self, ino: u64, path: &str) {
+        if !self.pt.assembling.lock().insert(ino) {
+            return;
         }
-        all.insert(ino, found);
+        let client = self.client.clone();
+        let found = self.pt.found.clone();
+        let assembling = self.pt.assembling.clone();
+        let path = path.to_string();
+        self.rt.spawn(async move {
+            match client.assemble(&path).await {
+                Ok(blocks) => match blocks.backing_file() {
+                    Some(p) => {
+                        let v = version(&blocks.attr);
+                        remember(&found, ino, Found::Block(v, PathBuf::from(p)));
+                    }
+                    None => tracing::debug!(path = %curvine_messages::names::shown(&path), "passthrough: the file changed while its blocks were laid out"),
+                },
+                Err(e) => tracing::info!(path = %curvine_messages::names::shown(&path), error = %e, "passthrough: the node could not lay the file's blocks out in one file; it is read through the mount"),
+            }
+            assembling.lock().remove(&ino);
+        });
     }
 
     /// A passthrough handle of an inode was released: the last one lets
@@ -383,7 +422,16 @@ impl Fs {
     }
 }
 
-/// The block file of a file whose data is one block kept on this host.
+fn remember(all: &Mutex<HashMap<u64, Found>>, ino: u64, found: Found) {
+    let mut all = all.lock();
+    if all.len() >= MAX_FOUND {
+        all.clear();
+    }
+    all.insert(ino, found);
+}
+
+/// The one file on this host holding the whole file at its offsets (a
+/// one-block file's block file, or its extent file), or why there is none.
 fn block_file(blocks: &curvine_messages::rpc::FileBlocks) -> Result<PathBuf, Fallback> {
     if blocks.attr.writing.is_some() {
         return Err(Fallback::BeingWritten);
@@ -391,13 +439,14 @@ fn block_file(blocks: &curvine_messages::rpc::FileBlocks) -> Result<PathBuf, Fal
     if blocks.attr.size == 0 {
         return Err(Fallback::Empty);
     }
-    if blocks.blocks.len() != 1 || blocks.blocks[0].info.len != blocks.attr.size {
+    if let Some(p) = blocks.backing_file() {
+        return Ok(PathBuf::from(p));
+    }
+    if blocks.layout().is_none() {
         return Err(Fallback::SeveralBlocks);
     }
-    blocks.blocks[0]
-        .replicas
-        .iter()
-        .find_map(|r| r.path.clone())
-        .map(PathBuf::from)
-        .ok_or(Fallback::NotLocal)
+    if !blocks.all_here() {
+        return Err(Fallback::NotLocal);
+    }
+    Err(Fallback::Assembling)
 }

@@ -73,6 +73,15 @@ impl Fs {
         }
     }
 
+    /// The layout this mount asks for the files it creates, and for files
+    /// it truncates to nothing (`--block-size`; zero: the cluster's).
+    pub fn layout(&self) -> curvine_messages::block::FileSpec {
+        curvine_messages::block::FileSpec {
+            block_size: self.conf.block_size.0,
+            ..Default::default()
+        }
+    }
+
     /// The size of a file as last known here.
     pub fn known_size(&self, ino: u64) -> u64 {
         self.inodes.attr(ino).map(|a| a.size).unwrap_or(0)

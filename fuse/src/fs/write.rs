@@ -462,6 +462,8 @@ impl Task {
             create: false,
             truncate,
             owner: Some(self.owner),
+            // A file truncated to nothing takes the mount's layout.
+            spec: self.fs.layout(),
             ..Default::default()
         };
         FileWriter::open(&self.fs.client, &self.path()?, &options).await
@@ -532,6 +534,7 @@ impl Task {
                 let options = WriteOptions {
                     create: true,
                     owner: Some(self.owner),
+                    spec: self.fs.layout(),
                     ..Default::default()
                 };
                 FileWriter::opened(&self.fs.client, &self.path()?, &options, open).await

@@ -704,6 +704,15 @@ impl Client {
         self.call(Blocks { path: path.into() }).await
     }
 
+    /// Asks the node this client is connected to (which must hold every
+    /// block of the file) to lay the file's blocks out in one extent file,
+    /// so that a mount on its host can pass the file through; answers
+    /// where the blocks are after.
+    pub async fn assemble(&self, path: &str) -> FsResult<FileBlocks> {
+        self.call(curvine_messages::rpc::Assemble { path: path.into() })
+            .await
+    }
+
     /// Verifies the blocks of every node (or of `node`); with `repair`,
     /// drops bad copies whose data is whole elsewhere.
     pub async fn scrub(

@@ -325,6 +325,7 @@ impl Service {
             Request::OpenRead(r) => Response::ReadOpen(paths.open_read(&r.path).await?),
             Request::FreePath(r) => Response::Freed(self.files.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.files.file_blocks(&r.path).await?),
+            Request::Assemble(r) => Response::FileBlocks(self.files.assemble(&r.path).await?),
             Request::Members(_) => Response::Members(self.view.members()),
             Request::MoveShard(r) => Response::Moved(self.admin.move_shard(r.shard, &r.to).await?),
             Request::Rebalance(_) => Response::Moves(self.admin.rebalance().await?),

@@ -6,7 +6,7 @@
 //! block from its UFS object again), then this node removes it. The only
 //! copy of data is reported and kept.
 
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ enum Verdict {
 fn verify(store: &BlockStore, id: BlockId, rec: &BlockRecord) -> Verdict {
     let mut rec = rec.clone();
     for attempt in 0..2 {
-        let path = store.block_path(rec.tier as usize, id);
+        let path = store.file_of(id, &rec);
         let problem = |what: String| {
             Verdict::Bad(ScrubProblem {
                 block: id,
@@ -46,7 +46,9 @@ fn verify(store: &BlockStore, id: BlockId, rec: &BlockRecord) -> Verdict {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match store.get(id) {
                 Ok(None) => return Verdict::Gone,
-                Ok(Some(now)) if attempt == 0 && now.tier != rec.tier => {
+                Ok(Some(now))
+                    if attempt == 0 && (now.tier, now.extent) != (rec.tier, rec.extent) =>
+                {
                     rec = now;
                     continue;
                 }
@@ -54,6 +56,9 @@ fn verify(store: &BlockStore, id: BlockId, rec: &BlockRecord) -> Verdict {
             },
             Err(e) => return problem(format!("cannot open: {e}")),
         };
+        if let Err(e) = file.seek(std::io::SeekFrom::Start(rec.offset())) {
+            return problem(format!("cannot seek to its extent offset: {e}"));
+        }
         let mut unit = vec![0u8; CHECKSUM_UNIT];
         let mut total = 0u64;
         for (n, want) in rec.crcs.iter().enumerate() {
@@ -81,8 +86,9 @@ fn verify(store: &BlockStore, id: BlockId, rec: &BlockRecord) -> Verdict {
             }
             total += expect as u64;
         }
+        // (An extent file holds the blocks after this one.)
         let mut extra = [0u8; 1];
-        if matches!(file.read(&mut extra), Ok(1)) {
+        if rec.extent.is_none() && matches!(file.read(&mut extra), Ok(1)) {
             return problem(format!("longer than the {} bytes the index says", rec.len));
         }
         return Verdict::Good(total);

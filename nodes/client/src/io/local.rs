@@ -13,6 +13,8 @@ use crate::client::Client;
 /// A block file opened directly (short-circuit).
 pub(crate) struct LocalBlock {
     file: File,
+    /// Where the block's bytes start in `file` (an extent file).
+    base: u64,
     stored: u64,
     crcs: Vec<u32>,
     what: String,
@@ -33,7 +35,7 @@ impl LocalBlock {
         let first = (offset / unit) as usize;
         if offset.is_multiple_of(unit) && (end.is_multiple_of(unit) || end == self.stored) {
             self.file
-                .read_exact_at(buf, offset)
+                .read_exact_at(buf, self.base + offset)
                 .map_err(|e| io_err(&self.what, e))?;
             return verified(buf, &self.crcs[first..], first, &self.what);
         }
@@ -41,7 +43,7 @@ impl LocalBlock {
         let stop = end.div_ceil(unit).saturating_mul(unit).min(self.stored);
         let mut scratch = vec![0u8; (stop - start) as usize];
         self.file
-            .read_exact_at(&mut scratch, start)
+            .read_exact_at(&mut scratch, self.base + start)
             .map_err(|e| io_err(&self.what, e))?;
         verified(&scratch, &self.crcs[first..], first, &self.what)?;
         let skip = (offset - start) as usize;
@@ -64,13 +66,20 @@ pub(crate) async fn open_local_block(client: &Client, src: &BlockSource) -> Opti
                 token: src.token.clone(),
             })
             .await;
-        let Ok(DataReply::Local { path, len, crcs }) = reply else {
+        let Ok(DataReply::Local {
+            path,
+            len,
+            crcs,
+            offset,
+        }) = reply
+        else {
             return None;
         };
         client.data.put(conn);
         if let Ok(file) = File::open(&path) {
             return Some(LocalBlock {
                 file,
+                base: offset,
                 stored: len,
                 crcs,
                 what: format!("block {:#x} ({path})", src.token.block),
