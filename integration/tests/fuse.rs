@@ -2049,7 +2049,15 @@ fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_read
         Duration::from_secs(20),
         || {
             let got = fs::read(m.path("model")).unwrap();
-            assert!(got == new || got == old, "a read after the rewrite is torn");
+            assert!(
+                got == new || got == old,
+                "a read after the rewrite is torn: {} bytes (new {}, old {}); first byte unlike the new at {:?}, unlike the old at {:?}",
+                got.len(),
+                new.len(),
+                old.len(),
+                got.iter().zip(&new).position(|(a, b)| a != b),
+                got.iter().zip(&old).position(|(a, b)| a != b)
+            );
             (got == new && passthrough_opens(&m, "passthrough") > passed).then_some(())
         },
     );

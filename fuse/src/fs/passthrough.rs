@@ -220,7 +220,13 @@ impl Fs {
             return self.fall_back(ino, Some(&path), why);
         }
         let (fv, block) = match self.client.blocks(&path).await {
-            Ok(b) => (version(&b.attr), block_file(&b)),
+            Ok(b) => {
+                let fv = version(&b.attr);
+                if fv != version(attr) {
+                    self.changed_elsewhere(ino, b.attr.clone());
+                }
+                (fv, block_file(&b))
+            }
             Err(_) => return self.fall_back(ino, Some(&path), Fallback::Lookup),
         };
         let file = match block {

@@ -106,6 +106,19 @@ impl Fs {
         }
     }
 
+    /// Another client changed a file (an open found its content newer than
+    /// the attributes cached here): the cache takes the cluster's, and the
+    /// kernel is told its own are stale (offset -1: its page cache stays).
+    /// Its next read asks for them again (auto_inval_data), so it reads to
+    /// the new size and drops the pages of the old content, instead of
+    /// reading the new bytes up to the old size.
+    pub(super) fn changed_elsewhere(&self, ino: u64, attr: Attr) {
+        self.inodes.set_attr(ino, attr);
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
+    }
+
     pub(super) fn generation(&self, ino: u64) -> u64 {
         self.generations.lock().get(&ino).copied().unwrap_or(0)
     }
