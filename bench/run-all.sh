@@ -3,11 +3,13 @@
 # port, disk, FUSE), B2 (small files over S3, with rclone mount, s3fs and
 # tmpfs beside the mount, and the rclone-copy ingest), B3 (fio through the
 # mount), B4 (metadata: client library and mount), small-file writes
-# through the mount (Python threads, rclone, tar, cp, git) and the 3-node
-# cluster figures, each next to its baselines measured in the same run. It installs
-# what is missing (iperf3, fio, fuse3, rclone, s3fs from Debian; the S3 test
-# server, matplotlib and Pillow with pip), builds the release binaries once,
-# runs bench/run-{data,fuse,ufs,meta,ingest,cluster}.sh and writes RESULTS.md with a
+# through the mount (Python threads, rclone, tar, cp, git), the 3-node
+# cluster figures and MLPerf Storage's training workloads (DLIO), each next
+# to its baselines measured in the same run. It installs
+# what is missing (iperf3, fio, fuse3, rclone, s3fs, Open MPI and PyTorch
+# from Debian; the S3 test server, matplotlib, Pillow and dlio-benchmark
+# with pip), builds the release binaries once,
+# runs bench/run-{data,fuse,ufs,meta,ingest,cluster,dlio}.sh and writes RESULTS.md with a
 # PNG chart per group beside it.
 #
 #   bench/run-all.sh           # the full run (about 30 minutes here)
@@ -27,7 +29,7 @@ case $flag in
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run-all.sh: unknown flag '$flag' (use --quick or --smoke)" >&2; exit 2 ;;
 esac
-groups=${BENCH_GROUPS:-data fuse ufs meta ingest cluster}
+groups=${BENCH_GROUPS:-data fuse ufs meta ingest cluster dlio}
 export BENCH_OUT=${BENCH_OUT:-bench}
 mkdir -p "$BENCH_OUT/results"
 

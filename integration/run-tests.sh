@@ -61,7 +61,7 @@ integration/fuzz/run.sh "${FUZZ_SECS:-15}" || status=1
 echo "run-tests: benchmark suite smoke run (bench/run-all.sh --smoke)" >&2
 smoke=$(mktemp -d /tmp/curvine-bench-smoke.XXXXXX)
 if BENCH_OUT=$smoke BENCH_BIN_DIR=target/debug bench/run-all.sh --smoke >"$smoke/log" 2>&1; then
-  for section in "## The stated targets" "## B1. " "## B1 and B3" "## B2. " "## B4. " "## Writing small files" "## Cluster"; do
+  for section in "## The stated targets" "## B1. " "## B1 and B3" "## B2. " "## B4. " "## Writing small files" "## Cluster" "## MLPerf Storage"; do
     grep -qF "$section" "$smoke/RESULTS.md" || { echo "bench smoke: RESULTS.md lacks '$section'" >&2; status=1; }
   done
   for plot in b1 b1-fuse b2 b3 b4 ingest cluster; do
