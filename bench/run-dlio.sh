@@ -67,7 +67,8 @@ if ! "$venv/bin/python" -c 'import tensorflow' 2>/dev/null; then
 fi
 # DLIO's programs and Python come first for its runs only (the S3 test
 # server's tools stay those of the system).
-dlio_env=(env "PATH=$venv/bin:$PATH" "PYTHONPATH=$stub${PYTHONPATH:+:$PYTHONPATH}")
+# DLIO's own logs (hydra) land in its working directory: the scratch one.
+dlio_env=(env -C "$work" "PATH=$venv/bin:$PATH" "PYTHONPATH=$stub${PYTHONPATH:+:$PYTHONPATH}")
 
 # args WORKLOAD DIR: DLIO's settings for a workload, its dataset in DIR.
 args() {
@@ -95,7 +96,6 @@ export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other \
   RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY="$UFS_TEST_S3_SECRET"
 
 results dlio
-cd "$work"  # DLIO's own logs (hydra) land in its working directory
 for w in $workloads; do
   local_dir=$shm/local/$w
   mkdir -p "$local_dir"
