@@ -437,7 +437,7 @@ impl BlockState {
         store.tiers[a.tier]
             .reserved
             .fetch_sub(a.size, Ordering::Relaxed);
-        let (_, tmp) = store.new_extent_tmp(a.tier, extent);
+        let tmp = store.extent_tmp(a.tier, extent);
         if !ok {
             let _ = fs::remove_file(&tmp);
             return Ok(String::new());

@@ -212,19 +212,18 @@ impl BlockStore {
         loop {
             let id = self.next_extent.fetch_add(1, Ordering::Relaxed);
             if !self.extent_path(tier, id).exists() && !self.extents.lock().contains_key(&id) {
-                return self.new_extent_tmp(tier, id);
+                return (id, self.extent_tmp(tier, id));
             }
         }
     }
 
     /// The temporary file of extent `id` being filled in `tier`.
-    pub(super) fn new_extent_tmp(&self, tier: usize, id: u64) -> (u64, PathBuf) {
-        let tmp = self.tiers[tier]
+    pub(super) fn extent_tmp(&self, tier: usize, id: u64) -> PathBuf {
+        self.tiers[tier]
             .info
             .root
             .join("tmp")
-            .join(format!("extent-{id:016x}"));
-        (id, tmp)
+            .join(format!("extent-{id:016x}"))
     }
 
     /// Counts a new extent file of `live` blocks in `tier`.
