@@ -8,9 +8,11 @@
 # with a block size that keeps each benchmark file in one block, read by
 # passthrough (B1 and B3), and one with the kernel's writeback cache, which
 # rules passthrough out (B1). A second node on 127.0.0.2 holds files whose
-# blocks are all on it, read through a mount of the first node with
-# short-circuit off (B1 beside iperf3 over loopback, B3 4k randread beside
-# tmpfs). Writes
+# blocks are all on it, read through mounts of the first node with
+# short-circuit off: one without local copies, where every read goes to
+# the other node's data port (B1 beside iperf3 over loopback, B3 beside
+# tmpfs), and the default one, where a file opened a second time is copied
+# to the first node and passed through (B3 after two reads). Writes
 # results/fuse.jsonl and RESULTS.md.
 #
 #   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions, and 4 of 1GiB; B3: 4GiB file, 5s per job
@@ -38,13 +40,14 @@ start_node node 127.0.0.1 "$port" "[MEM:14GiB]$shm/tier"
 fuse_mount "$addr" "$mnt"
 fuse_mount "$addr" "$ptmnt" --block-size 128MiB
 fuse_mount "$addr" "$wbmnt" --writeback-cache
-# The second node, and a mount of the first that reads its blocks over the
-# data port.
+# The second node, a mount of the first that reads its blocks over the
+# data port, and one that has the first node copy a file opened again.
 fport=$(free_port)
 far=127.0.0.2:$fport
 start_node far 127.0.0.2 "$fport" "[MEM:6GiB]$shm/far-tier" --seeds "127.0.0.1:$((port + 1))"
-rmnt=$work/rmnt
-fuse_mount "$addr" "$rmnt" -c client.short_circuit=false
+rmnt=$work/rmnt; rcmnt=$work/rcmnt
+fuse_mount "$addr" "$rmnt" -c client.short_circuit=false -c fuse.local_copies=false
+fuse_mount "$addr" "$rcmnt" -c client.short_circuit=false
 
 results fuse
 b1() {
@@ -53,19 +56,20 @@ b1() {
     --file-size "${sz:-$size}" --buf-size 128KB --checksum true --json --label "$label" | record
 }
 
-# Waits (60 s at most) until the node has laid each file out in one
-# extent file (files of several blocks, or each file of directories, on the
-# default mount): their first open through the mount asked for it, and
-# later opens pass through.
+# Waits (60 s at most) until the first node has laid each file out in one
+# extent file (files of several blocks, or each file of directories, on a
+# mount of it): an open through the mount asked for it, and later opens
+# pass through.
 laid_out() {
-  local f deadline=$((SECONDS + 60))
+  local f p deadline=$((SECONDS + 60))
   for f in $(find "$@" -type f); do
-    until "$bin/curvine-cli" --cluster "$addr" --json fs blocks "${f#"$mnt"}" | python3 -c '
+    p=/${f#"$work"/*/}  # the path in the cluster (every mount shows its root)
+    until "$bin/curvine-cli" --cluster "$addr" --json fs blocks "$p" | python3 -c '
 import json, sys
 b = json.load(sys.stdin)["blocks"]
 here = [next((r["path"] for r in x["replicas"] if r.get("path")), None) for x in b]
 sys.exit(0 if len(b) <= 1 or (None not in here and len(set(here)) == 1) else 1)'; do
-      [ "$SECONDS" -lt "$deadline" ] || { echo "bench: ${f#"$mnt"} not laid out in one file" >&2; return 1; }
+      [ "$SECONDS" -lt "$deadline" ] || { echo "bench: $p not laid out in one file" >&2; return 1; }
       sleep 0.2
     done
   done
@@ -157,8 +161,13 @@ laid_out "$mnt/fio"
 # Passthrough needs the file in one block (2GiB at most).
 head -c "$((fio_pt_mib << 20))" "$shm/local/fio" > "$shm/local/fio-pt"
 "$bin/curvine-cli" --cluster "$addr" fs put --block-size 2GiB "$shm/local/fio-pt" /fio-pt >&2
-# A file whose blocks are all on the second node.
+# A file whose blocks are all on the second node; the default mount's
+# second read of it has the first node copy them into one extent file.
 "$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio" /fio-far >&2
+"$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio" /fio-copied >&2
+cat "$rcmnt/fio-copied" >/dev/null
+cat "$rcmnt/fio-copied" >/dev/null
+laid_out "$rcmnt/fio-copied"
 for spec in "read 256k" "randread 4k"; do
   set -- $spec
   for jobs in 1 4 16; do
@@ -167,6 +176,7 @@ for spec in "read 256k" "randread 4k"; do
     fio_job passthrough "$ptmnt/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
     fio_job tmpfs-pt "$shm/local/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
     fio_job remote "$rmnt/fio-far" "$1" "$2" "$jobs" "$fio_mib"
+    fio_job remote-copied "$rcmnt/fio-copied" "$1" "$2" "$jobs" "$fio_mib"
   done
 done
 

@@ -369,6 +369,12 @@ pub struct FuseConf {
     /// mount with no request at all, which costs less than registering a
     /// backing file at each open.
     pub passthrough_min_size: ByteSize,
+    /// With passthrough: a file whose blocks are on other nodes, opened
+    /// for reading a second time, has the node of the mount's host copy
+    /// them (one more replica each, verified) into one extent file, when a
+    /// tier there has room for the whole file; opens after that pass
+    /// through. A file read once is not copied.
+    pub local_copies: bool,
     /// Ask a directory's shard to delegate it to this mount when files are
     /// created in it one after another: the mount then answers lookups of
     /// new names and creates there itself, and sends the creates in
@@ -413,6 +419,7 @@ impl Default for FuseConf {
             direct_io: false,
             passthrough: true,
             passthrough_min_size: ByteSize(1 << 20),
+            local_copies: true,
             delegations: true,
             allow_other: false,
             default_permissions: true,

@@ -573,6 +573,25 @@ impl ProcessCluster {
 }
 
 impl NodeProcess {
+    /// Node ids holding each block of `path`, as `fs blocks --json` says.
+    pub fn block_nodes(&self, path: &str) -> Vec<Vec<String>> {
+        let out = self.cli_ok(&["--json", "fs", "blocks", path]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                b["info"]["locs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| l.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The state this node reports for node `id` (`up`, `down`, ...).
     pub fn member_state(&self, id: &str) -> Option<String> {
         let out = self.cli(&["--json", "report"]);

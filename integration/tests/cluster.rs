@@ -75,25 +75,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Node ids holding each block of `path`.
-fn block_nodes(node: &NodeProcess, path: &str) -> Vec<Vec<String>> {
-    let out = cli_ok(node, &["--json", "fs", "blocks", path]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["blocks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| {
-            b["info"]["locs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|l| l.as_str().unwrap().to_string())
-                .collect()
-        })
-        .collect()
-}
-
 fn assert_consistent(node: &NodeProcess) {
     let out = cli_ok(node, &["admin", "fsck"]);
     assert!(out.contains("namespace is consistent"), "{out}");
@@ -129,7 +110,7 @@ fn three_nodes_join_and_serve_each_others_files() {
         }
         // A block is written on the node the writer talks to.
         for (i, n) in nodes.iter().enumerate() {
-            let locs = block_nodes(n, &format!("/from-{i}/f"));
+            let locs = n.block_nodes(&format!("/from-{i}/f"));
             assert!(
                 locs.iter().all(|l| l == &vec![n.node_id.clone()]),
                 "{locs:?}"
@@ -339,7 +320,7 @@ fn replicas_keep_data_readable_and_are_restored() {
         let c = cluster.nodes[1].client().await;
         put(&c, "/two", &bytes, 2).await.unwrap();
     });
-    let locs = block_nodes(&cluster.nodes[0], "/two");
+    let locs = cluster.nodes[0].block_nodes("/two");
     assert_eq!(locs.len(), 4);
     for l in &locs {
         assert_eq!(l.len(), 2, "{locs:?}");
@@ -357,13 +338,13 @@ fn replicas_keep_data_readable_and_are_restored() {
     let seen = RefCell::new(Vec::new());
     let what = Lazily(|| format!("re-replication: {:?}", seen.borrow()));
     wait_for(what, Duration::from_secs(30), || {
-        let locs = block_nodes(&cluster.nodes[0], "/two");
+        let locs = cluster.nodes[0].block_nodes("/two");
         let done = locs.iter().all(|l| l.len() == 2 && !l.contains(&dead));
         *seen.borrow_mut() = locs;
         done.then_some(())
     });
     // Now a second node may die too.
-    let locs = block_nodes(&cluster.nodes[0], "/two");
+    let locs = cluster.nodes[0].block_nodes("/two");
     let second = if locs[0][0] == cluster.nodes[2].node_id {
         2
     } else {
@@ -435,7 +416,7 @@ fn a_decommissioned_node_hands_over_shards_and_blocks() {
         }
     });
     for i in 0..6 {
-        let locs = block_nodes(&cluster.nodes[0], &format!("/k{i}/f"));
+        let locs = cluster.nodes[0].block_nodes(&format!("/k{i}/f"));
         assert!(locs.iter().all(|l| !l.contains(&leaving)), "{locs:?}");
     }
     assert_consistent(&cluster.nodes[0]);

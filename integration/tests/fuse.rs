@@ -2075,6 +2075,77 @@ fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_read
 }
 
 #[test]
+fn a_file_of_other_nodes_blocks_opened_twice_is_copied_here_and_passes_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = curvine_integration::ProcessCluster::start(dir.path(), 2, &[]);
+    let (here, far) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let m = FuseMount::start(here, &dir.path().join("mnt"), &["--block-size", "1MiB"]);
+    let off = FuseMount::start(
+        here,
+        &dir.path().join("off"),
+        &["-c", "fuse.local_copies=false"],
+    );
+    // A file of four blocks, all on the other node.
+    let data = random_bytes(3 * 1024 * 1024 + 999, 41);
+    let local = dir.path().join("data");
+    fs::write(&local, &data).unwrap();
+    far.cli_ok(&[
+        "fs",
+        "put",
+        "--block-size",
+        "1MiB",
+        local.to_str().unwrap(),
+        "/far",
+    ]);
+    let only_far = vec![vec![far.node_id.clone()]; 4];
+    assert_eq!(here.block_nodes("/far"), only_far);
+    // Read once: through the mount, and not copied (a file read once costs
+    // no second copy).
+    assert!(fs::read(m.path("far")).unwrap() == data);
+    assert_eq!(passthrough_opens(&m, "not_local"), 1);
+    assert_eq!(passthrough_opens(&m, "copying"), 0);
+    // A mount with local copies off reads it again through itself.
+    for _ in 0..2 {
+        assert!(fs::read(off.path("far")).unwrap() == data);
+    }
+    assert_eq!(passthrough_opens(&off, "copying"), 0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(here.block_nodes("/far"), only_far);
+    // Opened again through the default mount: the node of its host copies
+    // the blocks into one extent file, each one more replica, and later
+    // opens pass through to it.
+    assert!(fs::read(m.path("far")).unwrap() == data);
+    assert_eq!(passthrough_opens(&m, "copying"), 1);
+    wait_for("the blocks copied here", Duration::from_secs(30), || {
+        let both = [far.node_id.clone(), here.node_id.clone()];
+        (here
+            .block_nodes("/far")
+            .iter()
+            .all(|h| h.len() == 2 && both.iter().all(|n| h.contains(n))))
+        .then_some(())
+    });
+    assert_eq!(extent_files(here).len(), 1);
+    let extent = extent_files(here).remove(0);
+    assert_eq!(fs::read(&extent).unwrap(), data);
+    let passed = passthrough_opens(&m, "passthrough");
+    wait_for("an open passed through", Duration::from_secs(20), || {
+        let got = fs::read(m.path("far")).unwrap();
+        assert!(got == data, "a read through the copies differs");
+        (passthrough_opens(&m, "passthrough") > passed).then_some(())
+    });
+    let blocks = here.cli_ok(&["fs", "blocks", "/far"]);
+    assert!(blocks.contains("laid out in one extent file"), "{blocks}");
+    // The copies are replicas like the others: removing the file removes
+    // them (and their extent file) too.
+    fs::remove_file(m.path("far")).unwrap();
+    wait_for(
+        "the copies removed with the file",
+        Duration::from_secs(30),
+        || extent_files(here).is_empty().then_some(()),
+    );
+}
+
+#[test]
 fn a_mount_that_cannot_pass_through_says_why_and_reads_through_itself() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(&dir.path().join("n0"), &[]);

@@ -573,11 +573,18 @@ pub struct AssemblePlan {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssemblePart {
     pub block: BlockId,
+    /// The file holding the block on this node (empty for a block copied
+    /// from another node: see `fetched`).
     pub from: String,
     pub from_offset: u64,
     /// Where the block goes in the extent file (its offset in the file).
     pub offset: u64,
+    /// The block's record here; for a fetched block its length only (its
+    /// checksums come with its bytes).
     pub record: BlockRecord,
+    /// Not on this node: the caller copies it from another node's data
+    /// port into the extent, and it is recorded here when the extent is.
+    pub fetched: bool,
 }
 
 /// What `free` did on one node.
@@ -643,17 +650,22 @@ pub enum BlockMsg {
         reply: Reply<()>,
     },
     /// Plan copying blocks (with their offsets in their file) into one
-    /// extent file in a tier with room for them all.
+    /// extent file in a tier with room for them all: `blocks` of this node,
+    /// and `fetch` (id, offset, length) blocks the caller copies from other
+    /// nodes.
     PrepareAssemble {
         blocks: Vec<(BlockId, u64)>,
+        fetch: Vec<(BlockId, u64, u64)>,
         reply: Reply<AssemblePlan>,
     },
     /// Finish (or, with `ok` false, abandon) a planned extent: the blocks
-    /// still as planned are read from it from now on. Replies with the
-    /// extent file's path.
+    /// still as planned are read from it from now on, and the fetched ones
+    /// (with the checksums of their units) not here meanwhile are recorded
+    /// in it. Replies with the extent file's path.
     FinishAssemble {
         extent: u64,
         ok: bool,
+        fetched: Vec<(BlockId, Vec<u32>)>,
         reply: Reply<String>,
     },
     /// Drop cached blocks that have another copy (replica or UFS).

@@ -311,6 +311,16 @@ pub struct Assemble {
     pub path: String,
 }
 
+/// Client request: as [`Assemble`], first copying the blocks of the file
+/// that are only on other nodes to the node asked (each verified against
+/// its checksums, and recorded as one more replica), so that a mount on
+/// its host can pass the file through. The node copies when one of its
+/// tiers has room for the whole file, one file at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyHere {
+    pub path: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockReplica {
     pub node_id: String,
@@ -620,6 +630,7 @@ calls! {
     DirOps => Vec<FsResult<DirOpReply>>, DirOps;
     ReleaseDelegation => (), Done;
     Assemble => FileBlocks, FileBlocks;
+    CopyHere => FileBlocks, FileBlocks;
 }
 
 // ---- directory delegations (see `crate::delegation`) ----

@@ -45,11 +45,12 @@ pub(crate) fn create_tmp(path: &str) -> FsResult<File> {
         .map_err(|e| io_err(path, e))
 }
 
-/// Fills the temporary file of an extent with the blocks of `plan`, each
-/// at its offset in its file, verified; fsynced when `sync`.
+/// Fills the temporary file of an extent with the blocks of `plan` on this
+/// node, each at its offset in its file, verified; fsynced when `sync`.
+/// Creates the file; fetched parts are the caller's to write after.
 pub fn fill_extent(plan: &AssemblePlan, sync: bool) -> FsResult<()> {
     let dst = create_tmp(&plan.tmp)?;
-    for part in &plan.parts {
+    for part in plan.parts.iter().filter(|p| !p.fetched) {
         let src = File::open(&part.from).map_err(|e| io_err(&part.from, e))?;
         copy_block(
             (&src, &part.from),

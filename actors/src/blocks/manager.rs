@@ -369,12 +369,17 @@ impl BlockState {
             .any(|a| a.parts.iter().any(|p| p.block == block))
     }
 
-    /// Plans an extent file for `blocks` (id, offset in their file): in
-    /// the tier of the first when it has room for it, else the fastest
-    /// with room.
-    fn prepare_assemble(&mut self, blocks: &[(BlockId, u64)]) -> FsResult<AssemblePlan> {
+    /// Plans an extent file for `blocks` (id, offset in their file) of
+    /// this node and `fetch` (id, offset, length) copied from other nodes
+    /// by the caller: in the tier of the first block here when it has room
+    /// for it, else the fastest with room.
+    fn prepare_assemble(
+        &mut self,
+        blocks: &[(BlockId, u64)],
+        fetch: &[(BlockId, u64, u64)],
+    ) -> FsResult<AssemblePlan> {
         let store = self.args.store.clone();
-        let mut parts = Vec::with_capacity(blocks.len());
+        let mut parts = Vec::with_capacity(blocks.len() + fetch.len());
         for &(block, offset) in blocks {
             let (record, from) = store.locate(block)?;
             if self.moving.contains_key(&block) || self.is_assembling(block) {
@@ -386,6 +391,36 @@ impl BlockState {
                 from_offset: record.offset(),
                 offset,
                 record,
+                fetched: false,
+            });
+        }
+        let now = now_ns();
+        for &(block, offset, len) in fetch {
+            if store.get(block)?.is_some() || self.reservations.contains_key(&block) {
+                return Err(FsError::Busy(format!(
+                    "block {block:#x} is already here or being written here"
+                )));
+            }
+            if self.is_assembling(block) {
+                return Err(FsError::Busy(format!(
+                    "block {block:#x} is being copied here"
+                )));
+            }
+            parts.push(AssemblePart {
+                block,
+                from: String::new(),
+                from_offset: 0,
+                offset,
+                record: BlockRecord {
+                    tier: 0,
+                    kind: store.tier_kind(0),
+                    len,
+                    crcs: Vec::new(),
+                    created_ns: now,
+                    last_access_ns: now,
+                    extent: None,
+                },
+                fetched: true,
             });
         }
         let size = parts
@@ -393,7 +428,10 @@ impl BlockState {
             .map(|p| p.offset + p.record.len)
             .max()
             .unwrap_or(0);
-        let first = parts.first().map_or(0, |p| p.record.tier as usize);
+        let first = parts
+            .iter()
+            .find(|p| !p.fetched)
+            .map_or(0, |p| p.record.tier as usize);
         let Some(tier) = std::iter::once(first)
             .chain(0..store.tier_count())
             .find(|&t| store.tiers[t].free() >= size)
@@ -427,7 +465,12 @@ impl BlockState {
     /// files they leave go. The extent's records are written before the old
     /// files go: a crash in between leaves files the index does not know,
     /// which the next open removes.
-    fn finish_assemble(&mut self, extent: u64, ok: bool) -> FsResult<String> {
+    fn finish_assemble(
+        &mut self,
+        extent: u64,
+        ok: bool,
+        fetched: Vec<(BlockId, Vec<u32>)>,
+    ) -> FsResult<String> {
         let store = self.args.store.clone();
         let Some(a) = self.assembling.remove(&extent) else {
             return Err(FsError::InvalidArgument(format!(
@@ -443,7 +486,22 @@ impl BlockState {
             return Ok(String::new());
         }
         let mut switched = Vec::new();
+        let mut added = Vec::new();
         for p in &a.parts {
+            if p.fetched {
+                // Copied from another node: recorded unless a copy arrived
+                // meanwhile (a replica pulled here), with the checksums its
+                // bytes came with.
+                let crcs = fetched
+                    .iter()
+                    .find(|(id, c)| *id == p.block && c.len() == units(p.record.len));
+                if let Some((_, crcs)) = crcs {
+                    if store.get(p.block)?.is_none() && !self.reservations.contains_key(&p.block) {
+                        added.push((p, crcs.clone()));
+                    }
+                }
+                continue;
+            }
             let same = store.get(p.block)?.is_some_and(|now| {
                 now.tier == p.record.tier
                     && now.extent == p.record.extent
@@ -454,7 +512,7 @@ impl BlockState {
             }
         }
         let path = store.extent_path(a.tier, extent);
-        if switched.is_empty() {
+        if switched.is_empty() && added.is_empty() {
             let _ = fs::remove_file(&tmp);
             return Err(FsError::NotFound(
                 "the file's blocks changed while they were copied".into(),
@@ -478,7 +536,25 @@ impl BlockState {
             };
             store.put(p.block, &record)?;
         }
-        store.add_extent(a.tier, extent, a.size, switched.len() as u32);
+        for (p, crcs) in &added {
+            let record = BlockRecord {
+                tier: a.tier as u8,
+                kind: store.tier_kind(a.tier),
+                crcs: crcs.clone(),
+                extent: Some(ExtentRef {
+                    id: extent,
+                    offset: p.offset,
+                }),
+                ..p.record.clone()
+            };
+            store.put(p.block, &record)?;
+        }
+        store.add_extent(
+            a.tier,
+            extent,
+            a.size,
+            (switched.len() + added.len()) as u32,
+        );
         for p in &switched {
             store.release_file(p.block, &p.record);
         }
@@ -619,12 +695,17 @@ impl Actor for BlockManager {
                 ok,
                 reply,
             } => answer(reply, state.finish_move(block, to_tier as usize, ok)),
-            BlockMsg::PrepareAssemble { blocks, reply } => {
-                answer(reply, state.prepare_assemble(&blocks))
-            }
-            BlockMsg::FinishAssemble { extent, ok, reply } => {
-                answer(reply, state.finish_assemble(extent, ok))
-            }
+            BlockMsg::PrepareAssemble {
+                blocks,
+                fetch,
+                reply,
+            } => answer(reply, state.prepare_assemble(&blocks, &fetch)),
+            BlockMsg::FinishAssemble {
+                extent,
+                ok,
+                fetched,
+                reply,
+            } => answer(reply, state.finish_assemble(extent, ok, fetched)),
             BlockMsg::Free { ids, reply } => {
                 // Without replicas or an under-file-system every cached block
                 // is the only copy of its data: nothing may be dropped.

@@ -5,6 +5,9 @@
 //! mount per read. A file whose blocks are all here but each in its own
 //! file is read through the mount while the node lays them out in an
 //! extent file (asked once, in the background); opens after that pass.
+//! A file whose blocks are on other nodes, opened a second time, has the
+//! node copy them here into such a file (`fuse.local_copies`): a file read
+//! once costs no second copy in the cluster's memory.
 //!
 //! The kernel's rules, which every open here keeps: while an inode has
 //! passthrough handles open, every open of it must pass through to the
@@ -39,6 +42,10 @@ const RELEASE_GRACE: Duration = Duration::from_secs(1);
 /// blocks cached here since then are passed through after this.
 const NOT_PASSABLE_TTL: Duration = Duration::from_secs(2);
 
+/// How long a file the node could not copy here (no tier with room for
+/// it, say) is read through the mount before it is asked again.
+const COPY_RETRY: Duration = Duration::from_secs(60);
+
 /// Files remembered at most (cleared beyond).
 const MAX_FOUND: usize = 1 << 16;
 
@@ -58,6 +65,9 @@ pub(super) enum Fallback {
     Assembling,
     /// The file's block is not kept on this host.
     NotLocal,
+    /// The file's blocks are on other nodes and it was opened before: the
+    /// node of this host is asked to copy them here (`fuse.local_copies`).
+    Copying,
     /// The file is open for writing through this mount.
     BeingWritten,
     /// Other handles of the file use the page cache.
@@ -77,6 +87,7 @@ impl Fallback {
             Fallback::SeveralBlocks => "several_blocks",
             Fallback::Assembling => "assembling",
             Fallback::NotLocal => "not_local",
+            Fallback::Copying => "copying",
             Fallback::BeingWritten => "being_written",
             Fallback::CachedHandles => "cached_handles",
             Fallback::Lookup => "lookup_failed",
@@ -97,6 +108,9 @@ impl Fallback {
                 "its blocks are each in a file of their own; the node is laying them out in one (later opens pass through)"
             }
             Fallback::NotLocal => "its blocks are not all kept on this host",
+            Fallback::Copying => {
+                "its blocks are on other nodes and it was opened before; the node of this host is copying them here (later opens pass through)"
+            }
             Fallback::BeingWritten => "it is open for writing through this mount",
             Fallback::CachedHandles => "other handles of it use the page cache",
             Fallback::Lookup => "its block could not be found or opened",
@@ -128,6 +142,9 @@ pub(super) struct Passthrough {
     found: Arc<Mutex<HashMap<u64, Found>>>,
     /// Inodes whose blocks the node is laying out in an extent file.
     assembling: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// Inodes the node could not copy here, and when (not asked again
+    /// for [`COPY_RETRY`]).
+    copy_failed: Arc<Mutex<HashMap<u64, Instant>>>,
     /// Fallback reasons already logged at info (later ones go to debug).
     logged: Mutex<Vec<Fallback>>,
 }
@@ -194,7 +211,15 @@ impl Fs {
                 }
             }
             Some(Found::NotPassable(fv, why, at)) if fv == v && at.elapsed() < NOT_PASSABLE_TTL => {
-                self.count(why);
+                if self.copies_now(ino, why) {
+                    // Opened again: worth a copy here.
+                    if let Ok(path) = self.inodes.path(ino) {
+                        self.assemble(ino, &path, true);
+                    }
+                    self.count(Fallback::Copying);
+                } else {
+                    self.count(why);
+                }
                 ReadOpen::Normal
             }
             _ => ReadOpen::Ask,
@@ -235,11 +260,19 @@ impl Fs {
                 std::fs::File::open(&p).map_err(|_| Fallback::Lookup)
             }
             Err(why) => {
+                let before = self.pt.found.lock().get(&ino).cloned();
                 self.remember(ino, Found::NotPassable(fv, why, Instant::now()));
+                let again = matches!(before, Some(Found::NotPassable(bv, Fallback::NotLocal, _)) if bv == fv);
                 if why == Fallback::Assembling {
-                    self.assemble(ino, &path);
+                    self.assemble(ino, &path, false);
+                    Err(why)
+                } else if again && self.copies_now(ino, why) {
+                    // A second open of a file of other nodes' blocks.
+                    self.assemble(ino, &path, true);
+                    Err(Fallback::Copying)
+                } else {
+                    Err(why)
                 }
-                Err(why)
             }
         };
         match file {
@@ -389,19 +422,40 @@ impl Fs {
         remember(&self.pt.found, ino, found);
     }
 
+    /// Whether a file found not passable for `why` is copied here when
+    /// opened again: its blocks are on other nodes, and `fuse.local_copies`.
+    /// (Not for [`COPY_RETRY`] after the node could not.)
+    fn copies_now(&self, ino: u64, why: Fallback) -> bool {
+        why == Fallback::NotLocal
+            && self.conf.local_copies
+            && self
+                .pt
+                .copy_failed
+                .lock()
+                .get(&ino)
+                .is_none_or(|at| at.elapsed() >= COPY_RETRY)
+    }
+
     /// Asks the node, in the background, to lay the blocks of `path` out
-    /// in one extent file; once it has, the file's next open passes
-    /// through to it. One request per file at a time.
-    fn assemble(&self, ino: u64, path: &str) {
+    /// in one extent file (with `copy`, copying those on other nodes here
+    /// first); once it has, the file's next open passes through to it.
+    /// One request per file at a time.
+    fn assemble(&self, ino: u64, path: &str, copy: bool) {
         if !self.pt.assembling.lock().insert(ino) {
             return;
         }
         let client = self.client.clone();
         let found = self.pt.found.clone();
         let assembling = self.pt.assembling.clone();
+        let failed = self.pt.copy_failed.clone();
         let path = path.to_string();
         self.rt.spawn(async move {
-            match client.assemble(&path).await {
+            let done = if copy {
+                client.copy_here(&path).await
+            } else {
+                client.assemble(&path).await
+            };
+            match done {
                 Ok(blocks) => match blocks.backing_file() {
                     Some(p) => {
                         let v = version(&blocks.attr);
@@ -409,7 +463,16 @@ impl Fs {
                     }
                     None => tracing::debug!(path = %curvine_messages::names::shown(&path), "passthrough: the file changed while its blocks were laid out"),
                 },
-                Err(e) => tracing::info!(path = %curvine_messages::names::shown(&path), error = %e, "passthrough: the node could not lay the file's blocks out in one file; it is read through the mount"),
+                Err(e) => {
+                    tracing::info!(path = %curvine_messages::names::shown(&path), error = %e, copy, "passthrough: the node could not lay the file's blocks out in one file; it is read through the mount");
+                    if copy {
+                        let mut failed = failed.lock();
+                        if failed.len() >= MAX_FOUND {
+                            failed.clear();
+                        }
+                        failed.insert(ino, Instant::now());
+                    }
+                }
             }
             assembling.lock().remove(&ino);
         });

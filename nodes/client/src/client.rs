@@ -713,6 +713,13 @@ impl Client {
             .await
     }
 
+    /// As [`Client::assemble`], the node first copying the blocks of the
+    /// file only other nodes hold (each one more replica).
+    pub async fn copy_here(&self, path: &str) -> FsResult<FileBlocks> {
+        self.call(curvine_messages::rpc::CopyHere { path: path.into() })
+            .await
+    }
+
     /// Verifies the blocks of every node (or of `node`); with `repair`,
     /// drops bad copies whose data is whole elsewhere.
     pub async fn scrub(

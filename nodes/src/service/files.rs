@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use curvine_actors::blocks::{fill_extent, BlockManagerRef, BlockStore};
+use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::namespace::Namespace;
 use curvine_messages::block::{BlockId, BlockMsg, FreeSummary};
 use curvine_messages::rpc::{BlockDetail, BlockReplica, FileBlocks};
-use curvine_messages::{FileKind, FsError, FsResult};
+use curvine_messages::{FileKind, FsResult};
 
 pub struct Files {
     namespace: Arc<Namespace>,
@@ -113,54 +113,5 @@ impl Files {
             out.push(BlockDetail { info, replicas });
         }
         Ok(FileBlocks { attr, blocks: out })
-    }
-
-    /// Lays the blocks of the file at `path` out in one extent file on
-    /// this node, each at its offset in the file, so that a mount here can
-    /// pass the whole file through to it (see `curvine_actors::blocks`);
-    /// then answers as [`Files::file_blocks`]. A file already in one file
-    /// here is left as it is.
-    pub async fn assemble(&self, path: &str) -> FsResult<FileBlocks> {
-        let blocks = self.file_blocks(path).await?;
-        if blocks.backing_file().is_some() {
-            return Ok(blocks);
-        }
-        if blocks.attr.writing.is_some() {
-            return Err(FsError::Busy(format!("{path} is open for writing")));
-        }
-        let Some(layout) = blocks.layout() else {
-            return Err(FsError::InvalidArgument(format!(
-                "the blocks of {path} do not cover it end to end (an empty file, a hole or a cut block)"
-            )));
-        };
-        if !blocks.all_here() {
-            return Err(FsError::NotFound(format!(
-                "not every block of {path} is on this node"
-            )));
-        }
-        let parts: Vec<(BlockId, u64)> = blocks
-            .blocks
-            .iter()
-            .zip(layout)
-            .map(|(b, off)| (b.info.id, off))
-            .collect();
-        let plan = self
-            .manager
-            .call(move |reply| BlockMsg::PrepareAssemble {
-                blocks: parts.clone(),
-                reply,
-            })
-            .await?;
-        let sync = self.blocks.syncs(plan.tier as usize);
-        let extent = plan.extent;
-        let filled = tokio::task::spawn_blocking(move || fill_extent(&plan, sync))
-            .await
-            .unwrap_or_else(|e| Err(FsError::Io(format!("filling an extent file: {e}"))));
-        let ok = filled.is_ok();
-        self.manager
-            .call(move |reply| BlockMsg::FinishAssemble { extent, ok, reply })
-            .await?;
-        filled?;
-        self.file_blocks(path).await
     }
 }

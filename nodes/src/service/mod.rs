@@ -21,6 +21,7 @@
 
 pub mod admin;
 mod delegations;
+pub mod extents;
 pub mod files;
 pub mod fills;
 pub mod journal;
@@ -56,6 +57,7 @@ use curvine_wire::cookie::ClientKey;
 use curvine_wire::data::DataPool;
 
 use admin::Admin;
+use extents::{Extents, ExtentsArgs};
 use files::Files;
 use fills::{Fills, FillsArgs};
 use journal::Journal;
@@ -107,6 +109,7 @@ pub struct Subsystems {
     pub loads: Arc<Loads>,
     pub scrub: Arc<Scrub>,
     pub files: Arc<Files>,
+    pub extents: Arc<Extents>,
     pub reports: Arc<Reports>,
 }
 
@@ -183,6 +186,16 @@ impl Subsystems {
             core.manager.clone(),
             node_id,
         ));
+        let extents = Arc::new(Extents::new(ExtentsArgs {
+            files: files.clone(),
+            replicas: replicas.clone(),
+            namespace: ns.clone(),
+            view: view.clone(),
+            blocks: core.blocks.clone(),
+            manager: core.manager.clone(),
+            tokens: core.tokens.clone(),
+            pool: core.pool.clone(),
+        }));
         let reports = Arc::new(Reports::new(reports::ReportsArgs {
             namespace: ns.clone(),
             view: view.clone(),
@@ -204,6 +217,7 @@ impl Subsystems {
             loads,
             scrub,
             files,
+            extents,
             reports,
         }
     }
@@ -224,6 +238,7 @@ pub struct Service {
     persist: Arc<Persistence>,
     loads: Arc<Loads>,
     files: Arc<Files>,
+    extents: Arc<Extents>,
     reports: Arc<Reports>,
     /// This node's block store, block manager and token key: a close
     /// commits the last block a writer wrote here short-circuit.
@@ -246,6 +261,7 @@ impl Service {
             persist: s.persist.clone(),
             loads: s.loads.clone(),
             files: s.files.clone(),
+            extents: s.extents.clone(),
             reports: s.reports.clone(),
             local_blocks: (
                 core.blocks.clone(),
@@ -325,7 +341,12 @@ impl Service {
             Request::OpenRead(r) => Response::ReadOpen(paths.open_read(&r.path).await?),
             Request::FreePath(r) => Response::Freed(self.files.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.files.file_blocks(&r.path).await?),
-            Request::Assemble(r) => Response::FileBlocks(self.files.assemble(&r.path).await?),
+            Request::Assemble(r) => {
+                Response::FileBlocks(self.extents.assemble(&r.path, false).await?)
+            }
+            Request::CopyHere(r) => {
+                Response::FileBlocks(self.extents.assemble(&r.path, true).await?)
+            }
             Request::Members(_) => Response::Members(self.view.members()),
             Request::MoveShard(r) => Response::Moved(self.admin.move_shard(r.shard, &r.to).await?),
             Request::Rebalance(_) => Response::Moves(self.admin.rebalance().await?),
