@@ -318,7 +318,8 @@ def fuse_section(r, rows, meta):
                     continue
                 r.p(f"| {rw} {bs} | {jobs} | {num(mo)} {unit} | {num(t)} {unit} | {ratio(mo, t)} | "
                     f"{num(pt)} {unit} | {num(tp)} {unit} | {ratio(pt, tp)} | "
-                    f"{num(far)} {unit} | {ratio(far, t)} | {num(copied)} {unit} | {ratio(copied, t)} |")
+                    f"{num(far)} {unit} | {ratio(far, t)} | "
+                    f"{num(copied) + ' ' + unit if copied is not None else '-'} | {ratio(copied, t)} |")
                 if rw == "randread":
                     cats.append(f"4k randread, {jobs} jobs")
                     series["mount"].append(mo)
@@ -343,6 +344,25 @@ def fuse_section(r, rows, meta):
                                  "file, which the kernel reads itself")
         r.p("", r.plots.bars("b3", "B3: fio 4k randread, direct I/O", "IOPS (log)", cats,
                              [(k, v) for k, v in series.items()], log=True))
+    transport = [x for x in rows if x.get("action") == "fio" and
+                 str(x.get("label", "")).startswith("transport-")]
+    if transport:
+        def tr(mode, rw, bs, jobs):
+            key = "mib_per_sec" if rw == "read" else "iops"
+            return med(select(transport, key, label=f"transport-{mode}", rw=rw, bs=bs,
+                              threads=jobs))
+
+        r.p("", "The kernel's FUSE transports on their own (`curvine-fuse-transport`: one file "
+            "of zeros, no file system work, fio with direct I/O): 4 threads reading /dev/fuse, "
+            "as the mount does, against FUSE-over-io_uring with one queue per CPU.", "",
+            "| fio job | jobs | /dev/fuse | io_uring | io_uring / /dev/fuse |",
+            "|---|---|---|---|---|")
+        for rw, bs, jobs, unit in (("randread", "4k", 1, "IOPS"), ("randread", "4k", 4, "IOPS"),
+                                   ("randread", "4k", 16, "IOPS"), ("read", "1m", 1, "MiB/s")):
+            d, u = tr("dev", rw, bs, jobs), tr("uring", rw, bs, jobs)
+            if d is None:
+                continue
+            r.p(f"| {rw} {bs} | {jobs} | {num(d)} {unit} | {num(u)} {unit} | {ratio(u, d)} |")
     r.notes("fuse")
     r.p("")
 

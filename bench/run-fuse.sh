@@ -13,7 +13,8 @@
 # the other node's data port (B1 beside iperf3 over loopback, B3 beside
 # tmpfs), and the default one, where a file opened a second time is copied
 # to the first node and passed through (B3 after two reads). Writes
-# results/fuse.jsonl and RESULTS.md.
+# results/fuse.jsonl and RESULTS.md. Last, the kernel's FUSE transports on
+# their own (curvine-fuse-transport): /dev/fuse against FUSE-over-io_uring.
 #
 #   bench/run-fuse.sh           # B1: 20 files of 100MB, 3 repetitions, and 4 of 1GiB; B3: 4GiB file, 5s per job
 #   bench/run-fuse.sh --quick   # B1: 2 files, 1 repetition; B3: 512MiB file, 1s per job
@@ -179,6 +180,37 @@ for spec in "read 256k" "randread 4k"; do
     fio_job remote-copied "$rcmnt/fio-copied" "$1" "$2" "$jobs" "$fio_mib"
   done
 done
+
+# The kernel's FUSE transports on their own: a file system of one file of
+# zeros that does no work (curvine-fuse-transport), served by 4 threads
+# reading /dev/fuse (as the mount is) or over FUSE-over-io_uring (one
+# queue per CPU; Linux 6.14+, the fuse module's enable_uring, set here
+# for the run and put back after).
+transport() {
+  local mode=$1 m=$work/transport-$1; shift
+  mkdir -p "$m"
+  "$bin/curvine-fuse-transport" --mode "$mode" "$@" "$m" 2>"$work/transport-$mode.log" &
+  local pid=$!
+  mounts+=("$m")
+  for _ in $(seq 50); do [ -e "$m/f" ] && break; sleep 0.1; done
+  for spec in "randread 4k 1" "randread 4k 4" "randread 4k 16" "read 1m 1"; do
+    set -- $spec
+    fio_job "transport-$mode" "$m/f" "$1" "$2" "$3" 1024
+  done
+  umount "$m"
+  wait "$pid" || true
+  grep -h "unmounted after" "$work/transport-$mode.log" >&2 || true
+}
+transport dev --threads 4
+uring_param=/sys/module/fuse/parameters/enable_uring
+if [ -w "$uring_param" ]; then
+  uring_was=$(cat "$uring_param")
+  cleanups+=("echo $uring_was > $uring_param")
+  echo Y > "$uring_param"
+  transport uring --depth 16
+else
+  echo "bench: this kernel has no FUSE-over-io_uring ($uring_param); transport rows for /dev/fuse only" >&2
+fi
 
 write_info fuse files="$files" file_size="$size" reps="$reps" big_files="$big_files" big_size="$big_size" fio_size="${fio_mib}MiB" \
   fio_pt_size="${fio_pt_mib}MiB" runtime="$runtime"
