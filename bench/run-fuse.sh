@@ -45,7 +45,7 @@ fuse_mount "$addr" "$wbmnt" --writeback-cache
 # data port, and one that has the first node copy a file opened again.
 fport=$(free_port)
 far=127.0.0.2:$fport
-start_node far 127.0.0.2 "$fport" "[MEM:6GiB]$shm/far-tier" --seeds "127.0.0.1:$((port + 1))"
+start_node far 127.0.0.2 "$fport" "[MEM:7GiB]$shm/far-tier" --seeds "127.0.0.1:$((port + 1))"
 rmnt=$work/rmnt; rcmnt=$work/rcmnt
 fuse_mount "$addr" "$rmnt" -c client.short_circuit=false -c fuse.local_copies=false
 fuse_mount "$addr" "$rcmnt" -c client.short_circuit=false
@@ -165,7 +165,7 @@ head -c "$((fio_pt_mib << 20))" "$shm/local/fio" > "$shm/local/fio-pt"
 # A file whose blocks are all on the second node; the default mount's
 # second read of it has the first node copy them into one extent file.
 "$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio" /fio-far >&2
-"$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio" /fio-copied >&2
+"$bin/curvine-cli" --cluster "$far" fs put "$shm/local/fio-pt" /fio-copied >&2
 cat "$rcmnt/fio-copied" >/dev/null
 cat "$rcmnt/fio-copied" >/dev/null
 laid_out "$rcmnt/fio-copied"
@@ -177,7 +177,7 @@ for spec in "read 256k" "randread 4k"; do
     fio_job passthrough "$ptmnt/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
     fio_job tmpfs-pt "$shm/local/fio-pt" "$1" "$2" "$jobs" "$fio_pt_mib"
     fio_job remote "$rmnt/fio-far" "$1" "$2" "$jobs" "$fio_mib"
-    fio_job remote-copied "$rcmnt/fio-copied" "$1" "$2" "$jobs" "$fio_mib"
+    fio_job remote-copied "$rcmnt/fio-copied" "$1" "$2" "$jobs" "$fio_pt_mib"
   done
 done
 
