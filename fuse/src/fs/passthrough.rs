@@ -212,9 +212,13 @@ impl Fs {
             }
             Some(Found::NotPassable(fv, why, at)) if fv == v && at.elapsed() < NOT_PASSABLE_TTL => {
                 if self.copies_now(ino, why) {
-                    // Opened again: worth a copy here.
-                    if let Ok(path) = self.inodes.path(ino) {
-                        self.assemble(ino, &path, true);
+                    // Opened again: worth a copy here (the path is looked
+                    // up only when no copy is under way already).
+                    let asked = self.pt.assembling.lock().contains(&ino);
+                    if !asked {
+                        if let Ok(path) = self.inodes.path(ino) {
+                            self.assemble(ino, &path, true);
+                        }
                     }
                     self.count(Fallback::Copying);
                 } else {

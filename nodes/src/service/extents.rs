@@ -6,18 +6,17 @@
 //! for the extent files themselves). One file at a time, so the copies
 //! never crowd out the readers they are for.
 
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use curvine_actors::blocks::{fill_extent, BlockManagerRef, BlockStore};
 use curvine_actors::cluster::ClusterView;
 use curvine_actors::namespace::Namespace;
 use curvine_actors::token::TokenKey;
-use curvine_messages::block::{block_crc, unit_crcs, Access, BlockId, BlockMsg, CHECKSUM_UNIT};
+use curvine_messages::block::{block_crc, Access, BlockId, BlockMsg};
 use curvine_messages::cluster::MemberState;
 use curvine_messages::rpc::FileBlocks;
 use curvine_messages::{FsError, FsResult};
-use curvine_wire::data::{io_err, start_stream, BlockSource, DataPool};
+use curvine_wire::data::{copy_block_into, io_err, BlockSource, DataPool};
 
 use super::files::Files;
 use super::replicas::Replicas;
@@ -200,29 +199,11 @@ impl Extents {
         file: &std::fs::File,
         name: &str,
     ) -> FsResult<Vec<u32>> {
-        let mut stream = start_stream(&self.a.pool, src, f.index, 0, f.len);
-        let mut crcs = Vec::with_capacity(f.len.div_ceil(CHECKSUM_UNIT as u64) as usize);
-        let mut done = 0u64;
-        while done < f.len {
-            let Some(item) = stream.rx.recv().await else {
-                return Err(FsError::Io(format!(
-                    "block {:#x} from node {}: the stream ended early",
-                    f.id, src.node.node_id
-                )));
-            };
-            let (start, data) = item?;
-            if start != done {
-                return Err(FsError::Protocol(format!(
-                    "block {:#x} from node {}: a chunk at {start} where {done} was expected",
-                    f.id, src.node.node_id
-                )));
-            }
-            crcs.extend(unit_crcs(&data));
-            file.write_all_at(&data, f.offset + done)
-                .map_err(|e| io_err(name, e))?;
-            done += data.len() as u64;
-            let _ = stream.recycle.send(data);
-        }
+        let what = format!(
+            "copy of block {:#x} from node {} into {name}",
+            f.id, src.node.node_id
+        );
+        let crcs = copy_block_into(&self.a.pool, src, file, f.offset, &what).await?;
         if block_crc(&crcs) != f.crc {
             return Err(FsError::Corrupt(format!(
                 "block {:#x} copied from node {} does not match its checksum",

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -416,14 +415,31 @@ pub async fn copy_block(
         fill: None,
     };
     let what = format!("copy of block {:#x} into {}", token.block, dst.display());
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(dst)
         .map_err(|e| io_err(&what, e))?;
+    let crcs = copy_block_into(pool, &src, &file, 0, &what).await?;
+    file.sync_data().map_err(|e| io_err(&what, e))?;
+    Ok(crcs)
+}
+
+/// Copies a whole block (`src.len` bytes) from a node's data port into
+/// `file` from `offset` on, verified on the way; returns its unit crcs.
+/// `what` names the copy in errors.
+pub async fn copy_block_into(
+    pool: &DataPool,
+    src: &BlockSource,
+    file: &std::fs::File,
+    offset: u64,
+    what: &str,
+) -> FsResult<Vec<u32>> {
+    use std::os::unix::fs::FileExt;
+    let len = src.len;
     let mut crcs = Vec::with_capacity(len.div_ceil(CHECKSUM_UNIT as u64) as usize);
-    let mut stream = start_stream(pool, &src, 0, 0, len);
+    let mut stream = start_stream(pool, src, 0, 0, len);
     let mut done = 0u64;
     while done < len {
         let Some(item) = stream.rx.recv().await else {
@@ -436,11 +452,11 @@ pub async fn copy_block(
             )));
         }
         crcs.extend(curvine_messages::block::unit_crcs(&data));
-        file.write_all(&data).map_err(|e| io_err(&what, e))?;
+        file.write_all_at(&data, offset + done)
+            .map_err(|e| io_err(what, e))?;
         done += data.len() as u64;
         let _ = stream.recycle.send(data);
     }
-    file.sync_data().map_err(|e| io_err(&what, e))?;
     Ok(crcs)
 }
 
