@@ -2,9 +2,9 @@
 # B1 (fuse.write, fuse.read) and B3 (fio) through the FUSE mount, each next
 # to the same tool on tmpfs in the same run. One node with a MEM tier in
 # /dev/shm; three mounts of it: the default one (passthrough is on; the
-# benchmark files are several blocks, read through the mount at their first
-# open, which has the node lay them out in one extent file, and passed
-# through at the next: B1 reads them twice, B3 after a first read), one
+# benchmark files are several blocks, written in order through the mount,
+# so each is one extent file on the node and passes through from its first
+# open: B1 reads them twice; B3's file is copied in and read once first), one
 # with a block size that keeps each benchmark file in one block, read by
 # passthrough (B1 and B3), and one with the kernel's writeback cache, which
 # rules passthrough out (B1). A second node on 127.0.0.2 holds files whose
@@ -92,7 +92,8 @@ for t in 2 8; do
       drop_caches
       b1 "$side" "$ra" "$dir" "$t"
       if [ "$side" = mount ]; then
-        # Read again once the first read had the blocks laid out.
+        # Read again (a file the first read found in blocks of their own
+        # would have been laid out by then).
         laid_out "$dir"
         drop_caches
         b1 mount-again "$ra" "$dir" "$t"
@@ -116,9 +117,9 @@ bps = json.load(sys.stdin)['end']['sum_received']['bits_per_second']
 print(json.dumps({'action': 'iperf3', 'label': 'iperf3', 'threads': $t, 'gib_per_sec': bps / 8 / 2**30}))" | record
 done
 
-# B1 with files of many blocks (1GiB of 64MiB blocks), default mount: the
-# first read goes through the mount while the node lays each file out in
-# one extent file; the second passes through. Beside the same on tmpfs.
+# B1 with files of many blocks (1GiB of 64MiB blocks), default mount:
+# written in order, each is one extent file on the node, so both reads pass
+# through. Beside the same on tmpfs.
 n=$big_files sz=$big_size
 for side in mount tmpfs; do
   case $side in
@@ -155,8 +156,8 @@ print(json.dumps({"action": "fio", "label": label, "rw": rw, "bs": bs, "threads"
 }
 dd if=/dev/urandom of="$shm/local/fio" bs=1M count="$fio_mib" status=none
 cp "$shm/local/fio" "$mnt/fio"
-# The default mount's first read has the node lay the file out in one
-# extent file; fio's opens after that pass through.
+# Written in order by cp, the file is one extent file on the node: fio's
+# opens pass through (laid_out checks it).
 cat "$mnt/fio" >/dev/null
 laid_out "$mnt/fio"
 # Passthrough needs the file in one block (2GiB at most).

@@ -61,7 +61,7 @@ async fn read_all(c: &Client, path: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Block files under a tier directory.
+/// Block and extent files under a tier directory.
 fn block_files(tier: &Path) -> Vec<std::path::PathBuf> {
     fn walk(p: &Path, out: &mut Vec<std::path::PathBuf>) {
         if let Ok(entries) = std::fs::read_dir(p) {
@@ -77,6 +77,7 @@ fn block_files(tier: &Path) -> Vec<std::path::PathBuf> {
     }
     let mut out = Vec::new();
     walk(&tier.join("blocks"), &mut out);
+    walk(&tier.join("extents"), &mut out);
     out
 }
 
@@ -264,33 +265,36 @@ fn large_writes_and_evictions_survive_kills() {
                 c.remove(&path, false).await.unwrap();
             }
         }
-        let mut live = std::collections::BTreeSet::new();
-        for path in snapshot.keys() {
-            for b in c.blocks(path).await.unwrap().blocks {
-                live.insert(format!("{:016x}", b.info.id));
-            }
-        }
-        // The block files on disk and what is not in any file, last seen.
-        let seen = RefCell::new((0, Vec::new()));
+        // The files on disk (block files, and extent files holding blocks
+        // of files written in order) and those no block of a file is in,
+        // last seen; the evictor may move blocks meanwhile, so where the
+        // files' blocks are is asked each time.
+        let seen = RefCell::new((0, 0, Vec::new()));
         let what = Lazily(|| {
-            let (on_disk, extra) = &*seen.borrow();
+            let (on_disk, live, extra) = &*seen.borrow();
             format!(
-                "only the blocks in files on disk: {on_disk} block files on disk, {} blocks in files; not in any file: {extra:?}\n{}",
-                live.len(),
+                "only the blocks in files on disk: {on_disk} block and extent files on disk, {live} holding blocks of files; holding none: {extra:?}\n{}",
                 node.log_text()
             )
         });
-        wait_for_async(what, Duration::from_secs(60), || {
-            let mut on_disk = block_files(&mem);
-            on_disk.extend(block_files(&ssd));
+        let (c, snapshot, seen, mem, ssd) = (&c, &snapshot, &seen, &mem, &ssd);
+        wait_for_async(what, Duration::from_secs(60), || async move {
+            let mut live = std::collections::BTreeSet::new();
+            for path in snapshot.keys() {
+                for b in c.blocks(path).await.unwrap().blocks {
+                    live.extend(b.replicas.iter().filter_map(|r| r.path.clone()));
+                }
+            }
+            let mut on_disk = block_files(mem);
+            on_disk.extend(block_files(ssd));
             let extra: Vec<_> = on_disk
                 .iter()
-                .filter(|p| !live.contains(&p.file_name().unwrap().to_string_lossy().to_string()))
+                .filter(|p| !live.contains(&p.display().to_string()))
                 .cloned()
                 .collect();
             let done = on_disk.len() == live.len() && extra.is_empty();
-            *seen.borrow_mut() = (on_disk.len(), extra);
-            std::future::ready(done.then_some(()))
+            *seen.borrow_mut() = (on_disk.len(), live.len(), extra);
+            done.then_some(())
         })
         .await;
     });

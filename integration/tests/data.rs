@@ -50,6 +50,15 @@ async fn put(client: &Client, path: &str, bytes: &[u8], options: &WriteOptions, 
     assert_eq!(attr.size, bytes.len() as u64, "{path}");
 }
 
+/// `admin scrub` finds every block whole.
+fn scrub_is_clean(node: &NodeProcess) {
+    let out = node.cli_ok(&["--json", "admin", "scrub"]);
+    assert!(
+        !out.contains("mismatch") && !out.contains("missing"),
+        "{out}"
+    );
+}
+
 async fn get(client: &Client, path: &str) -> Vec<u8> {
     let mut r = FileReader::open(client, path).await.unwrap();
     let mut out = Vec::new();
@@ -371,8 +380,10 @@ fn a_flipped_byte_is_detected_on_both_paths() {
         put(&c, "/bad", &bytes, &spec(BS), 1 << 20).await;
         let fb = c.blocks("/bad").await.unwrap();
         let file = fb.blocks[1].replicas[0].path.clone().expect("block path");
+        // (The second block starts at its offset in the file holding it.)
+        let at = fb.blocks[1].replicas[0].offset as usize + 12345;
         let mut raw = std::fs::read(&file).unwrap();
-        raw[12345] ^= 0x40;
+        raw[at] ^= 0x40;
         std::fs::write(&file, &raw).unwrap();
         for short_circuit in [true, false] {
             let c = client(&node, short_circuit).await;
@@ -475,7 +486,15 @@ fn blocks_laid_out_in_one_file_are_read_scrubbed_and_demoted_from_it() {
     runtime().block_on(async {
         let c = node.client().await;
         let model = data(4 * BS as usize - 333, 77);
-        put(&c, "/model", &model, &spec(BS), 1 << 20).await;
+        // Written over the data port: each block in a file of its own.
+        put(
+            &client(&node, false).await,
+            "/model",
+            &model,
+            &spec(BS),
+            1 << 20,
+        )
+        .await;
         let before = c.blocks("/model").await.unwrap();
         assert!(before.backing_file().is_none() && before.all_here());
         // Laid out in one extent file in the MEM tier, each block at its
@@ -495,11 +514,7 @@ fn blocks_laid_out_in_one_file_are_read_scrubbed_and_demoted_from_it() {
         for sc in [true, false] {
             assert!(get(&client(&node, sc).await, "/model").await == model);
         }
-        let out = node.cli_ok(&["--json", "admin", "scrub"]);
-        assert!(
-            !out.contains("mismatch") && !out.contains("missing"),
-            "{out}"
-        );
+        scrub_is_clean(&node);
         // Other files fill the MEM tier: the evictor demotes the extent's
         // blocks to the disk tier one by one, copied from their offsets
         // and verified; the extent file goes with the last.
@@ -521,11 +536,97 @@ fn blocks_laid_out_in_one_file_are_read_scrubbed_and_demoted_from_it() {
         )
         .await;
         assert!(get(&c, "/model").await == model);
-        let out = node.cli_ok(&["--json", "admin", "scrub"]);
-        assert!(
-            !out.contains("mismatch") && !out.contains("missing"),
-            "{out}"
-        );
+        scrub_is_clean(&node);
+    });
+}
+
+#[test]
+fn a_file_written_in_order_on_its_node_is_one_extent_file_from_its_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = dir.path().join("mem");
+    let tiers = format!("data.tiers=[MEM:64MiB]{}", mem.display());
+    let mut node = NodeProcess::start(&dir.path().join("n"), &["-c", &tiers]);
+    let model = data(5 * BS as usize + 1234, 78);
+    let extent = runtime().block_on(async {
+        let c = node.client().await;
+        // Written short-circuit in pieces that straddle blocks: each block
+        // follows the one before in one extent file, at its file offset.
+        put(&c, "/model", &model, &spec(BS), 300_000).await;
+        let fb = c.blocks("/model").await.unwrap();
+        assert_eq!(fb.blocks.len(), 6);
+        let extent = fb
+            .backing_file()
+            .unwrap_or_else(|| panic!("one file: {fb:#?}"))
+            .to_string();
+        assert!(extent.starts_with(&mem.display().to_string()), "{extent}");
+        assert_eq!(std::fs::read(&extent).unwrap(), model);
+        for (i, b) in fb.blocks.iter().enumerate() {
+            assert_eq!(b.replicas[0].offset, i as u64 * BS);
+        }
+        // No block file of its own, nothing left in tmp; the tier counts
+        // the file's bytes once.
+        let own = std::fs::read_dir(mem.join("blocks"))
+            .unwrap()
+            .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+            .count();
+        assert_eq!(own, 0);
+        assert_eq!(std::fs::read_dir(mem.join("tmp")).unwrap().count(), 0);
+        let report = c.report().await.unwrap();
+        let mem_tier = &report.nodes[0].tiers[0];
+        assert_eq!((mem_tier.used, mem_tier.blocks), (model.len() as u64, 6));
+        // Asked to lay it out, the node has nothing to do.
+        assert_eq!(c.assemble("/model").await.unwrap(), fb);
+        // Every reader finds the bytes; scrub checks each block in place.
+        for sc in [true, false] {
+            assert!(get(&client(&node, sc).await, "/model").await == model);
+        }
+        scrub_is_clean(&node);
+        // A writer that seeks back writes a block of its own: the rest of
+        // the file stays in the extent, and a second file written in order
+        // gets an extent of its own.
+        let mut w = FileWriter::open(
+            &c,
+            "/model",
+            &WriteOptions {
+                create: false,
+                truncate: false,
+                ..spec(BS)
+            },
+        )
+        .await
+        .unwrap();
+        w.seek(BS + 10).await.unwrap();
+        w.write(b"patched").await.unwrap();
+        w.close().await.unwrap();
+        let mut patched = model.clone();
+        patched[BS as usize + 10..][..7].copy_from_slice(b"patched");
+        assert!(get(&c, "/model").await == patched);
+        let fb = c.blocks("/model").await.unwrap();
+        assert!(fb.backing_file().is_none());
+        assert_eq!(fb.blocks[0].replicas[0].path.as_deref(), Some(&extent[..]));
+        let other = data(2 * BS as usize, 79);
+        put(&c, "/other", &other, &spec(BS), 1 << 20).await;
+        let second = c.blocks("/other").await.unwrap();
+        assert_ne!(second.backing_file().expect("one file"), extent);
+        extent
+    });
+    // After a restart the store finds the blocks in the extent file.
+    node.restart(&["-c", &tiers]);
+    runtime().block_on(async {
+        let c = node.client().await;
+        let mut patched = model.clone();
+        patched[BS as usize + 10..][..7].copy_from_slice(b"patched");
+        assert!(get(&c, "/model").await == patched);
+        // Removing the file removes the extent file with its last block.
+        c.remove("/model", false).await.unwrap();
+        wait_for_async(
+            "the extent file removed",
+            Duration::from_secs(30),
+            || async { (!std::path::Path::new(&extent).exists()).then_some(()) },
+        )
+        .await;
+        let report = c.report().await.unwrap();
+        assert_eq!(report.nodes[0].tiers[0].used, 2 * BS);
     });
 }
 

@@ -24,16 +24,16 @@ fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
-/// The block file of block `index` of `path` on node `node`.
-fn block_file(via: &NodeProcess, path: &str, index: usize, node: &str) -> String {
+/// The file holding block `index` of `path` on node `node`, and where the
+/// block starts in it (its own file, or an extent file).
+fn block_file(via: &NodeProcess, path: &str, index: usize, node: &str) -> (String, u64) {
     let v = json(&via.cli_ok(&["--json", "fs", "blocks", path]));
     let replicas = v["blocks"][index]["replicas"].as_array().unwrap().clone();
     replicas
         .iter()
         .find(|r| r["node_id"] == node)
-        .and_then(|r| r["path"].as_str())
+        .and_then(|r| Some((r["path"].as_str()?.to_string(), r["offset"].as_u64()?)))
         .unwrap_or_else(|| panic!("block {index} of {path} has no copy on {node}: {v}"))
-        .to_string()
 }
 
 fn flip_byte(file: &str, at: u64) {
@@ -89,13 +89,14 @@ fn bad_block_files_are_caught_read_elsewhere_and_scrubbed() {
     });
     // A flipped byte in node 0's copy of /two, and node 0's only copy of
     // block 1 of /one cut short.
-    flip_byte(&block_file(n0, "/two", 0, &n0.node_id), 70_000);
-    let short = block_file(n0, "/one", 1, &n0.node_id);
+    let (file, at) = block_file(n0, "/two", 0, &n0.node_id);
+    flip_byte(&file, at + 70_000);
+    let (short, at) = block_file(n0, "/one", 1, &n0.node_id);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&short)
         .unwrap()
-        .set_len(1000)
+        .set_len(at + 1000)
         .unwrap();
 
     rt.block_on(async {
@@ -201,7 +202,8 @@ fn a_bad_cached_block_of_a_ufs_file_is_read_from_the_ufs_and_refetched() {
     let rt = runtime();
     let c = rt.block_on(node.client());
     rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
-    flip_byte(&block_file(&node, "/u/big", 1, &node.node_id), 5);
+    let (file, at) = block_file(&node, "/u/big", 1, &node.node_id);
+    flip_byte(&file, at + 5);
     // The object still has the bytes: the read goes there.
     rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
     let (found, _) = scrub(&node, &[]);

@@ -1884,7 +1884,8 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     let small = random_bytes(1_500_000, 21);
     let big = random_bytes(5 * 1024 * 1024 + 9, 22);
     fs::write(m.path("small"), &small).unwrap();
-    fs::write(m.path("big"), &big).unwrap();
+    // (Written over the data port: each block in a file of its own.)
+    write_over_data_port(&node, "/big", &big, 2 * 1024 * 1024);
     // Files under fuse.passthrough_min_size (1MiB) keep the page cache.
     let tiny = random_bytes(100_000, 25);
     fs::write(m.path("tiny"), &tiny).unwrap();
@@ -1955,6 +1956,30 @@ fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another
     assert!(m.log_text().contains("the node is laying them out in one"));
 }
 
+/// Writes a file with the library over the data port (no short-circuit):
+/// each of its blocks lands in a file of its own on the node.
+fn write_over_data_port(node: &NodeProcess, path: &str, bytes: &[u8], block_size: u64) {
+    runtime().block_on(async {
+        let conf = curvine_conf::ClientConf {
+            short_circuit: false,
+            ..node.client_conf()
+        };
+        let client = curvine_client::Client::connect(&conf).await.unwrap();
+        let options = curvine_client::io::WriteOptions {
+            spec: curvine_messages::block::FileSpec {
+                block_size,
+                ..Default::default()
+            },
+            ..curvine_client::io::WriteOptions::create()
+        };
+        let mut w = curvine_client::io::FileWriter::open(&client, path, &options)
+            .await
+            .unwrap();
+        w.write(bytes).await.unwrap();
+        w.close().await.unwrap();
+    })
+}
+
 /// The extent files in the node's MEM tier.
 fn extent_files(node: &NodeProcess) -> Vec<PathBuf> {
     match fs::read_dir(node.data_dir.with_extension("mem").join("extents")) {
@@ -1967,26 +1992,41 @@ fn extent_files(node: &NodeProcess) -> Vec<PathBuf> {
 fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_readers_keep_it_whole()
 {
     let (dir, node, m) = setup(&["--block-size", "1MiB"]);
-    let old = random_bytes(3 * 1024 * 1024 + 4321, 31);
-    fs::write(m.path("model"), &old).unwrap();
+    // Each block in a file of its own: the first open reads through the
+    // mount and has the node lay the blocks out in one extent file; an
+    // open after that passes through.
+    let laid = random_bytes(2 * 1024 * 1024 + 5, 30);
+    write_over_data_port(&node, "/laid", &laid, 1024 * 1024);
     assert!(extent_files(&node).is_empty());
-    // The first open reads through the mount and has the node lay the four
-    // blocks out in one extent file; an open after that passes through.
     let passed = passthrough_opens(&m, "passthrough");
-    assert!(fs::read(m.path("model")).unwrap() == old);
+    assert!(fs::read(m.path("laid")).unwrap() == laid);
     assert_eq!(passthrough_opens(&m, "assembling"), 1);
     wait_for(
         "the file's blocks laid out in one file",
         Duration::from_secs(20),
         || (extent_files(&node).len() == 1).then_some(()),
     );
-    let extent = extent_files(&node).remove(0);
-    assert_eq!(fs::metadata(&extent).unwrap().len(), old.len() as u64);
     wait_for("an open passed through", Duration::from_secs(20), || {
-        let got = fs::read(m.path("model")).unwrap();
-        assert!(got == old, "a read through the extent differs");
+        let got = fs::read(m.path("laid")).unwrap();
+        assert!(got == laid, "a read through the extent differs");
         (passthrough_opens(&m, "passthrough") > passed).then_some(())
     });
+    fs::remove_file(m.path("laid")).unwrap();
+    wait_for("its extent file removed", Duration::from_secs(20), || {
+        extent_files(&node).is_empty().then_some(())
+    });
+    // Written in order through the mount, a file's blocks follow each
+    // other in one extent file from the start: its first open passes
+    // through, with nothing to lay out.
+    let old = random_bytes(3 * 1024 * 1024 + 4321, 31);
+    fs::write(m.path("model"), &old).unwrap();
+    assert_eq!(extent_files(&node).len(), 1);
+    let extent = extent_files(&node).remove(0);
+    assert_eq!(fs::metadata(&extent).unwrap().len(), old.len() as u64);
+    let passed = passthrough_opens(&m, "passthrough");
+    assert!(fs::read(m.path("model")).unwrap() == old);
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 1);
+    assert_eq!(passthrough_opens(&m, "assembling"), 1);
     // The library reads the same bytes from the extent file, on this host
     // (short-circuit) and over the data port.
     for short_circuit in [true, false] {

@@ -298,7 +298,7 @@ pub struct ReadBlock {
 /// wrong port gets a clear refusal instead of garbage).
 pub const DATA_MAGIC: [u8; 4] = *b"CRVB";
 /// Version of the data-port protocol.
-pub const DATA_VERSION: u16 = 3;
+pub const DATA_VERSION: u16 = 4;
 
 /// A request frame on the data port: the request and the trace it joins.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -332,11 +332,19 @@ pub enum DataRequest {
     },
     /// Short-circuit read: the block file's path and checksums.
     OpenLocal { token: Token },
-    /// Short-circuit write: a file to write the new block into.
+    /// Short-circuit write: a file to write the new block into, and where
+    /// in it ([`DataReply::Local`]'s `offset`). Asked again for the same
+    /// block, grows its reservation to `size_hint`.
     CreateLocal {
         token: Token,
         tier: Option<TierKind>,
         size_hint: u64,
+        /// The block (id, length) this writer wrote just before, on this
+        /// node, ending where this one starts in the file and not
+        /// committed yet: the node may place the new block right after it
+        /// in one extent file, so that a file written in order on one node
+        /// is one file there (which a mount can pass through).
+        after: Option<(BlockId, u64)>,
     },
     /// Commit a block written through [`DataRequest::CreateLocal`].
     CommitLocal {
@@ -475,8 +483,11 @@ pub struct TierStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
     pub tier: TierKind,
-    /// The temporary file to write the block into.
+    /// The file to write the block into: its temporary file, or the
+    /// extent file it continues.
     pub path: String,
+    /// Where the block starts in `path`.
+    pub offset: u64,
 }
 
 /// A block as the node's index records it.
@@ -614,6 +625,10 @@ pub enum BlockMsg {
         /// has room for `size`, a first part ([`FIRST_RESERVATION`]) is
         /// enough. Writers of a known length (fills, copies) ask for all.
         grows: bool,
+        /// A block being written just before it by the same writer, and
+        /// its length: the new block may follow it in one extent file
+        /// (see [`DataRequest::CreateLocal`]).
+        after: Option<(BlockId, u64)>,
         reply: Reply<Reservation>,
     },
     /// Make a written block permanent: the index records it, then its file

@@ -356,14 +356,15 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             token,
             tier,
             size_hint,
+            after,
         } => Ok(async {
             ctx.tokens.check(&token, Access::Write)?;
-            let r = reserve(ctx, token.block, tier, size_hint).await?;
+            let r = reserve(ctx, token.block, tier, size_hint, after).await?;
             Ok(DataReply::Local {
                 path: r.path,
                 len: 0,
                 crcs: Vec::new(),
-                offset: 0,
+                offset: r.offset,
             })
         }
         .await
@@ -464,6 +465,7 @@ async fn reserve(
     block: u64,
     tier: Option<curvine_messages::block::TierKind>,
     size_hint: u64,
+    after: Option<(u64, u64)>,
 ) -> FsResult<curvine_messages::block::Reservation> {
     let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
     ctx.manager
@@ -472,6 +474,7 @@ async fn reserve(
             tier,
             size,
             grows: true,
+            after,
             reply,
         })
         .await
@@ -561,7 +564,7 @@ async fn write(
     // The node reserves what was announced where a tier has room for it,
     // else a first part, grown as the bytes arrive (a no-op for the whole).
     let mut reserved = size.min(FIRST_RESERVATION);
-    let reservation = match reserve(ctx, block, tier, size).await {
+    let reservation = match reserve(ctx, block, tier, size, None).await {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };
@@ -611,7 +614,7 @@ async fn write(
             }
             if total + n as u64 > reserved {
                 reserved = next_reservation(reserved, total + n as u64, size);
-                reserve(ctx, block, tier, reserved).await.map_err(Ok)?;
+                reserve(ctx, block, tier, reserved, None).await.map_err(Ok)?;
             }
             last_short = !n.is_multiple_of(CHECKSUM_UNIT);
             let mut chunk_crcs = vec![0u32; units(n as u64)];

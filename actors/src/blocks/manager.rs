@@ -47,10 +47,25 @@ pub struct BlockArgs {
     pub policy: RestartPolicy,
 }
 
-struct Reserved {
-    tier: usize,
-    size: u64,
-    since: Instant,
+pub(super) struct Reserved {
+    pub(super) tier: usize,
+    pub(super) size: u64,
+    pub(super) since: Instant,
+    /// Written into an extent file (a run, `runs.rs`): its id, and where
+    /// the block starts in it.
+    pub(super) extent: Option<(u64, u64)>,
+}
+
+impl Reserved {
+    /// Nothing reserved yet (the caller grows it), from now.
+    pub(super) fn new(tier: usize, extent: Option<(u64, u64)>) -> Reserved {
+        Reserved {
+            tier,
+            size: 0,
+            since: Instant::now(),
+            extent,
+        }
+    }
 }
 
 pub struct BlockManager;
@@ -64,9 +79,9 @@ struct Assembling {
 }
 
 pub struct BlockState {
-    args: BlockArgs,
+    pub(super) args: BlockArgs,
     stats: Arc<ActorStats>,
-    reservations: HashMap<BlockId, Reserved>,
+    pub(super) reservations: HashMap<BlockId, Reserved>,
     /// Blocks being moved: target tier and bytes reserved there.
     moving: HashMap<BlockId, (usize, u64)>,
     /// Extent files being filled, by extent id.
@@ -80,12 +95,32 @@ pub struct BlockState {
     last_orphan_check: Instant,
 }
 
+/// The record of a block committed now in `tier` (of `kind`).
+pub(super) fn new_record(
+    kind: TierKind,
+    tier: usize,
+    len: u64,
+    crcs: Vec<u32>,
+    extent: Option<ExtentRef>,
+) -> BlockRecord {
+    let now = now_ns();
+    BlockRecord {
+        tier: tier as u8,
+        kind,
+        len,
+        crcs,
+        created_ns: now,
+        last_access_ns: now,
+        extent,
+    }
+}
+
 fn answer<T>(reply: RpcReplyPort<FsResult<T>>, value: FsResult<T>) {
     let _ = reply.send(value);
 }
 
 impl BlockState {
-    fn store(&self) -> &BlockStore {
+    pub(super) fn store(&self) -> &BlockStore {
         &self.args.store
     }
 
@@ -95,10 +130,14 @@ impl BlockState {
         want: Option<TierKind>,
         size: u64,
         grows: bool,
+        after: Option<(BlockId, u64)>,
     ) -> FsResult<Reservation> {
         if self.reservations.contains_key(&block) {
             let tier = self.grow(block, size)?;
             return Ok(self.reservation(tier, block));
+        }
+        if let Some(r) = after.and_then(|prev| self.follow(block, want, size, grows, prev)) {
+            return Ok(r);
         }
         let store = &self.args.store;
         let candidates: Vec<usize> = (0..store.tier_count())
@@ -137,14 +176,7 @@ impl BlockState {
                 if candidates.len() > 1 { " in any tier" } else { "" }
             )));
         };
-        self.reservations.insert(
-            block,
-            Reserved {
-                tier,
-                size: 0,
-                since: Instant::now(),
-            },
-        );
+        self.reservations.insert(block, Reserved::new(tier, None));
         if let Err(e) = self.grow(block, size) {
             self.reservations.remove(&block);
             return Err(e);
@@ -152,17 +184,23 @@ impl BlockState {
         Ok(self.reservation(tier, block))
     }
 
-    fn reservation(&self, tier: usize, block: BlockId) -> Reservation {
+    pub(super) fn reservation(&self, tier: usize, block: BlockId) -> Reservation {
+        let store = self.store();
+        let (path, offset) = match self.reservations.get(&block).and_then(|r| r.extent) {
+            Some((extent, offset)) => (store.extent_path(tier, extent), offset),
+            None => (store.tmp_path(tier, block), 0),
+        };
         Reservation {
-            tier: self.store().tier_kind(tier),
-            path: self.store().tmp_path(tier, block).display().to_string(),
+            tier: store.tier_kind(tier),
+            path: path.display().to_string(),
+            offset,
         }
     }
 
     /// Grows the reservation of a block being written to `size` bytes (a
     /// writer reserves as it writes, not a whole block at once); a smaller
     /// `size` keeps it. Returns its tier.
-    fn grow(&mut self, block: BlockId, size: u64) -> FsResult<usize> {
+    pub(super) fn grow(&mut self, block: BlockId, size: u64) -> FsResult<usize> {
         let store = self.args.store.clone();
         let Some(r) = self.reservations.get_mut(&block) else {
             return Err(FsError::InvalidArgument(format!(
@@ -192,7 +230,7 @@ impl BlockState {
         Ok(tier)
     }
 
-    fn release(&mut self, block: BlockId) -> Option<usize> {
+    pub(super) fn release(&mut self, block: BlockId) -> Option<usize> {
         let r = self.reservations.remove(&block)?;
         self.store().tiers[r.tier]
             .reserved
@@ -206,7 +244,7 @@ impl BlockState {
                 "block {block:#x} is not being written on this node"
             )));
         };
-        let tier = r.tier;
+        let (tier, extent) = (r.tier, r.extent);
         // A writer that wrote past what it reserved needs room for it now.
         self.grow(block, len)?;
         if crcs.len() != units(len) {
@@ -215,6 +253,9 @@ impl BlockState {
                 crcs.len(),
                 units(len)
             )));
+        }
+        if let Some((extent, offset)) = extent {
+            return self.commit_in_run(block, tier, extent, offset, len, crcs);
         }
         let store = self.args.store.clone();
         let tmp = store.tmp_path(tier, block);
@@ -227,16 +268,7 @@ impl BlockState {
             )));
         }
         let crc = block_crc(&crcs);
-        let now = now_ns();
-        let record = BlockRecord {
-            tier: tier as u8,
-            kind: store.tier_kind(tier),
-            len,
-            crcs,
-            created_ns: now,
-            last_access_ns: now,
-            extent: None,
-        };
+        let record = new_record(store.tier_kind(tier), tier, len, crcs, None);
         store.put(block, &record)?;
         let path = store.block_path(tier, block);
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -252,9 +284,17 @@ impl BlockState {
         Ok(crc)
     }
 
-    fn abort(&mut self, block: BlockId) {
+    pub(super) fn abort(&mut self, block: BlockId) {
+        let in_run = self
+            .reservations
+            .get(&block)
+            .is_some_and(|r| r.extent.is_some());
         if let Some(tier) = self.release(block) {
-            let _ = fs::remove_file(self.store().tmp_path(tier, block));
+            if in_run {
+                self.store().leave_run(block);
+            } else {
+                let _ = fs::remove_file(self.store().tmp_path(tier, block));
+            }
         }
     }
 
@@ -617,7 +657,7 @@ impl Actor for BlockManager {
         let metrics = args.namespace.cluster().metrics.clone();
         let stats = metrics.actor("block-manager", false);
         metrics.started(myself.get_id(), &stats);
-        let stale = args.store.clear_tmp();
+        let stale = args.store.clear_tmp() + args.store.abandon_runs();
         if stale > 0 {
             tracing::warn!(
                 files = stale,
@@ -665,7 +705,8 @@ impl Actor for BlockManager {
                 size,
                 grows,
                 reply,
-            } => answer(reply, state.reserve(block, tier, size, grows)),
+                after,
+            } => answer(reply, state.reserve(block, tier, size, grows, after)),
             BlockMsg::Commit {
                 block,
                 len,

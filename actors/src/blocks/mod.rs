@@ -10,6 +10,11 @@
 //! <tier>/tmp/extent-<extent>                 an extent file being filled
 //! ```
 //!
+//! An extent file is filled in `tmp` and renamed into place when a file's
+//! blocks are laid out in it after their commit (`Assemble`), or grows in
+//! place as a writer writes a file's blocks one after another (a run,
+//! `runs`): each block is committed at its offset there.
+//!
 //! A block is written to `tmp`, then committed: its record goes into the
 //! index (LMDB, synced), then the file takes its final name. A restart
 //! finishes renames the index already records and deletes every other
@@ -21,7 +26,8 @@
 //!
 //! Modules: `store` (the block files and their index), `handle` (the
 //! node's reference to its current BlockManager), `manager` (the
-//! BlockManager actor: reservations, commits, moves, removal), `sweep`
+//! BlockManager actor: reservations, commits, moves, removal), `runs`
+//! (blocks written one after another into one extent file), `sweep`
 //! (freed blocks and orphans removed in the background), `evictor` (the
 //! TierEvictor of a tier) and `copy` (verified copies for moves and extent
 //! files).
@@ -30,6 +36,7 @@ mod copy;
 mod evictor;
 mod handle;
 mod manager;
+mod runs;
 mod store;
 mod sweep;
 

@@ -76,8 +76,10 @@ pub struct BlockStore {
     /// blocks read for a move).
     pub checksum_errors: AtomicU64,
     /// Extent files and how many indexed blocks each still holds.
-    extents: Mutex<HashMap<u64, ExtentUse>>,
+    pub(super) extents: Mutex<HashMap<u64, ExtentUse>>,
     next_extent: AtomicU64,
+    /// Blocks being written into an extent file (a run): tier and extent.
+    pub(super) in_runs: Mutex<HashMap<BlockId, (usize, u64)>>,
 }
 
 /// An extent file's size and live blocks. Its bytes count as used
@@ -85,10 +87,14 @@ pub struct BlockStore {
 /// keeps its bytes, so a reader that opened the file (a mount passing the
 /// file through) keeps reading what it opened, as with a block file of its
 /// own that was unlinked.
+/// An extent that blocks are still being written into (a run) lives
+/// while they do, whatever leaves it meanwhile.
 #[derive(Debug, Clone, Copy)]
-struct ExtentUse {
-    size: u64,
-    live: u32,
+pub(super) struct ExtentUse {
+    pub(super) size: u64,
+    pub(super) live: u32,
+    /// Blocks being written into it (not committed yet).
+    pub(super) writing: u32,
 }
 
 /// What [`BlockStore::open`] found on disk.
@@ -168,6 +174,7 @@ impl BlockStore {
             checksum_errors: AtomicU64::new(0),
             extents: Mutex::new(HashMap::new()),
             next_extent: AtomicU64::new(now_ns() as u64),
+            in_runs: Mutex::new(HashMap::new()),
         };
         let report = store.reconcile()?;
         Ok((store, report))
@@ -228,7 +235,14 @@ impl BlockStore {
 
     /// Counts a new extent file of `live` blocks in `tier`.
     pub(super) fn add_extent(&self, tier: usize, extent: u64, size: u64, live: u32) {
-        self.extents.lock().insert(extent, ExtentUse { size, live });
+        self.extents.lock().insert(
+            extent,
+            ExtentUse {
+                size,
+                live,
+                writing: 0,
+            },
+        );
         let t = &self.tiers[tier];
         t.used.fetch_add(size, Ordering::Relaxed);
         t.blocks.fetch_add(live as u64, Ordering::Relaxed);
@@ -251,7 +265,7 @@ impl BlockStore {
             return;
         };
         u.live = u.live.saturating_sub(1);
-        if u.live == 0 {
+        if u.live == 0 && u.writing == 0 {
             let size = u.size;
             extents.remove(&e.id);
             let _ = fs::remove_file(self.extent_path(tier, e.id));
@@ -270,6 +284,15 @@ impl BlockStore {
     /// Makes a block written in place (short-circuit) durable before its
     /// commit: fsyncs its temporary file when its tier syncs blocks.
     pub fn sync_written(&self, id: BlockId) -> FsResult<()> {
+        if let Some((tier, extent)) = self.in_runs.lock().get(&id).copied() {
+            if !self.syncs(tier) {
+                return Ok(());
+            }
+            let path = self.extent_path(tier, extent);
+            return File::open(&path)
+                .and_then(|f| f.sync_data())
+                .map_err(|e| io_err(path.display(), e));
+        }
         for tier in 0..self.tiers.len() {
             let tmp = self.tmp_path(tier, id);
             if self.syncs(tier) && tmp.exists() {
@@ -404,6 +427,7 @@ impl BlockStore {
                             ExtentUse {
                                 size: m.len(),
                                 live: 0,
+                                writing: 0,
                             }
                         });
                         u.live += 1;

@@ -193,6 +193,7 @@ impl Fills {
                         tier,
                         size: block_len,
                         grows: false,
+                        after: None,
                         reply,
                     })
                     .await;

@@ -271,6 +271,7 @@ impl Replicas {
                 tier: None,
                 size: pull.len.max(1),
                 grows: false,
+                after: None,
                 reply,
             })
             .await?;

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use curvine_messages::block::{
@@ -78,6 +78,22 @@ struct Sink {
     kind: SinkKind,
 }
 
+/// A whole block just written short-circuit whose commit waits until the
+/// next block is reserved naming it (`CreateLocal::after`), so that the
+/// node can place that one right after it in one extent file: a file
+/// written in order is then one file on the node, which a mount passes
+/// through from its first read. Dropping it lets the commit go.
+struct Chain {
+    index: u32,
+    block: curvine_messages::block::BlockId,
+    len: u64,
+    node: String,
+    _go: oneshot::Sender<()>,
+}
+
+/// How long a finished block's commit waits for the next block (see [`Chain`]).
+const CHAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Writes a file; the new content becomes visible when [`FileWriter::close`] returns.
 pub struct FileWriter {
     client: Client,
@@ -90,6 +106,8 @@ pub struct FileWriter {
     sink: Option<Sink>,
     next: Option<(u32, JoinHandle<FsResult<BlockGrant>>)>,
     finishing: Vec<(BlockGrant, JoinHandle<FsResult<BlockInfo>>)>,
+    /// The last block finished, while the next may follow it.
+    chain: Option<Chain>,
     /// Blocks written by this writer, by index (the newest wins).
     written: BTreeMap<u32, (BlockInfo, BlockGrant)>,
     /// The file as it was when opened, for the bytes around overwritten ranges.
@@ -152,6 +170,7 @@ impl FileWriter {
             sink: None,
             next,
             finishing: Vec::new(),
+            chain: None,
             written: BTreeMap::new(),
             old,
             failed: false,
@@ -229,6 +248,12 @@ impl FileWriter {
             .await
             .map_err(|e| FsError::Io(format!("block allocation task: {e}")))??;
         let local = self.client.io.short_circuit && self.client.data.is_local(&grant.node);
+        // The block just finished, if this one continues it on its node;
+        // its commit waits until this one is reserved.
+        let chain = self
+            .chain
+            .take()
+            .filter(|c| local && c.index + 1 == index && c.node == grant.node.node_id);
         let mut kind = None;
         if local {
             let mut conn = self.client.data.get(&grant.node.data_addr).await?;
@@ -242,15 +267,12 @@ impl FileWriter {
                     token: grant.token.clone(),
                     tier: self.storage,
                     size_hint: self.bs,
+                    after: chain.as_ref().map(|c| (c.block, c.len)),
                 })
-                .await?;
-            if let DataReply::Local { path, .. } = reply {
-                match OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                {
+                .await;
+            drop(chain);
+            if let DataReply::Local { path, offset, .. } = reply? {
+                match open_block_file(&path, offset) {
                     Ok(file) => {
                         kind = Some(SinkKind::Local {
                             file,
@@ -320,6 +342,7 @@ impl FileWriter {
                         token: sink.grant.token.clone(),
                         tier: self.storage,
                         size_hint: more,
+                        after: None,
                     })
                     .await?;
                     *reserved = more;
@@ -460,7 +483,22 @@ impl FileWriter {
                 drop(file);
                 let g = grant.clone();
                 let trace = curvine_runtime::trace::current();
+                // A whole block may be continued by the next, in one file
+                // on its node: its commit waits for the next reservation.
+                let (go, wait) = oneshot::channel();
+                if len == self.bs {
+                    self.chain = Some(Chain {
+                        index,
+                        block: g.id,
+                        len,
+                        node: g.node.node_id.clone(),
+                        _go: go,
+                    });
+                }
                 tokio::spawn(curvine_runtime::trace::scope(trace, async move {
+                    // Not longer than a moment: a writer that pauses
+                    // after a block leaves nothing uncommitted for long.
+                    let _ = tokio::time::timeout(CHAIN_WAIT, wait).await;
                     let reply = conn
                         .call(&DataRequest::CommitLocal {
                             token: g.token.clone(),
@@ -498,6 +536,10 @@ impl FileWriter {
 
     /// Waits for the commit of a block of `index` this writer finished.
     async fn settle(&mut self, index: u32) -> FsResult<()> {
+        // A commit held for the next block goes now (it is awaited).
+        if self.chain.as_ref().is_some_and(|c| c.index == index) {
+            self.chain = None;
+        }
         let mut i = 0;
         while i < self.finishing.len() {
             if self.finishing[i].0.index == index {
@@ -596,6 +638,7 @@ impl FileWriter {
             ));
         }
         let last = self.finish_block(true).await?;
+        self.chain = None;
         if let Some((_, task)) = self.next.take() {
             // An allocated block that was not needed is freed by the close.
             let _ = task.await;
@@ -629,6 +672,21 @@ impl FileWriter {
             })
             .await
     }
+}
+
+/// Opens the file a block is written into directly: a new temporary file,
+/// or at `offset` of the extent file it continues.
+fn open_block_file(path: &str, offset: u64) -> std::io::Result<File> {
+    if offset == 0 {
+        return OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path);
+    }
+    let mut file = OpenOptions::new().write(true).open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    Ok(file)
 }
 
 /// Appends bytes to a block file written directly, with its unit crcs.
