@@ -121,19 +121,21 @@ done
 # written in order, each is one extent file on the node, so both reads pass
 # through. Beside the same on tmpfs.
 n=$big_files sz=$big_size
-for side in mount tmpfs; do
-  case $side in
-    mount) dir=$mnt/b1-big; wa=fuse.write; ra=fuse.read ;;
-    tmpfs) dir=$shm/local/b1-big; wa=local.write; ra=local.read ;;
-  esac
-  mkdir -p "$dir"
-  b1 "$side-big-write" "$wa" "$dir" "$big_files"
-  drop_caches
-  b1 "$side-big-first" "$ra" "$dir" "$big_files"
-  [ "$side" = tmpfs ] || laid_out "$dir"
-  drop_caches
-  b1 "$side-big" "$ra" "$dir" "$big_files"
-  rm -rf "$dir"
+for r in $(seq "$reps"); do
+  for side in mount tmpfs; do
+    case $side in
+      mount) dir=$mnt/b1-big; wa=fuse.write; ra=fuse.read ;;
+      tmpfs) dir=$shm/local/b1-big; wa=local.write; ra=local.read ;;
+    esac
+    mkdir -p "$dir"
+    b1 "$side-big-write" "$wa" "$dir" "$big_files"
+    drop_caches
+    b1 "$side-big-first" "$ra" "$dir" "$big_files"
+    [ "$side" = tmpfs ] || laid_out "$dir"
+    drop_caches
+    b1 "$side-big" "$ra" "$dir" "$big_files"
+    rm -rf "$dir"
+  done
 done
 unset n sz
 
