@@ -470,11 +470,7 @@ impl Fs {
                 Err(e) => {
                     tracing::info!(path = %curvine_messages::names::shown(&path), error = %e, copy, "passthrough: the node could not lay the file's blocks out in one file; it is read through the mount");
                     if copy {
-                        let mut failed = failed.lock();
-                        if failed.len() >= MAX_FOUND {
-                            failed.clear();
-                        }
-                        failed.insert(ino, Instant::now());
+                        remember(&failed, ino, Instant::now());
                     }
                 }
             }
@@ -495,12 +491,14 @@ impl Fs {
     }
 }
 
-fn remember(all: &Mutex<HashMap<u64, Found>>, ino: u64, found: Found) {
+/// Remembers `value` for `ino` in a map of at most [`MAX_FOUND`] inodes
+/// (cleared beyond).
+fn remember<T>(all: &Mutex<HashMap<u64, T>>, ino: u64, value: T) {
     let mut all = all.lock();
     if all.len() >= MAX_FOUND {
         all.clear();
     }
-    all.insert(ino, found);
+    all.insert(ino, value);
 }
 
 /// The one file on this host holding the whole file at its offsets (a
