@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
+use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions, MAX_LINKS};
 use curvine_actors::txn::WriteTxn;
 use curvine_actors::writer::Writer;
 use curvine_messages::block::{BlockInfo, BlockUse, FileSpec, WriteLease};
@@ -112,6 +112,7 @@ conformance!(
     mkdir_and_rmdir_keep_link_counts,
     unlink_rules_and_remote_inodes,
     hard_links_in_a_shard_and_across_shards,
+    a_file_has_at_most_max_links_names,
     rename_local_rules,
     steps_are_idempotent_and_locks_hold_names,
     a_refused_step_is_refused_for_every_driver,
@@ -528,6 +529,50 @@ fn hard_links_in_a_shard_and_across_shards(f: Fixture) {
         f.write(0, |s, t| s.unlink(t, ROOT_INO, name)).unwrap();
     }
     assert!(f.read(0, |s, t| s.inode(t, a.ino)).unwrap().is_none());
+}
+
+/// LINK_MAX: a file has at most `MAX_LINKS` names, then `link` answers
+/// EMLINK (LinkLimit), in one shard and through an intent's step.
+fn a_file_has_at_most_max_links_names(f: Fixture) {
+    let a = f
+        .write(0, |s, t| s.create(t, ROOT_INO, "a", &file(), None))
+        .unwrap();
+    let last = f
+        .write(0, |s, t| {
+            let mut last = None;
+            for i in 1..MAX_LINKS {
+                last = s.link_local(t, a.ino, ROOT_INO, &format!("l{i}"))?;
+            }
+            Ok(last)
+        })
+        .unwrap()
+        .expect("both here");
+    assert_eq!(last.nlink, MAX_LINKS);
+    assert!(matches!(
+        f.write(0, |s, t| s.link_local(t, a.ino, ROOT_INO, "one-more")),
+        Err(FsError::LinkLimit(_))
+    ));
+    assert!(matches!(
+        f.write(0, |s, t| s.apply_step(
+            t,
+            make_id(0, 9_998),
+            1,
+            &Step::AddLink { ino: a.ino }
+        )),
+        Err(FsError::LinkLimit(_))
+    ));
+    assert!(f
+        .read(0, |s, t| s.dentry(t, ROOT_INO, "one-more"))
+        .unwrap()
+        .is_none());
+    // One name gone, one may come.
+    f.write(0, |s, t| s.unlink(t, ROOT_INO, "l1")).unwrap();
+    f.write(0, |s, t| s.link_local(t, a.ino, ROOT_INO, "one-more"))
+        .unwrap();
+    assert_eq!(
+        f.read(0, |s, t| s.getattr(t, a.ino)).unwrap().nlink,
+        MAX_LINKS
+    );
 }
 
 fn rename_local_rules(f: Fixture) {

@@ -46,7 +46,9 @@ pub fn remount(mountpoint: &std::path::Path, read_only: bool) -> std::io::Result
     use std::os::unix::ffi::OsStrExt;
     let target = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let mut flags = libc::MS_REMOUNT;
+    // A remount sets every per-mount flag anew: keep the ones the mount
+    // has (nosuid and nodev above all), changing only read-only.
+    let mut flags = libc::MS_REMOUNT | kept_flags(&target)?;
     if read_only {
         flags |= libc::MS_RDONLY;
     }
@@ -75,6 +77,29 @@ pub fn remount(mountpoint: &std::path::Path, read_only: bool) -> std::io::Result
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The mount(2) flags of the mount at `mountpoint`, read-only aside.
+fn kept_flags(target: &std::ffi::CStr) -> std::io::Result<libc::c_ulong> {
+    // SAFETY: statvfs is plain old data, valid when zeroed.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a struct statvfs to fill.
+    if unsafe { libc::statvfs(target.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let pairs = [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ];
+    Ok(pairs
+        .iter()
+        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+        .fold(0, |acc, (_, ms_flag)| acc | ms_flag))
 }
 
 /// Flags of `fuse mount`; each one sets the `fuse.*` key of the same name.
@@ -472,7 +497,9 @@ async fn serve(config: Config, mnt: PathBuf) -> Result<(), String> {
     let mut options = fuser::Config::default();
     options.mount_options = vec![
         fuser::MountOption::FSName(format!("{}{fs_path}", mountpoint::SOURCE_PREFIX)),
-        fuser::MountOption::Subtype("curvine".into()),
+        // The kernel shows the mount as `fuse.curvine`, so mount(8) runs
+        // the `mount.fuse.curvine` helper for a remount.
+        fuser::MountOption::CUSTOM("subtype=curvine".into()),
     ];
     if fuse_conf.default_permissions {
         options

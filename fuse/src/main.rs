@@ -81,7 +81,13 @@ fn mount_helper(args: &[String]) -> i32 {
             "usage: {HELPER_NAME} curvine:PATH MOUNTPOINT [-o OPTIONS]"
         ));
     };
-    let read_only = options.iter().any(|o| o == "ro");
+    // mount(8) may pass the mount's current options before the asked
+    // ones (`rw,...,remount,ro`): the last of `ro` and `rw` counts.
+    let read_only = options
+        .iter()
+        .rev()
+        .find(|o| *o == "ro" || *o == "rw")
+        .is_some_and(|o| o == "ro");
     if options.iter().any(|o| o == "remount") {
         return match curvine_fuse::remount(std::path::Path::new(mountpoint), read_only) {
             Ok(()) => 0,

@@ -7,7 +7,7 @@ pub mod model;
 mod mount;
 pub mod netns;
 
-pub use mount::FuseMount;
+pub use mount::{with_mount_helper, FuseMount};
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

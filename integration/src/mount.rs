@@ -138,3 +138,30 @@ impl Drop for FuseMount {
         }
     }
 }
+
+/// A command that runs `program` in a mount namespace of its own where
+/// `/sbin/mount.fuse.curvine` is a link to this build's `curvine-fuse`
+/// (the link the README has an administrator make once per host), so that
+/// mount(8) finds the helper without the test changing the host's `/sbin`:
+/// the namespace's `/sbin` is a read-only overlay of a directory holding
+/// the link over the real one. Mounts made inside stay inside; a remount
+/// changes the one file system, seen everywhere.
+pub fn with_mount_helper(
+    dir: &Path,
+    program: impl AsRef<std::ffi::OsStr>,
+) -> std::process::Command {
+    let links = dir.join("helper-sbin");
+    std::fs::create_dir_all(&links).expect("helper directory");
+    let link = links.join("mount.fuse.curvine");
+    if !link.exists() {
+        std::os::unix::fs::symlink(crate::bin("curvine-fuse"), &link).expect("helper link");
+    }
+    let sbin = std::fs::canonicalize("/sbin").expect("/sbin");
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount -t overlay curvine-helper -o "lowerdir=$0:$1" "$1" && shift && exec "$@""#)
+        .arg(&links)
+        .arg(sbin)
+        .arg(program);
+    cmd
+}

@@ -1336,14 +1336,52 @@ fn the_mount_helper_mounts_fstab_entries_and_remounts_read_only() {
     assert!(out.status.success(), "{out:?}");
     assert!(mnt.join("from-cli").exists());
     fs::write(mnt.join("w"), b"writable").unwrap();
-    // `mount -o remount,ro MNT` and back.
-    let out = helper_run(&["curvine:/sub", mnt_s, "-o", "remount,ro"]);
-    assert!(out.status.success(), "{out:?}");
+    // The kernel shows its type as fuse.curvine, so `mount -o remount,ro
+    // MNT` (mount(8) running the helper) makes it read-only, keeping the
+    // mount's nosuid and nodev, and `remount,rw` undoes it.
+    let mount_line = || {
+        fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .find(|l| l.split(' ').nth(1) == Some(mnt_s))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    assert!(
+        mount_line().starts_with(&format!(
+            "curvine:/sub {mnt_s} fuse.curvine rw,nosuid,nodev,"
+        )),
+        "{}",
+        mount_line()
+    );
+    let remount = |how: &str| {
+        let out = curvine_integration::with_mount_helper(dir.path(), "mount")
+            .args(["-o", how, mnt_s])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount -o {how}: {out:?}");
+    };
+    remount("remount,ro");
     assert_eq!(errno(fs::write(mnt.join("w2"), b"x")), libc::EROFS);
     assert_eq!(fs::read(mnt.join("w")).unwrap(), b"writable");
-    let out = helper_run(&["curvine:/sub", mnt_s, "-o", "remount,rw"]);
-    assert!(out.status.success(), "{out:?}");
+    remount("remount,rw");
     fs::write(mnt.join("w2"), b"x").unwrap();
+    // The helper itself does the same, keeping the mount's flags.
+    let out = helper_run(&["curvine:/sub", mnt_s, "-o", "rw,remount,ro"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        mount_line().contains(" fuse.curvine ro,nosuid,nodev,"),
+        "{}",
+        mount_line()
+    );
+    assert_eq!(errno(fs::write(mnt.join("w3"), b"x")), libc::EROFS);
+    let out = helper_run(&["curvine:/sub", mnt_s, "-o", "ro,remount,rw"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        mount_line().contains(" fuse.curvine rw,nosuid,nodev,"),
+        "{}",
+        mount_line()
+    );
     // Bad sources and options are named.
     let other = dir.path().join("other");
     fs::create_dir(&other).unwrap();
@@ -1366,17 +1404,26 @@ fn the_pjdfstest_posix_suite_passes() {
     let (dir, _node, m) = setup(&["--allow-other"]);
     // The suite switches to other users, who must reach the mount.
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let conf = dir.path().join("pjdfstest.toml");
-    // Every feature the mount has is on, and cross-device renames and
-    // links go to a tmpfs directory. Skipped: the read-only cases, which
-    // remount the mount read-only between other cases (the kernel answers
-    // EBUSY there while the suite's earlier inodes are still held), and
-    // LINK_MAX, which pathconf cannot learn from FUSE.
+    // Every feature the mount has is on, cross-device renames and links
+    // go to a tmpfs directory, and the read-only cases remount the mount
+    // with `mount -o remount,ro|rw` (mount(8) running the helper). Those
+    // run first, in a process of their own: later cases of the suite leave
+    // files open for writing until it exits (posix_fallocate's keep the
+    // descriptors `open` returns), and the kernel refuses (EBUSY) to make
+    // any file system read-only while one is. The suite skips its LINK_MAX
+    // case itself: pathconf answers glibc's "unknown" (127) for every FUSE
+    // mount, so the namespace's own tests check the limit
+    // (`a_file_has_at_most_max_links_names`).
     let other_fs = tempfile::tempdir_in("/dev/shm").unwrap();
-    fs::write(
-        &conf,
-        format!(
-            r#"
+    let suite = m.path("suite");
+    fs::create_dir(&suite).unwrap();
+    fs::set_permissions(&suite, fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |remount: bool, pattern: Option<&str>| {
+        let conf = dir.path().join(format!("pjdfstest-{remount}.toml"));
+        fs::write(
+            &conf,
+            format!(
+                r#"
 [features]
 posix_fallocate = {{}}
 rename_ctime = {{}}
@@ -1386,49 +1433,60 @@ secondary_fs = "{}"
 
 [settings]
 naptime = 0.02
-allow_remount = false
+allow_remount = {remount}
 
 [dummy_auth]
 entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
 "#,
-            other_fs.path().display()
-        ),
-    )
-    .unwrap();
-    let suite = m.path("suite");
-    fs::create_dir(&suite).unwrap();
-    fs::set_permissions(&suite, fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new(pjdfstest)
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(&suite)
-        .current_dir(&suite)
-        .output()
+                other_fs.path().display()
+            ),
+        )
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let (mut passed, mut failed) = (0, Vec::new());
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let (Some(case), Some(result), None) = (words.next(), words.next(), words.next()) else {
-            continue;
-        };
-        match result {
-            "ok" => passed += 1,
-            "FAILED" => failed.push(case.to_string()),
-            _ => {}
+        let out = curvine_integration::with_mount_helper(dir.path(), &pjdfstest)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(&suite)
+            .args(pattern)
+            .current_dir(&suite)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let mut results: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            if let (Some(case), Some(result @ ("ok" | "FAILED" | "skipped")), None) =
+                (words.next(), words.next(), words.next())
+            {
+                results.push((case.to_string(), result.to_string()));
+            }
         }
-    }
-    assert!(failed.is_empty(), "POSIX cases failed: {failed:?}\n{text}");
-    assert!(passed >= 380, "only {passed} cases passed:\n{text}");
-    eprintln!("pjdfstest: {passed} passed");
-    for line in text
-        .lines()
-        .filter(|l| l.contains("skipped") || l.contains("SKIP"))
-    {
-        eprintln!("{line}");
-    }
+        let failed: Vec<_> = results.iter().filter(|(_, r)| r == "FAILED").collect();
+        assert!(failed.is_empty(), "POSIX cases failed: {failed:?}\n{text}");
+        results
+    };
+    let read_only = run(true, Some("erofs"));
+    let rest = run(false, None);
+    let passed = |results: &[(String, String)]| {
+        results
+            .iter()
+            .filter(|(_, r)| r == "ok")
+            .map(|(c, _)| c.clone())
+            .collect::<Vec<_>>()
+    };
+    let passed_read_only = passed(&read_only);
+    assert!(passed_read_only.len() >= 13, "{read_only:?}");
+    // Every case the second run skipped passed in the first, but LINK_MAX.
+    let skipped: Vec<_> = rest
+        .iter()
+        .filter(|(c, r)| r == "skipped" && !passed_read_only.contains(c))
+        .map(|(c, _)| c.as_str())
+        .collect();
+    assert_eq!(skipped, ["link::link_count_max"]);
+    let total = passed_read_only.len() + passed(&rest).len();
+    assert!(total >= 397, "only {total} cases passed");
+    eprintln!("pjdfstest: {total} of {} passed", rest.len());
 }
 
 #[test]

@@ -84,6 +84,9 @@ pub enum FsError {
     /// object key in a UFS).
     #[error("invalid or incomplete multibyte or wide character{}", detail(.0))]
     IllegalName(String),
+    /// A file with as many names as it may have (EMLINK).
+    #[error("too many links{}", detail(.0))]
+    LinkLimit(String),
 }
 
 /// Result of a file-system operation.
@@ -119,6 +122,7 @@ impl FsError {
             FsError::Ufs(_) => libc::EIO,
             FsError::Stale(_) => libc::ESTALE,
             FsError::IllegalName(_) => libc::EILSEQ,
+            FsError::LinkLimit(_) => libc::EMLINK,
         }
     }
 
@@ -151,6 +155,7 @@ impl FsError {
             FsError::Ufs(_) => "ufs",
             FsError::Stale(_) => "stale",
             FsError::IllegalName(_) => "illegal_name",
+            FsError::LinkLimit(_) => "link_limit",
         }
     }
 
@@ -187,6 +192,7 @@ impl FsError {
             FsError::Protocol(_) => FsError::Protocol(text),
             FsError::Corrupt(_) => FsError::Corrupt(text),
             FsError::Stale(_) => FsError::Stale(text),
+            FsError::LinkLimit(_) => FsError::LinkLimit(text),
             // Keep where only UTF-8 goes: that is what the user must act on.
             FsError::IllegalName(why) if !text.is_empty() => {
                 FsError::IllegalName(format!("{text}: {why}"))
@@ -231,7 +237,8 @@ impl FsError {
             | FsError::NodeDown(s)
             | FsError::Ufs(s)
             | FsError::Stale(s)
-            | FsError::IllegalName(s) => s,
+            | FsError::IllegalName(s)
+            | FsError::LinkLimit(s) => s,
         }
     }
 
@@ -266,5 +273,12 @@ mod tests {
         );
         assert_eq!(FsError::CrossDevice(String::new()).errno(), libc::EXDEV);
         assert_eq!(FsError::NotSupported(String::new()).errno(), libc::ENOTSUP);
+        // A symlink loop and a file with too many names are two errors.
+        assert_eq!(FsError::TooManyLinks(String::new()).errno(), libc::ELOOP);
+        assert_eq!(FsError::LinkLimit(String::new()).errno(), libc::EMLINK);
+        assert_eq!(
+            FsError::LinkLimit("x".into()).with_detail("/a").to_string(),
+            "too many links: /a"
+        );
     }
 }

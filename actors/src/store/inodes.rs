@@ -269,7 +269,7 @@ impl ShardStore {
             ));
         }
         if attr.nlink >= MAX_LINKS {
-            return Err(FsError::TooManyLinks(format!(
+            return Err(FsError::LinkLimit(format!(
                 "the file has {MAX_LINKS} names already"
             )));
         }

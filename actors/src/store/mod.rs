@@ -54,7 +54,7 @@ mod ufs;
 mod xattrs;
 
 pub(crate) use env::open_env;
-pub use inodes::check_rename_kinds;
+pub use inodes::{check_rename_kinds, MAX_LINKS};
 pub use intents::StepRecord;
 pub use requests::{expire_answers, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL};
 
