@@ -88,11 +88,30 @@ struct Chain {
     block: curvine_messages::block::BlockId,
     len: u64,
     node: String,
+    /// Sent when the writer begins the next block: from then on the
+    /// commit waits for that block's reservation however long the node
+    /// takes, not only [`CHAIN_WAIT`].
+    begun: Option<oneshot::Sender<()>>,
     _go: oneshot::Sender<()>,
 }
 
-/// How long a finished block's commit waits for the next block (see [`Chain`]).
+/// How long a finished block's commit waits for the writer to begin the
+/// next block (see [`Chain`]): a writer that pauses after a block leaves
+/// nothing uncommitted for long.
 const CHAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long it then waits for the next block's reservation, a bound for a
+/// writer whose reservation failed and that is never closed.
+const CHAIN_RESERVE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a finished block's commit waits for before it goes (see [`Chain`]):
+/// the writer beginning the next block within [`CHAIN_WAIT`], then that
+/// block's reservation; or the chain dropped.
+async fn chain_wait(begun: oneshot::Receiver<()>, go: oneshot::Receiver<()>) {
+    if let Ok(Ok(())) = tokio::time::timeout(CHAIN_WAIT, begun).await {
+        let _ = tokio::time::timeout(CHAIN_RESERVE_WAIT, go).await;
+    }
+}
 
 /// Writes a file; the new content becomes visible when [`FileWriter::close`] returns.
 pub struct FileWriter {
@@ -240,6 +259,14 @@ impl FileWriter {
 
     async fn open_sink(&mut self) -> FsResult<()> {
         let index = (self.pos / self.bs) as u32;
+        if let Some(begun) = self
+            .chain
+            .as_mut()
+            .filter(|c| c.index + 1 == index)
+            .and_then(|c| c.begun.take())
+        {
+            let _ = begun.send(());
+        }
         let task = match self.next.take() {
             Some((i, task)) if i == index => task,
             _ => self.grant(index),
@@ -486,19 +513,19 @@ impl FileWriter {
                 // A whole block may be continued by the next, in one file
                 // on its node: its commit waits for the next reservation.
                 let (go, wait) = oneshot::channel();
+                let (begun, begun_wait) = oneshot::channel();
                 if len == self.bs {
                     self.chain = Some(Chain {
                         index,
                         block: g.id,
                         len,
                         node: g.node.node_id.clone(),
+                        begun: Some(begun),
                         _go: go,
                     });
                 }
                 tokio::spawn(curvine_runtime::trace::scope(trace, async move {
-                    // Not longer than a moment: a writer that pauses
-                    // after a block leaves nothing uncommitted for long.
-                    let _ = tokio::time::timeout(CHAIN_WAIT, wait).await;
+                    chain_wait(begun_wait, wait).await;
                     let reply = conn
                         .call(&DataRequest::CommitLocal {
                             token: g.token.clone(),
@@ -734,4 +761,39 @@ pub fn client_name() -> String {
     let key = curvine_wire::host::host_key();
     let host = key.split('/').next().unwrap_or("");
     format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn a_held_commit_waits_for_a_begun_next_block_however_slow_its_reservation() {
+        // Begun at once, reserved later than CHAIN_WAIT: the commit waits.
+        let (begun, begun_rx) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel::<()>();
+        begun.send(()).unwrap();
+        let slow = CHAIN_WAIT + Duration::from_millis(300);
+        tokio::spawn(async move {
+            tokio::time::sleep(slow).await;
+            drop(go);
+        });
+        let t = Instant::now();
+        chain_wait(begun_rx, go_rx).await;
+        assert!(t.elapsed() >= slow, "{:?}", t.elapsed());
+        // Never begun (a writer that paused): it goes after CHAIN_WAIT.
+        let (_begun, begun_rx) = oneshot::channel();
+        let (_go, go_rx) = oneshot::channel::<()>();
+        let t = Instant::now();
+        chain_wait(begun_rx, go_rx).await;
+        assert!(t.elapsed() >= CHAIN_WAIT && t.elapsed() < CHAIN_RESERVE_WAIT);
+        // Dropped (a close): at once.
+        let (begun, begun_rx) = oneshot::channel::<()>();
+        let (go, go_rx) = oneshot::channel::<()>();
+        drop((begun, go));
+        let t = Instant::now();
+        chain_wait(begun_rx, go_rx).await;
+        assert!(t.elapsed() < CHAIN_WAIT);
+    }
 }
