@@ -409,7 +409,17 @@ fn no_copy_fails_and_every_file_is_whole_when_the_leader_of_every_shard_is_kille
     let setup = Setup::new(dir.path());
     // The mount talks to the second node; the first, which founded the
     // cluster and leads every shard's group, is killed in each copy.
-    let mount = FuseMount::start(&cluster.nodes[1], &dir.path().join("mnt"), &[]);
+    // Blocks of 1MiB: a writer in flight holds a block's room in the
+    // mount's node's MEM tier (512MiB) until it commits, and with 64MiB
+    // blocks rclone's 16 transfers fill it, so that new blocks go to other
+    // nodes; those on the killed node (their one copy) could not be read
+    // until it returns. This test is about the metadata leader: the data
+    // stays on the mount's node.
+    let mount = FuseMount::start(
+        &cluster.nodes[1],
+        &dir.path().join("mnt"),
+        &["--block-size", "1MiB"],
+    );
     for (name, tool) in [("w", Tool::Writer), ("r", Tool::Rclone), ("t", Tool::Tar)] {
         let what = format!("{tool:?} with the shards' leader killed");
         let dst = mount.path(name);

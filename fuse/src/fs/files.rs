@@ -333,8 +333,13 @@ pub(super) fn read(
         return;
     };
     cfs.spawn("read", async move {
-        let data = try_reply!(reply, fs.read(ino.0, fh.0, offset, size).await);
-        reply.data(&data);
+        match fs.read(ino.0, fh.0, offset, size).await {
+            Ok(data) => reply.data(&data),
+            Err(e) => {
+                tracing::warn!(ino = ino.0, offset, size, error = %e, "read failed");
+                reply.error(errno(&e));
+            }
+        }
     });
 }
 
