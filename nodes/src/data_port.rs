@@ -518,15 +518,20 @@ async fn read(
     let end = offset.saturating_add(len).min(record.len);
     let end = end.div_ceil(unit).saturating_mul(unit).min(record.len);
     let fatal = |e: std::io::Error| Fatal(format!("sending block {block:#x}: {e}"));
-    reply(
-        stream,
-        &DataReply::Reading {
-            offset: start,
-            len: end - start,
-        },
-    )
-    .await
-    .map_err(fatal)?;
+    let reading = DataReply::Reading {
+        offset: start,
+        len: end - start,
+    };
+    if start == end {
+        reply(stream, &reading).await.map_err(fatal)?;
+    } else {
+        // The reply goes out in one segment with the first chunk.
+        let bytes = to_bytes("data reply", &reading).map_err(|e| Fatal(e.to_string()))?;
+        let mut frame = Vec::with_capacity(4 + bytes.len());
+        frame.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&bytes);
+        send_more(stream.get_mut(), &frame).await.map_err(fatal)?;
+    }
     let mut pos = start;
     let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
     let mut buf = Vec::new();

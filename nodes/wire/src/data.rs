@@ -291,20 +291,12 @@ pub fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> FsError {
 pub struct BlockStream {
     pub index: u32,
     pub rx: mpsc::Receiver<FsResult<(u64, Vec<u8>)>>,
-    /// The chunk being consumed: block offset of its first byte, bytes.
-    pub chunk: Option<(u64, Vec<u8>)>,
+    /// Block offset of the next chunk's first byte (the stream starts at
+    /// the checksum unit holding the offset asked for).
+    pub next: u64,
     /// Consumed chunks go back to the streaming task for reuse.
     pub recycle: mpsc::UnboundedSender<Vec<u8>>,
     task: JoinHandle<()>,
-}
-
-impl BlockStream {
-    /// Makes `next` the chunk being consumed, recycling the previous one.
-    pub fn take(&mut self, next: (u64, Vec<u8>)) {
-        if let Some((_, old)) = self.chunk.replace(next) {
-            let _ = self.recycle.send(old);
-        }
-    }
 }
 
 impl Drop for BlockStream {
@@ -392,7 +384,7 @@ pub fn start_stream(
     BlockStream {
         index,
         rx,
-        chunk: None,
+        next: offset / CHECKSUM_UNIT as u64 * CHECKSUM_UNIT as u64,
         recycle,
         task,
     }

@@ -10,9 +10,21 @@ pub async fn write_frame<W: AsyncWriteExt + Unpin>(
     w: &mut W,
     payload: &[u8],
 ) -> std::io::Result<()> {
-    w.write_all(&(payload.len() as u32).to_be_bytes()).await?;
+    let len = (payload.len() as u32).to_be_bytes();
+    if payload.len() <= SMALL_FRAME {
+        // One write, so one segment (and one wake-up of the reader)
+        // instead of the length on its own ahead of the payload.
+        let mut frame = Vec::with_capacity(4 + payload.len());
+        frame.extend_from_slice(&len);
+        frame.extend_from_slice(payload);
+        return w.write_all(&frame).await;
+    }
+    w.write_all(&len).await?;
     w.write_all(payload).await
 }
+
+/// Frames up to this size are written with their length in one write.
+const SMALL_FRAME: usize = 64 * 1024;
 
 /// Reads one length-prefixed frame; `None` at a clean end of stream.
 pub async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {

@@ -29,6 +29,11 @@ pub struct FileReader {
     no_local: std::collections::HashSet<u32>,
     stream: Option<BlockStream>,
     ahead: VecDeque<BlockStream>,
+    /// The chunks streamed last (block index, block offset, bytes), oldest
+    /// first, [`RECENT_BYTES`] at most: the kernel's readahead sends many
+    /// reads at once, which reach the reader a little out of order.
+    recent: VecDeque<(u32, u64, Vec<u8>)>,
+    recent_bytes: usize,
     /// Bytes read since the last yield (see [`yield_sometimes`]).
     since_yield: usize,
     /// (block, node) reads that failed; other replicas are used instead.
@@ -38,16 +43,25 @@ pub struct FileReader {
     /// Where the last random read of [`FileReader::pread`] ended: a read
     /// from there starts streaming again.
     random_end: u64,
+    /// Whether the last [`FileReader::pread`] ran on from the stream: only
+    /// then do reads a little ahead of the position (the kernel's
+    /// readahead, out of order) run on too; after a random read, only one
+    /// that continues it exactly does.
+    streaming: bool,
 }
 
 /// How far ahead of a reader's position a [`FileReader::pread`] still runs
-/// on from its stream (the kernel's readahead requests can arrive a little
-/// out of order).
-const SEQUENTIAL_WINDOW: u64 = 2 << 20;
+/// on from its stream (the kernel's readahead requests arrive out of order
+/// over its whole window: `fuse.max_readahead`, 16MiB).
+const SEQUENTIAL_WINDOW: u64 = 16 << 20;
 
 /// How far ahead of what a block stream has delivered a read may be and
 /// still wait for the stream; further ahead, the stream starts over there.
-const STREAM_SKIP: u64 = 1 << 20;
+const STREAM_SKIP: u64 = 16 << 20;
+
+/// Streamed bytes a reader keeps for reads that arrive after the ones
+/// beyond them (see `FileReader::recent`).
+const RECENT_BYTES: usize = 16 << 20;
 
 impl FileReader {
     pub async fn open(client: &Client, path: &str) -> FsResult<FileReader> {
@@ -72,9 +86,12 @@ impl FileReader {
             no_local: Default::default(),
             stream: None,
             ahead: VecDeque::new(),
+            recent: VecDeque::new(),
+            recent_bytes: 0,
             since_yield: 0,
             failed: Default::default(),
             random_end: u64::MAX,
+            streaming: false,
         }
     }
 
@@ -240,13 +257,21 @@ impl FileReader {
     /// position; any other fetches just its bytes, leaving the stream and
     /// the position where they were.
     pub async fn pread(&mut self, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
-        let runs_on = (offset >= self.pos && offset - self.pos <= SEQUENTIAL_WINDOW)
-            || offset == self.random_end;
+        if let Some(n) = self.read_recent(offset, buf) {
+            return Ok(n);
+        }
+        let runs_on = offset == self.pos
+            || offset == self.random_end
+            || (self.streaming && offset > self.pos && offset - self.pos <= SEQUENTIAL_WINDOW);
         if !runs_on {
+            // One behind a stream's position (a readahead request that came
+            // late) leaves it streaming.
+            self.streaming &= offset < self.pos;
             let done = self.read_full_at(offset, buf).await?;
             self.random_end = offset + done as u64;
             return Ok(done);
         }
+        self.streaming = true;
         self.seek(offset);
         self.read_full(buf).await
     }
@@ -379,33 +404,73 @@ impl FileReader {
                 }
             }
         }
-        let Some(stream) = self.stream.as_mut() else {
-            return Err(FsError::Io("no block stream".into()));
-        };
         loop {
-            if let Some((start, data)) = &stream.chunk {
-                let end = *start + data.len() as u64;
-                if off >= *start && off < end {
-                    let from = (off - start) as usize;
-                    let n = (data.len() - from).min(buf.len());
-                    buf[..n].copy_from_slice(&data[from..from + n]);
-                    return Ok(n);
-                }
-                if off < *start || off - end > STREAM_SKIP {
-                    // A seek backwards, or far ahead, inside the block:
-                    // start over there.
-                    *stream = start_stream(&self.client.data, src, index, off, u64::MAX);
-                    continue;
-                }
+            if let Some(n) = self.copy_recent(index, off, buf) {
+                return Ok(n);
             }
-            match stream.rx.recv().await {
-                Some(item) => stream.take(item?),
+            let Some(stream) = self.stream.as_mut() else {
+                return Err(FsError::Io("no block stream".into()));
+            };
+            if off < stream.next || off - stream.next > STREAM_SKIP {
+                // Before what the stream delivered (and no longer kept), or
+                // far ahead, inside the block: start over there.
+                *stream = start_stream(&self.client.data, src, index, off, u64::MAX);
+            }
+            let (start, data) = match stream.rx.recv().await {
+                Some(item) => item?,
                 None => {
                     return Err(FsError::Io(format!(
                         "block {:#x}: stream ended before offset {off}",
                         src.token.block
                     )))
                 }
+            };
+            stream.next = start + data.len() as u64;
+            self.keep_recent(index, start, data);
+        }
+    }
+
+    /// Copies what the chunks streamed last hold of block `index` from
+    /// `off` on, as far as one chunk goes.
+    fn copy_recent(&self, index: u32, off: u64, buf: &mut [u8]) -> Option<usize> {
+        let (_, start, data) = self.recent.iter().rev().find(|(i, start, data)| {
+            *i == index && off >= *start && off < *start + data.len() as u64
+        })?;
+        let from = (off - start) as usize;
+        let n = (data.len() - from).min(buf.len());
+        buf[..n].copy_from_slice(&data[from..from + n]);
+        Some(n)
+    }
+
+    /// Fills `buf` from `offset` when the chunks streamed last hold all of
+    /// it (or the file ends first).
+    fn read_recent(&self, offset: u64, buf: &mut [u8]) -> Option<usize> {
+        if self.recent.is_empty() || offset >= self.attr.size {
+            return None;
+        }
+        let want = (buf.len() as u64).min(self.attr.size - offset) as usize;
+        let mut done = 0;
+        while done < want {
+            let pos = offset + done as u64;
+            let (index, off) = ((pos / self.bs) as u32, pos % self.bs);
+            let end = ((self.bs - off) as usize).min(want - done);
+            done += self.copy_recent(index, off, &mut buf[done..done + end])?;
+        }
+        Some(done)
+    }
+
+    /// Keeps a streamed chunk, handing the oldest back for reuse beyond
+    /// [`RECENT_BYTES`].
+    fn keep_recent(&mut self, index: u32, start: u64, data: Vec<u8>) {
+        self.recent_bytes += data.len();
+        self.recent.push_back((index, start, data));
+        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
+            let Some((_, _, old)) = self.recent.pop_front() else {
+                break;
+            };
+            self.recent_bytes -= old.len();
+            if let Some(s) = &self.stream {
+                let _ = s.recycle.send(old);
             }
         }
     }
