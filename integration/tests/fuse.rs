@@ -1317,6 +1317,17 @@ fn the_mount_helper_mounts_fstab_entries_and_remounts_read_only() {
     std::os::unix::fs::symlink(curvine_integration::bin("curvine-fuse"), &helper).unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
+    // The helper's mount runs in the background: a failure below leaves
+    // no mount behind.
+    struct Cleared<'a>(&'a Path);
+    impl Drop for Cleared<'_> {
+        fn drop(&mut self) {
+            if curvine_fuse::mountpoint::is_mounted(self.0) {
+                let _ = curvine_fuse::mountpoint::clear(self.0);
+            }
+        }
+    }
+    let _cleared = Cleared(&mnt);
     let helper_run = |args: &[&str]| {
         Command::new(&helper)
             .args(args)
