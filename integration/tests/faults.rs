@@ -216,12 +216,19 @@ fn a_bad_cached_block_of_a_ufs_file_is_read_from_the_ufs_and_refetched() {
     );
     let (repaired, ok) = scrub(&node, &["--repair"]);
     assert!(ok, "every problem was repaired: {repaired}");
-    // Read again: from the object, and cached again, whole.
+    // Read again: from the object, and cached again, whole (a fill records
+    // its block just after its last bytes reach the reader).
     rt.block_on(async { assert!(read_file(&c, "/u/big").await.unwrap() == content) });
+    let seen = RefCell::new(serde_json::Value::Null);
+    let what = Lazily(|| format!("/u/big cached in 4 blocks: {}", seen.borrow()));
+    wait_for(what, Duration::from_secs(10), || {
+        let v = json(&node.cli_ok(&["--json", "fs", "blocks", "/u/big"]));
+        let done = v["blocks"].as_array().unwrap().len() == 4;
+        *seen.borrow_mut() = v;
+        done.then_some(())
+    });
     let (clean, ok) = scrub(&node, &[]);
     assert!(ok, "{clean}");
-    let v = json(&node.cli_ok(&["--json", "fs", "blocks", "/u/big"]));
-    assert_eq!(v["blocks"].as_array().unwrap().len(), 4, "{v}");
 }
 
 fn rt_put(s3: &TestS3, loc: &str, key: &str, bytes: Vec<u8>) {
