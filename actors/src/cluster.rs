@@ -334,6 +334,19 @@ impl ClusterView {
     pub fn gateway(&self, node: &str) -> FsResult<ActorRef<PeerMsg>> {
         if let Some(m) = self.members.read().get(node) {
             if m.state != MemberState::Up {
+                // Learned of (from the seeds or the data directory) but not
+                // heard from yet: a node that has just started waits for
+                // its first heartbeat before calling it down.
+                let waited = now_ns() - m.since_ns;
+                if m.state == MemberState::Down
+                    && m.info.rpc_addr.is_empty()
+                    && waited < self.node_timeout.as_nanos() as i64
+                {
+                    return Err(FsError::Unavailable(format!(
+                        "node {node} ({}) not heard from yet",
+                        m.info.cluster_addr
+                    )));
+                }
                 return Err(FsError::NodeDown(describe(m)));
             }
         }

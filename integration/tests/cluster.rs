@@ -483,6 +483,27 @@ fn a_wrong_cookie_or_another_cluster_is_refused_on_both_sides() {
 }
 
 #[test]
+fn a_node_serves_clients_as_soon_as_it_has_joined() {
+    // A node learns of the others from its seeds before their first
+    // heartbeat reaches it: it asks clients to wait for them then, not
+    // that they are down (a command run at once used to fail "node down
+    // ... down for 0s").
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = ProcessCluster::start(dir.path(), 1, &[]);
+    let founder = &cluster.nodes[0];
+    let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
+    args.extend_from_slice(&["--seeds", &founder.cluster_addr]);
+    let late = NodeProcess::start_on(&dir.path().join("late"), "127.0.0.2", &args);
+    for i in 0..8 {
+        late.cli_ok(&["fs", "mkdir", &format!("/early-{i}")]);
+    }
+    let listing = founder.cli_ok(&["fs", "ls", "/"]);
+    for i in 0..8 {
+        assert!(listing.contains(&format!("early-{i}")), "{listing}");
+    }
+}
+
+#[test]
 fn a_node_that_failed_after_joining_finds_its_cluster_without_seeds() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = ProcessCluster::start(dir.path(), 1, &[]);
