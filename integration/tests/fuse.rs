@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -2177,16 +2177,40 @@ fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_read
     );
 }
 
+/// Reads up to `len` bytes at `at` of a file opened with O_DIRECT (into
+/// a page-aligned buffer, as O_DIRECT asks).
+fn read_direct(file: &File, at: u64, len: usize) -> Vec<u8> {
+    let mut raw = vec![0u8; len + 4096];
+    let skip = raw.as_ptr().align_offset(4096);
+    let buf = &mut raw[skip..skip + len];
+    let mut done = 0;
+    while done < len {
+        let n = file.read_at(&mut buf[done..], at + done as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf[..done].to_vec()
+}
+
 #[test]
 fn a_file_of_other_nodes_blocks_opened_twice_is_copied_here_and_passes_through() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = curvine_integration::ProcessCluster::start(dir.path(), 2, &[]);
     let (here, far) = (&cluster.nodes[0], &cluster.nodes[1]);
     let m = FuseMount::start(here, &dir.path().join("mnt"), &["--block-size", "1MiB"]);
+    // This one reads the other node's blocks over its data port, as from
+    // another host.
     let off = FuseMount::start(
         here,
         &dir.path().join("off"),
-        &["-c", "fuse.local_copies=false"],
+        &[
+            "-c",
+            "fuse.local_copies=false",
+            "-c",
+            "client.short_circuit=false",
+        ],
     );
     // A file of four blocks, all on the other node.
     let data = random_bytes(3 * 1024 * 1024 + 999, 41);
@@ -2210,6 +2234,30 @@ fn a_file_of_other_nodes_blocks_opened_twice_is_copied_here_and_passes_through()
     // A mount with local copies off reads it again through itself.
     for _ in 0..2 {
         assert!(fs::read(off.path("far")).unwrap() == data);
+    }
+    // Reads as the program asks them (O_DIRECT: no readahead between):
+    // in order in pieces that fit the reader's chunks and pieces that
+    // straddle them, and here and there.
+    let direct = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(off.path("far"))
+        .unwrap();
+    for piece in [256 << 10, 96 << 10, 1 << 20] {
+        let mut at = 0;
+        while at < data.len() {
+            let got = read_direct(&direct, at as u64, piece);
+            let want = &data[at..(at + piece).min(data.len())];
+            assert!(got == want, "{piece}-byte read at {at}");
+            at += piece;
+        }
+    }
+    for at in [3 << 20, 4096, (2 << 20) - 8192, 1 << 20, 0] {
+        let got = read_direct(&direct, at as u64, 128 << 10);
+        assert!(
+            got == data[at..(at + (128 << 10)).min(data.len())],
+            "read at {at}"
+        );
     }
     assert_eq!(passthrough_opens(&off, "copying"), 0);
     std::thread::sleep(Duration::from_millis(500));

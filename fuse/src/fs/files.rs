@@ -79,7 +79,16 @@ impl Fs {
         })
     }
 
-    async fn read(&self, ino: u64, fh: u64, off: u64, size: u32) -> FsResult<Vec<u8>> {
+    /// Reads up to `size` bytes at `off` through handle `fh`, handing them
+    /// to `f` (from the reader's own chunk when it can: no copy).
+    async fn read<R>(
+        &self,
+        ino: u64,
+        fh: u64,
+        off: u64,
+        size: u32,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
         let handle = self.handle(fh)?;
         let Handle::File(file) = &*handle else {
             return Err(FsError::IsADirectory("read of a directory handle".into()));
@@ -93,12 +102,8 @@ impl Fs {
         let Some((reader, _)) = slot.as_mut() else {
             return Err(FsError::Io("no reader".into()));
         };
-        let len = (size as u64).min(reader.size().saturating_sub(off)) as usize;
-        let mut buf = vec![0u8; len];
         // Sequential reads stream the block; random ones fetch their bytes.
-        let done = reader.pread(off, &mut buf).await?;
-        buf.truncate(done);
-        Ok(buf)
+        reader.pread_with(off, size as usize, f).await
     }
 
     /// Opens (or joins) the writer task of a file for a new handle.
@@ -333,10 +338,15 @@ pub(super) fn read(
         return;
     };
     cfs.spawn("read", async move {
-        match fs.read(ino.0, fh.0, offset, size).await {
-            Ok(data) => reply.data(&data),
-            Err(e) => {
-                tracing::warn!(ino = ino.0, offset, size, error = %e, "read failed");
+        let mut reply = Some(reply);
+        let answer = |data: &[u8]| {
+            if let Some(reply) = reply.take() {
+                reply.data(data);
+            }
+        };
+        if let Err(e) = fs.read(ino.0, fh.0, offset, size, answer).await {
+            tracing::warn!(ino = ino.0, offset, size, error = %e, "read failed");
+            if let Some(reply) = reply.take() {
                 reply.error(errno(&e));
             }
         }

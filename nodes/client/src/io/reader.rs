@@ -260,10 +260,7 @@ impl FileReader {
         if let Some(n) = self.read_recent(offset, buf) {
             return Ok(n);
         }
-        let runs_on = offset == self.pos
-            || offset == self.random_end
-            || (self.streaming && offset > self.pos && offset - self.pos <= SEQUENTIAL_WINDOW);
-        if !runs_on {
+        if !self.runs_on(offset) {
             // One behind a stream's position (a readahead request that came
             // late) leaves it streaming.
             self.streaming &= offset < self.pos;
@@ -274,6 +271,88 @@ impl FileReader {
         self.streaming = true;
         self.seek(offset);
         self.read_full(buf).await
+    }
+
+    /// Whether a read at `offset` runs on from the position (or from where
+    /// the previous random read ended): see [`FileReader::pread`].
+    fn runs_on(&self, offset: u64) -> bool {
+        offset == self.pos
+            || offset == self.random_end
+            || (self.streaming && offset > self.pos && offset - self.pos <= SEQUENTIAL_WINDOW)
+    }
+
+    /// [`FileReader::pread`] of up to `len` bytes at `offset`, handing the
+    /// bytes to `f`: straight from the chunk a block stream delivered when
+    /// one chunk holds them all (no copy: the mount answers the kernel from
+    /// it), else from a buffer `pread` filled.
+    pub async fn pread_with<R>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
+        let want = (len as u64).min(self.attr.size.saturating_sub(offset)) as usize;
+        if want == 0 {
+            return Ok(f(&[]));
+        }
+        if let Some((at, from)) = self.recent_slot(offset, want) {
+            return Ok(f(&self.recent[at].2[from..from + want]));
+        }
+        if self.runs_on(offset) {
+            while self.stream_reaches(offset, want) {
+                let Some(stream) = self.stream.as_mut() else {
+                    break;
+                };
+                let index = stream.index;
+                match stream.rx.recv().await {
+                    Some(Ok((start, data))) => {
+                        stream.next = start + data.len() as u64;
+                        self.keep_recent(index, start, data);
+                    }
+                    // `pread` starts the stream again, and turns to another
+                    // replica if this one fails again.
+                    _ => {
+                        self.stream = None;
+                        break;
+                    }
+                }
+                if let Some((at, from)) = self.recent_slot(offset, want) {
+                    self.streaming = true;
+                    self.pos = offset + want as u64;
+                    return Ok(f(&self.recent[at].2[from..from + want]));
+                }
+            }
+        }
+        let mut buf = vec![0u8; want];
+        let n = self.pread(offset, &mut buf).await?;
+        Ok(f(&buf[..n]))
+    }
+
+    /// Where in [`FileReader::recent`] one chunk holds all of `[offset,
+    /// offset + want)`: (its place, the offset in it).
+    fn recent_slot(&self, offset: u64, want: usize) -> Option<(usize, usize)> {
+        let (index, off) = ((offset / self.bs) as u32, offset % self.bs);
+        let end = off + want as u64;
+        let at = self.recent.iter().rposition(|(i, start, data)| {
+            *i == index && off >= *start && end <= *start + data.len() as u64
+        })?;
+        Some((at, (off - self.recent[at].1) as usize))
+    }
+
+    /// Whether the running block stream's next chunks bring `[offset,
+    /// offset + want)` (all in its block, at or a little past what it
+    /// delivered).
+    fn stream_reaches(&self, offset: u64, want: usize) -> bool {
+        let (index, off) = ((offset / self.bs) as u32, offset % self.bs);
+        let in_block = match self.blocks.get(&index) {
+            Some(b) => off + want as u64 <= b.info.len,
+            None => self.ufs.is_some() && off + want as u64 <= self.bs,
+        };
+        in_block
+            && self
+                .stream
+                .as_ref()
+                .is_some_and(|s| s.index == index && off >= s.next && off - s.next <= STREAM_SKIP)
     }
 
     /// Reads from the position until `buf` is full or the file ends.
