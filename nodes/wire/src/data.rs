@@ -414,7 +414,10 @@ pub async fn copy_block(
         .open(dst)
         .map_err(|e| io_err(&what, e))?;
     let crcs = copy_block_into(pool, &src, &file, 0, &what).await?;
-    file.sync_data().map_err(|e| io_err(&what, e))?;
+    tokio::task::spawn_blocking(move || file.sync_data())
+        .await
+        .map_err(|e| FsError::Io(format!("{what}: {e}")))?
+        .map_err(|e| io_err(&what, e))?;
     Ok(crcs)
 }
 
@@ -430,6 +433,9 @@ pub async fn copy_block_into(
 ) -> FsResult<Vec<u32>> {
     use std::os::unix::fs::FileExt;
     let len = src.len;
+    // Writes (and the tier's page cache they may wait for) run off the
+    // runtime's workers.
+    let file = std::sync::Arc::new(file.try_clone().map_err(|e| io_err(what, e))?);
     let mut crcs = Vec::with_capacity(len.div_ceil(CHECKSUM_UNIT as u64) as usize);
     let mut stream = start_stream(pool, src, 0, 0, len);
     let mut done = 0u64;
@@ -444,7 +450,10 @@ pub async fn copy_block_into(
             )));
         }
         crcs.extend(curvine_messages::block::unit_crcs(&data));
-        file.write_all_at(&data, offset + done)
+        let (f, at) = (file.clone(), offset + done);
+        let data = tokio::task::spawn_blocking(move || f.write_all_at(&data, at).map(|()| data))
+            .await
+            .map_err(|e| FsError::Io(format!("{what}: {e}")))?
             .map_err(|e| io_err(what, e))?;
         done += data.len() as u64;
         let _ = stream.recycle.send(data);
