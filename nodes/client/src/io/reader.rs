@@ -34,6 +34,9 @@ pub struct FileReader {
     /// reads at once, which reach the reader a little out of order.
     recent: VecDeque<(u32, u64, Vec<u8>)>,
     recent_bytes: usize,
+    /// The buffer of [`FileReader::pread_with`]'s reads that no one chunk
+    /// holds.
+    scratch: Vec<u8>,
     /// Bytes read since the last yield (see [`yield_sometimes`]).
     since_yield: usize,
     /// (block, node) reads that failed; other replicas are used instead.
@@ -88,6 +91,7 @@ impl FileReader {
             ahead: VecDeque::new(),
             recent: VecDeque::new(),
             recent_bytes: 0,
+            scratch: Vec::new(),
             since_yield: 0,
             failed: Default::default(),
             random_end: u64::MAX,
@@ -323,9 +327,15 @@ impl FileReader {
                 }
             }
         }
-        let mut buf = vec![0u8; want];
-        let n = self.pread(offset, &mut buf).await?;
-        Ok(f(&buf[..n]))
+        // A buffer kept between reads: zeroed once, not for every read.
+        let mut buf = std::mem::take(&mut self.scratch);
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        let read = self.pread(offset, &mut buf[..want]).await;
+        let out = read.map(|n| f(&buf[..n]));
+        self.scratch = buf;
+        out
     }
 
     /// Where in [`FileReader::recent`] one chunk holds all of `[offset,
