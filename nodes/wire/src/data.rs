@@ -207,16 +207,24 @@ impl DataConn {
         for c in crcs.iter_mut() {
             *c = self.stream.read_u32().await.map_err(|e| lost(addr, e))?;
         }
-        // A recycled buffer is only shortened: no zeroing, no new pages.
-        if data.len() >= n {
-            data.truncate(n);
-        } else {
-            data.resize(n, 0);
+        // The bytes go into the buffer's spare room: a recycled buffer
+        // keeps its pages, a new one is not zeroed first.
+        data.clear();
+        data.reserve_exact(n);
+        while data.len() < n {
+            let rest = (n - data.len()) as u64;
+            let got = (&mut self.stream)
+                .take(rest)
+                .read_buf(&mut data)
+                .await
+                .map_err(|e| lost(addr, e))?;
+            if got == 0 {
+                return Err(lost(
+                    addr,
+                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                ));
+            }
         }
-        self.stream
-            .read_exact(&mut data)
-            .await
-            .map_err(|e| lost(addr, e))?;
         verified(&data, &crcs, first_unit, what)?;
         Ok(data)
     }
