@@ -29,10 +29,11 @@ async fn shards(cx: &Ctx<'_>) -> Result<(), Failure> {
             .map(|n| (n.node_id.as_str(), n.state.as_str()))
             .collect();
         out!(
-            "cluster map version {} ({} shards, {} nodes)",
+            "cluster map version {} ({} shards, {} node{})",
             report.map.version,
             report.shard_count,
-            report.nodes.len()
+            report.nodes.len(),
+            if report.nodes.len() == 1 { "" } else { "s" }
         );
         // Members are named by their node where the report knows it.
         let member = |id: u64| -> String {

@@ -26,10 +26,11 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
         print_json(&report);
     } else {
         out!(
-            "cluster {} ({} shards, {} nodes)",
+            "cluster {} ({} shards, {} node{})",
             report.cluster_id,
             report.shard_count,
-            report.nodes.len()
+            report.nodes.len(),
+            if report.nodes.len() == 1 { "" } else { "s" }
         );
         for node in &report.nodes {
             let inodes: u64 = node.shards.iter().map(|s| s.inodes).sum();
