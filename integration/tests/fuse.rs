@@ -286,6 +286,29 @@ fn as_user(id: u32, m: &FuseMount, script: &str) -> (bool, String) {
 }
 
 #[test]
+fn a_stream_of_writes_is_not_asked_about_security_capability_each_time() {
+    // The mount takes away set-user-ID and set-group-ID itself on writes
+    // (FUSE_HANDLE_KILLPRIV_V2), so the kernel no longer asks it for
+    // security.capability before every write: that was one request of
+    // two on a stream of writes.
+    let (_dir, _node, m) = setup(&[]);
+    let asked = || m.counter("curvine_fuse_operations_total", "op=\"getxattr\"");
+    let mut f = File::create(m.path("stream")).unwrap();
+    let before = asked();
+    let chunk = vec![7u8; 128 << 10];
+    for _ in 0..64 {
+        f.write_all(&chunk).unwrap();
+    }
+    drop(f);
+    let during = asked() - before;
+    assert!(
+        during <= 1,
+        "security.capability asked {during} times for 64 writes"
+    );
+    assert_eq!(fs::metadata(m.path("stream")).unwrap().len(), 64 << 17);
+}
+
+#[test]
 fn check_permission_holds_other_users_to_modes_and_owners() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (dir, _node, m) = setup(&["--check-permission"]);
@@ -351,6 +374,30 @@ fn check_permission_holds_other_users_to_modes_and_owners() {
             (meta.mode() & 0o7777, meta.len()),
             (after, 2),
             "{name} after a truncate"
+        );
+    }
+    // The same for an open that empties the file, and for a chown, even
+    // by root; root's own writes and truncations keep the bits.
+    for (name, mode, after) in [("suid", 0o4777, 0o777), ("both", 0o6757, 0o757)] {
+        fs::set_permissions(m.path(name), fs::Permissions::from_mode(mode)).unwrap();
+        let (ok, out) = as_user(bob, &m, &format!("echo new > $M/{name}"));
+        assert!(ok, "{name}: {out}");
+        let meta = fs::metadata(m.path(name)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, after, "{name} after an O_TRUNC open");
+        assert_eq!(fs::read(m.path(name)).unwrap(), b"new\n");
+        fs::set_permissions(m.path(name), fs::Permissions::from_mode(mode)).unwrap();
+        let mut f = OpenOptions::new().append(true).open(m.path(name)).unwrap();
+        f.write_all(b"root\n").unwrap();
+        f.set_len(3).unwrap();
+        drop(f);
+        let meta = fs::metadata(m.path(name)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, mode, "{name} after root's write");
+        std::os::unix::fs::chown(m.path(name), None, Some(bob)).unwrap();
+        let meta = fs::metadata(m.path(name)).unwrap();
+        assert_eq!(
+            (meta.mode() & 0o7777, meta.gid()),
+            (after, bob),
+            "{name} after a chown"
         );
     }
     // A non-owner still cannot change a mode otherwise.

@@ -74,6 +74,11 @@ impl Fs {
         self.delegations.give_back(ino).await;
         let attr = self.getattr(ino).await?;
         self.check_setattr(caller, &attr, &mut set)?;
+        // A truncation by anyone but root takes away set-user-ID and
+        // set-group-ID (see `killed_suid_sgid`; a chown's are taken above).
+        if set.mode.is_none() && set.size.is_some() && caller.uid != 0 {
+            set.mode = super::perms::killed_suid_sgid(&attr);
+        }
         if let Some(w) = self.writer(ino).filter(|w| w.fresh()) {
             if set.size.is_none() && set != SetAttr::default() {
                 // A file this mount is creating: its creation becomes
@@ -157,6 +162,33 @@ impl Fs {
         }
         self.inodes.set_attr(ino, attr.clone());
         Ok(self.with_writes(ino, attr))
+    }
+
+    /// What a write by a caller without CAP_FSETID (the kernel marks it)
+    /// does to a file with set-user-ID or set-group-ID: takes them away
+    /// before the write is answered. Cheap when the cached attributes show
+    /// neither; waits on the node otherwise (called on a fuser thread).
+    pub(super) fn kill_suid_sgid_for_write(self: &std::sync::Arc<Self>, ino: u64) {
+        if let Some(attr) = self.inodes.attr(ino) {
+            if super::perms::killed_suid_sgid(&attr).is_none() {
+                return;
+            }
+        }
+        let fs = self.clone();
+        let done = self.rt.block_on(async move {
+            let attr = fs.getattr(ino).await?;
+            if let Some(mode) = super::perms::killed_suid_sgid(&attr) {
+                let set = SetAttr {
+                    mode: Some(mode),
+                    ..Default::default()
+                };
+                fs.setattr(ino, Caller::MOUNT, set).await?;
+            }
+            Ok::<_, FsError>(())
+        });
+        if let Err(e) = done {
+            tracing::warn!(ino, error = %e, "taking away set-user-ID and set-group-ID for a write failed");
+        }
     }
 
     async fn getattr_fresh(&self, ino: u64) -> FsResult<Attr> {

@@ -217,7 +217,25 @@ pub(super) fn open(
             let w = fs.join_writer(ino, owner, write::Opened::No);
             if flags.0 & libc::O_TRUNC != 0 {
                 match w.open_truncate().await {
-                    Ok(a) => attr = a,
+                    // Emptied by anyone but root: set-user-ID and
+                    // set-group-ID go (see `killed_suid_sgid`).
+                    Ok(a) => match super::perms::killed_suid_sgid(&a) {
+                        Some(mode) if caller.uid != 0 => {
+                            let set = curvine_messages::SetAttr {
+                                mode: Some(mode),
+                                ..Default::default()
+                            };
+                            match fs.setattr(ino, super::perms::Caller::MOUNT, set).await {
+                                Ok(a) => attr = a,
+                                Err(e) => {
+                                    fs.release_writer(&w);
+                                    reply.error(errno(&e));
+                                    return;
+                                }
+                            }
+                        }
+                        _ => attr = a,
+                    },
                     Err(e) => {
                         fs.release_writer(&w);
                         reply.error(errno(&e));

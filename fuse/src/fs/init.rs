@@ -23,7 +23,11 @@ pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
     let mut wanted = InitFlags::FUSE_ATOMIC_O_TRUNC
         | InitFlags::FUSE_AUTO_INVAL_DATA
         | InitFlags::FUSE_CACHE_SYMLINKS
-        | InitFlags::FUSE_BIG_WRITES;
+        | InitFlags::FUSE_BIG_WRITES
+        // Set-user-ID and set-group-ID are taken away by the mount on
+        // write, truncation and chown (`perms::killed_suid_sgid`), so the
+        // kernel need not ask for security.capability before every write.
+        | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
     if conf.async_read {
         wanted |= InitFlags::FUSE_ASYNC_READ;
     }

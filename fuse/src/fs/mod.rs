@@ -327,15 +327,18 @@ impl Filesystem for CurvineFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: WriteFlags,
+        wf: WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.0.kill_suid_sgid_for_write(ino.0);
+        }
         files::write(self, fh, offset, data, reply)
     }
 

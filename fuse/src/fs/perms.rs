@@ -33,6 +33,13 @@ pub(super) struct Caller {
 }
 
 impl Caller {
+    /// The mount itself, acting for the kernel (no permission checks).
+    pub(super) const MOUNT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+
     pub(super) fn of(req: &Request) -> Caller {
         Caller {
             uid: req.uid(),
@@ -67,6 +74,23 @@ impl Caller {
         };
         (bits as i32) & mask == mask
     }
+}
+
+/// The mode a file keeps once a write, a truncation or a chown has taken
+/// away its set-user-ID bit and its set-group-ID bit (the latter only
+/// with group execute, as Linux does); `None` when there is nothing to
+/// take. The mount asks for FUSE_HANDLE_KILLPRIV_V2, so this is its to do,
+/// not the kernel's: the kernel then stops asking for
+/// `security.capability` before every write.
+pub(super) fn killed_suid_sgid(attr: &Attr) -> Option<u32> {
+    if attr.kind == FileKind::Dir {
+        return None;
+    }
+    let mut mode = attr.mode & !libc::S_ISUID;
+    if attr.mode & libc::S_IXGRP != 0 {
+        mode &= !libc::S_ISGID;
+    }
+    (mode != attr.mode).then_some(mode)
 }
 
 impl Fs {
