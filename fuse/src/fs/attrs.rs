@@ -177,17 +177,26 @@ impl Fs {
         let fs = self.clone();
         let done = self.rt.block_on(async move {
             let attr = fs.getattr(ino).await?;
-            if let Some(mode) = super::perms::killed_suid_sgid(&attr) {
+            fs.take_suid_sgid(ino, attr).await
+        });
+        if let Err(e) = done {
+            tracing::warn!(ino, error = %e, "taking away set-user-ID and set-group-ID for a write failed");
+        }
+    }
+
+    /// Takes set-user-ID and set-group-ID away from file `ino` (whose
+    /// attributes are `attr`) on the kernel's behalf, when it has them;
+    /// its attributes after.
+    pub(super) async fn take_suid_sgid(&self, ino: u64, attr: Attr) -> FsResult<Attr> {
+        match super::perms::killed_suid_sgid(&attr) {
+            Some(mode) => {
                 let set = SetAttr {
                     mode: Some(mode),
                     ..Default::default()
                 };
-                fs.setattr(ino, Caller::MOUNT, set).await?;
+                self.setattr(ino, Caller::MOUNT, set).await
             }
-            Ok::<_, FsError>(())
-        });
-        if let Err(e) = done {
-            tracing::warn!(ino, error = %e, "taking away set-user-ID and set-group-ID for a write failed");
+            None => Ok(attr),
         }
     }
 

@@ -216,26 +216,14 @@ pub(super) fn open(
         let writer = if writes {
             let w = fs.join_writer(ino, owner, write::Opened::No);
             if flags.0 & libc::O_TRUNC != 0 {
-                match w.open_truncate().await {
+                let emptied = match w.open_truncate().await {
                     // Emptied by anyone but root: set-user-ID and
                     // set-group-ID go (see `killed_suid_sgid`).
-                    Ok(a) => match super::perms::killed_suid_sgid(&a) {
-                        Some(mode) if caller.uid != 0 => {
-                            let set = curvine_messages::SetAttr {
-                                mode: Some(mode),
-                                ..Default::default()
-                            };
-                            match fs.setattr(ino, super::perms::Caller::MOUNT, set).await {
-                                Ok(a) => attr = a,
-                                Err(e) => {
-                                    fs.release_writer(&w);
-                                    reply.error(errno(&e));
-                                    return;
-                                }
-                            }
-                        }
-                        _ => attr = a,
-                    },
+                    Ok(a) if caller.uid != 0 => fs.take_suid_sgid(ino, a).await,
+                    other => other,
+                };
+                match emptied {
+                    Ok(a) => attr = a,
                     Err(e) => {
                         fs.release_writer(&w);
                         reply.error(errno(&e));

@@ -151,13 +151,8 @@ impl CurvineFs {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
+        count_operation(op);
         let metrics = curvine_runtime::stats::process();
-        metrics.add(
-            "curvine_fuse_operations_total",
-            "Kernel requests the FUSE mount answered, per operation.",
-            &[("op", op)],
-            1,
-        );
         let latency = metrics.histogram(
             "curvine_fuse_operation_duration_seconds",
             "Time the FUSE mount took to answer a kernel request, per operation.",
@@ -179,6 +174,16 @@ impl CurvineFs {
             });
         }
     }
+}
+
+/// Counts a kernel request the mount answered (in a task or in place).
+pub(super) fn count_operation(op: &'static str) {
+    curvine_runtime::stats::process().add(
+        "curvine_fuse_operations_total",
+        "Kernel requests the FUSE mount answered, per operation.",
+        &[("op", op)],
+        1,
+    );
 }
 
 impl Filesystem for CurvineFs {

@@ -180,12 +180,7 @@ pub(super) fn getxattr(cfs: &CurvineFs, ino: INodeNo, name: &OsStr, size: u32, r
     // The kernel asks for security.capability before every write: a
     // known absence is answered here, without a task.
     if name.to_str().is_some_and(|n| fs.xattr_absent(ino.0, n)) {
-        curvine_runtime::stats::process().add(
-            "curvine_fuse_operations_total",
-            "Kernel requests the FUSE mount answered, per operation.",
-            &[("op", "getxattr")],
-            1,
-        );
+        super::count_operation("getxattr");
         reply.error(Errno::from_i32(libc::ENODATA));
         return;
     }
