@@ -340,7 +340,10 @@ fn run(
     let mut next_expiry = Instant::now();
     let mut pass = Pass::default();
     loop {
-        let wait = next_tick.saturating_duration_since(Instant::now());
+        let wake = groups
+            .next_apply()
+            .map_or(next_tick, |at| at.min(next_tick));
+        let wait = wake.saturating_duration_since(Instant::now());
         // A checkpoint is overdue while a leader's changes wait for their
         // commit: new mutations wait until they are committed.
         let hold = groups.speculating()

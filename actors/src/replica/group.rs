@@ -3,6 +3,7 @@
 //! back what it did not commit, and how committed entries are applied.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use heed::RwTxn;
 use raft::eraftpb::{ConfChangeV2, Entry, EntryType};
@@ -36,6 +37,10 @@ pub(super) struct Group {
     /// Committed entries learnt after a pass persisted: applied first in
     /// the next pass.
     pub(super) late: Vec<Entry>,
+    /// Committed entries this follower has not applied yet, and when the
+    /// first of them came (see [`APPLY_DELAY`]).
+    pub(super) deferred: Vec<Entry>,
+    pub(super) deferred_since: Option<Instant>,
     /// Whether the group did anything since its status was published.
     pub(super) touched: bool,
     /// The last member change applied.
@@ -50,6 +55,20 @@ pub(super) struct Group {
     /// confirmed it before then may not be one of the new members.
     pub(super) members_at: Option<std::time::Instant>,
 }
+
+/// How long a follower of a replicated group may hold committed entries
+/// before it applies them to LMDB. A follower's LMDB state serves no reads
+/// (the leader's does) and its log already holds the entries durably, so
+/// applying those of many passes in one transaction costs it one write of
+/// each B-tree page they touch instead of one per pass. It applies at once
+/// what it holds when it becomes leader, when a member change or a
+/// snapshot comes, and when a caller waits on the group.
+pub(super) const APPLY_DELAY: Duration = Duration::from_millis(20);
+
+/// Committed entries a follower holds at most before it applies them (well
+/// inside the window of entries its log keeps for the others, so a
+/// checkpoint can always write them again).
+const DEFER_MAX: usize = 1024;
 
 pub(super) fn is_members(e: &Entry) -> bool {
     e.get_entry_type() != EntryType::EntryNormal
@@ -69,6 +88,8 @@ impl Group {
             leading: false,
             term_start: 0,
             late: Vec::new(),
+            deferred: Vec::new(),
+            deferred_since: None,
             touched: true,
             members_index: applied.0,
             lease_until: None,
@@ -166,6 +187,58 @@ impl Group {
             "this node no longer leads the shard's group"
         );
         Ok(())
+    }
+
+    /// Takes committed entries: a follower of shard `shard` (other than
+    /// the cluster map's) holds them up to [`APPLY_DELAY`] and applies them
+    /// with those that follow; anything else applies what it holds and
+    /// `entries` now.
+    pub(super) fn take_committed(
+        &mut self,
+        shard: GroupId,
+        dbs: &[Db],
+        txn: &mut RwTxn,
+        entries: &[Entry],
+    ) -> FsResult<()> {
+        if entries.is_empty() && !self.deferral_due(Instant::now()) {
+            return Ok(());
+        }
+        let defer = shard != 0
+            && !self.is_leader()
+            && self.waiting.is_empty()
+            && self.raw.raft.prs().conf().voters().ids().len() > 1
+            && !entries.iter().any(is_members);
+        if !defer && self.deferred.is_empty() {
+            return self.apply_committed(shard, dbs, txn, entries);
+        }
+        if self.deferred.is_empty() && !entries.is_empty() {
+            self.deferred_since = Some(Instant::now());
+        }
+        self.deferred.extend_from_slice(entries);
+        if defer && !self.deferral_due(Instant::now()) {
+            return Ok(());
+        }
+        self.apply_deferred(shard, dbs, txn)
+    }
+
+    /// Applies the committed entries this follower held back.
+    pub(super) fn apply_deferred(
+        &mut self,
+        shard: GroupId,
+        dbs: &[Db],
+        txn: &mut RwTxn,
+    ) -> FsResult<()> {
+        self.deferred_since = None;
+        let entries = std::mem::take(&mut self.deferred);
+        self.apply_committed(shard, dbs, txn, &entries)
+    }
+
+    /// Whether the entries held back must be applied by `now`.
+    pub(super) fn deferral_due(&self, now: Instant) -> bool {
+        self.deferred.len() >= DEFER_MAX
+            || self
+                .deferred_since
+                .is_some_and(|since| now >= since + APPLY_DELAY)
     }
 
     /// Applies committed entries past what LMDB holds (a follower's, or a

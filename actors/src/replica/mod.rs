@@ -593,6 +593,18 @@ impl Groups {
         self.groups
             .values()
             .any(|g| g.raw.has_ready() || !g.late.is_empty() || g.leading != g.is_leader())
+            || self
+                .next_apply()
+                .is_some_and(|at| at <= std::time::Instant::now())
+    }
+
+    /// When a follower must apply the entries it holds back next.
+    pub fn next_apply(&self) -> Option<std::time::Instant> {
+        self.groups
+            .values()
+            .filter_map(|g| g.deferred_since)
+            .min()
+            .map(|since| since + group::APPLY_DELAY)
     }
 
     /// Whether a leader has changes in LMDB that are not committed (a
@@ -611,6 +623,10 @@ impl Groups {
             if group.leading && !group.is_leader() {
                 group.step_down(shard, &self.dbs, txn)?;
                 deposed.push(shard);
+            }
+            if !group.leading && group.is_leader() {
+                // A new leader serves from its LMDB state: all of it.
+                group.apply_deferred(shard, &self.dbs, txn)?;
             }
             group.follow_role(shard);
         }
@@ -644,7 +660,7 @@ impl Groups {
         };
         for (&shard, group) in self.groups.iter_mut() {
             let late = std::mem::take(&mut group.late);
-            group.apply_committed(shard, &self.dbs, txn, &late)?;
+            group.take_committed(shard, &self.dbs, txn, &late)?;
             if group.raw.has_ready() {
                 group.touched = true;
                 let mut rd = group.raw.ready();
@@ -666,6 +682,10 @@ impl Groups {
                     group.members_index = meta.index;
                     group.undo.clear();
                     group.late.clear();
+                    group.deferred.retain(|e| e.index > meta.index);
+                    if group.deferred.is_empty() {
+                        group.deferred_since = None;
+                    }
                     group.state_dirty = true;
                     group
                         .raw
@@ -681,7 +701,7 @@ impl Groups {
                     push(&mut self.outbox, shard, message);
                 }
                 let committed = rd.take_committed_entries();
-                group.apply_committed(shard, &self.dbs, txn, &committed)?;
+                group.take_committed(shard, &self.dbs, txn, &committed)?;
                 let entries: Vec<LogEntry> = rd.entries().iter().map(to_log_entry).collect();
                 let hs = rd.hs().map(hard_state);
                 if !rd.entries().is_empty() {
