@@ -1981,6 +1981,64 @@ fn passthrough_opens(m: &FuseMount, result: &str) -> u64 {
 }
 
 #[test]
+fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
+    use curvine_messages::block::TierKind;
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!(
+        "data.tiers=[MEM:16MiB]{},[HDD:256MiB]{}",
+        dir.path().join("mem").display(),
+        dir.path().join("hdd").display()
+    );
+    let node = NodeProcess::start(
+        &dir.path().join("n0"),
+        &["-c", &tiers, "-c", "data.evict_interval=100ms"],
+    );
+    let m = FuseMount::start(&node, &dir.path().join("mnt"), &["--block-size", "4MiB"]);
+    let tier_of = |path: &str| {
+        runtime().block_on(async {
+            let blocks = node.client().await.blocks(path).await.unwrap();
+            blocks.blocks[0].replicas[0].tier
+        })
+    };
+    // Two files of one block each in the MEM tier, `hot` written first.
+    let hot = random_bytes(3 << 20, 41);
+    fs::write(m.path("hot"), &hot).unwrap();
+    fs::write(m.path("cold"), random_bytes(3 << 20, 42)).unwrap();
+    // Only `hot` is read again, and only through passthrough handles: the
+    // kernel reads its block file without asking the node.
+    let passed = passthrough_opens(&m, "passthrough");
+    for _ in 0..3 {
+        assert!(fs::read(m.path("hot")).unwrap() == hot);
+    }
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 3);
+    wait_for(
+        "the mount told the node which blocks were read",
+        Duration::from_secs(10),
+        || (m.counter("curvine_fuse_passthrough_touched_blocks_total", "") >= 1).then_some(()),
+    );
+    // Past the MEM tier's high watermark (90%): its evictor demotes the
+    // least recently used block, `cold`'s, down to the low one (80%).
+    for i in 0..3 {
+        fs::write(m.path(&format!("fill{i}")), random_bytes(3 << 20, 50 + i)).unwrap();
+    }
+    wait_for(
+        "a block demoted to the HDD tier",
+        Duration::from_secs(30),
+        || {
+            let demoted = [tier_of("/hot"), tier_of("/cold")].contains(&Some(TierKind::Hdd));
+            demoted.then_some(())
+        },
+    );
+    assert_eq!(
+        tier_of("/hot"),
+        Some(TierKind::Mem),
+        "the file read since was demoted before the one that was not"
+    );
+    assert_eq!(tier_of("/cold"), Some(TierKind::Hdd));
+    assert!(fs::read(m.path("hot")).unwrap() == hot);
+}
+
+#[test]
 fn passthrough_is_on_by_default_and_its_readers_keep_their_content_while_another_client_writes() {
     let (_dir, node, m) = setup(&["--block-size", "2MiB"]);
     assert!(m.log_text().contains("passthrough on"), "{}", m.log_text());

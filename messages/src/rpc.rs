@@ -302,6 +302,15 @@ pub struct Blocks {
     pub path: String,
 }
 
+/// Client request: the blocks `ids` on the node asked were just read
+/// without it (a mount's passthrough opens: the kernel reads their files
+/// itself), so its tier evictor counts them as recently used. Blocks the
+/// node does not hold are ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TouchBlocks {
+    pub ids: Vec<crate::block::BlockId>,
+}
+
 /// Client request: lay the blocks of a file out in one extent file on the
 /// node asked (every block must be there), so that a mount on its host can
 /// pass the whole file through to it. Replies with the file's blocks as
@@ -631,6 +640,7 @@ calls! {
     ReleaseDelegation => (), Done;
     Assemble => FileBlocks, FileBlocks;
     CopyHere => FileBlocks, FileBlocks;
+    TouchBlocks => (), Done;
 }
 
 // ---- directory delegations (see `crate::delegation`) ----

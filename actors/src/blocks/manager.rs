@@ -314,6 +314,8 @@ impl BlockState {
     }
 
     fn coldest(&self, tier: u8, bytes: u64) -> FsResult<Vec<(BlockId, u64)>> {
+        // Reads noted since the last tick count too.
+        self.store().flush_access()?;
         let mut blocks: Vec<(i64, BlockId, u64)> = self
             .store()
             .all()?

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_messages::block::BlockId;
 use curvine_messages::Attr;
 use fuser::{BackingId, ReplyOpen};
 use parking_lot::Mutex;
@@ -48,6 +49,10 @@ const COPY_RETRY: Duration = Duration::from_secs(60);
 
 /// Files remembered at most (cleared beyond).
 const MAX_FOUND: usize = 1 << 16;
+
+/// How long the blocks of passthrough opens are gathered before the node
+/// is told they were read (one request per this at most).
+const TOUCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Why an open did not pass through: the `result` label of
 /// `curvine_fuse_passthrough_opens_total` and the log's reason.
@@ -124,12 +129,18 @@ pub(super) struct Shared {
     count: u32,
     backing: Arc<BackingId>,
     version: Version,
+    /// The blocks the backing file holds.
+    blocks: Blocks,
 }
 
-/// What opens found of each file: its block file, or why it cannot pass.
+/// The ids of a file's blocks.
+type Blocks = Arc<[BlockId]>;
+
+/// What opens found of each file: its block file (and the blocks in it),
+/// or why it cannot pass.
 #[derive(Clone)]
 enum Found {
-    Block(Version, PathBuf),
+    Block(Version, PathBuf, Blocks),
     NotPassable(Version, Fallback, Instant),
 }
 
@@ -147,6 +158,16 @@ pub(super) struct Passthrough {
     copy_failed: Arc<Mutex<HashMap<u64, Instant>>>,
     /// Fallback reasons already logged at info (later ones go to debug).
     logged: Mutex<Vec<Fallback>>,
+    /// Blocks read through passthrough handles that the node has not
+    /// been told of yet (see [`Fs::note_read`]).
+    touched: Arc<Mutex<Touched>>,
+}
+
+#[derive(Default)]
+struct Touched {
+    ids: std::collections::HashSet<BlockId>,
+    /// A request telling the node is on its way.
+    scheduled: bool,
 }
 
 /// What an open of a file for reading does.
@@ -200,12 +221,12 @@ impl Fs {
         }
         let found = self.pt.found.lock().get(&ino).cloned();
         match found {
-            Some(Found::Block(fv, path)) if fv == v => {
+            Some(Found::Block(fv, path, blocks)) if fv == v => {
                 if let Some(why) = self.busy(ino) {
                     return self.fall_back(ino, None, why);
                 }
                 match std::fs::File::open(&path) {
-                    Ok(file) => self.pass(ino, v, &file, reply, None),
+                    Ok(file) => self.pass(ino, (v, blocks), &file, reply, None),
                     // Moved to another tier or evicted: ask again.
                     Err(_) => ReadOpen::Ask,
                 }
@@ -248,19 +269,19 @@ impl Fs {
         if let Some(why) = self.busy(ino) {
             return self.fall_back(ino, Some(&path), why);
         }
-        let (fv, block) = match self.client.blocks(&path).await {
+        let (fv, block, ids) = match self.client.blocks(&path).await {
             Ok(b) => {
                 let fv = version(&b.attr);
                 if fv != version(attr) {
                     self.changed_elsewhere(ino, b.attr.clone());
                 }
-                (fv, block_file(&b))
+                (fv, block_file(&b), block_ids(&b))
             }
             Err(_) => return self.fall_back(ino, Some(&path), Fallback::Lookup),
         };
         let file = match block {
             Ok(p) => {
-                self.remember(ino, Found::Block(fv, p.clone()));
+                self.remember(ino, Found::Block(fv, p.clone(), ids.clone()));
                 std::fs::File::open(&p).map_err(|_| Fallback::Lookup)
             }
             Err(why) => {
@@ -280,7 +301,7 @@ impl Fs {
             }
         };
         match file {
-            Ok(file) => self.pass(ino, fv, &file, reply, Some(&path)),
+            Ok(file) => self.pass(ino, (fv, ids), &file, reply, Some(&path)),
             Err(why) => self.fall_back(ino, Some(&path), why),
         }
     }
@@ -335,7 +356,7 @@ impl Fs {
     fn pass(
         &self,
         ino: u64,
-        v: Version,
+        (v, blocks): (Version, Blocks),
         file: &std::fs::File,
         reply: &ReplyOpen,
         path: Option<&str>,
@@ -353,6 +374,7 @@ impl Fs {
                 count: 1,
                 backing: backing.clone(),
                 version: v,
+                blocks,
             },
         );
         ReadOpen::Pass(backing)
@@ -367,6 +389,10 @@ impl Fs {
         reply: ReplyOpen,
     ) {
         self.count_result("passthrough");
+        let blocks = self.pt.shared.lock().get(&ino).map(|s| s.blocks.clone());
+        if let Some(blocks) = blocks {
+            self.note_read(&blocks);
+        }
         let fh = self.add_file_handle(ino, None, Some(backing.clone()));
         self.note_exec(exec, fh, ino);
         // Page-cache flags do not go with passthrough; closing a read-only
@@ -463,7 +489,8 @@ impl Fs {
                 Ok(blocks) => match blocks.backing_file() {
                     Some(p) => {
                         let v = version(&blocks.attr);
-                        remember(&found, ino, Found::Block(v, PathBuf::from(p)));
+                        let ids = block_ids(&blocks);
+                        remember(&found, ino, Found::Block(v, PathBuf::from(p), ids));
                     }
                     None => tracing::debug!(path = %curvine_messages::names::shown(&path), "passthrough: the file changed while its blocks were laid out"),
                 },
@@ -475,6 +502,42 @@ impl Fs {
                 }
             }
             assembling.lock().remove(&ino);
+        });
+    }
+
+    /// Tells the node, within [`TOUCH_EVERY`], that `blocks` were read: the
+    /// kernel reads a passthrough file's blocks without asking it, and its
+    /// tier evictor would otherwise count a file read only this way as
+    /// unused since it was written.
+    fn note_read(&self, blocks: &[BlockId]) {
+        let mut touched = self.pt.touched.lock();
+        touched.ids.extend(blocks.iter().copied());
+        if touched.scheduled || touched.ids.is_empty() {
+            return;
+        }
+        touched.scheduled = true;
+        drop(touched);
+        let touched = self.pt.touched.clone();
+        let client = self.client.clone();
+        self.rt.spawn(async move {
+            tokio::time::sleep(TOUCH_EVERY).await;
+            let ids: Vec<BlockId> = {
+                let mut t = touched.lock();
+                t.scheduled = false;
+                t.ids.drain().collect()
+            };
+            let n = ids.len();
+            match client.touch_blocks(ids).await {
+                Ok(()) => curvine_runtime::stats::process().add(
+                    "curvine_fuse_passthrough_touched_blocks_total",
+                    "Blocks read through passthrough handles that the node was told of (its tier evictor counts them as recently used).",
+                    &[],
+                    n as u64,
+                ),
+                Err(e) => {
+                    tracing::debug!(blocks = n, error = %e, "passthrough: cannot tell the node which blocks were read")
+                }
+            }
         });
     }
 
@@ -499,6 +562,10 @@ fn remember<T>(all: &Mutex<HashMap<u64, T>>, ino: u64, value: T) {
         all.clear();
     }
     all.insert(ino, value);
+}
+
+fn block_ids(blocks: &curvine_messages::rpc::FileBlocks) -> Blocks {
+    blocks.blocks.iter().map(|b| b.info.id).collect()
 }
 
 /// The one file on this host holding the whole file at its offsets (a

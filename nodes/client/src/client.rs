@@ -704,6 +704,12 @@ impl Client {
         self.call(Blocks { path: path.into() }).await
     }
 
+    /// Tells the node this client talks to that its blocks `ids` were read
+    /// without it (see [`curvine_messages::rpc::TouchBlocks`]).
+    pub async fn touch_blocks(&self, ids: Vec<curvine_messages::block::BlockId>) -> FsResult<()> {
+        self.call(curvine_messages::rpc::TouchBlocks { ids }).await
+    }
+
     /// Asks the node this client is connected to (which must hold every
     /// block of the file) to lay the file's blocks out in one extent file,
     /// so that a mount on its host can pass the file through; answers

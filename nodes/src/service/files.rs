@@ -90,6 +90,16 @@ impl Files {
         Ok(summary)
     }
 
+    /// Counts blocks of this node read without it (by a mount's
+    /// passthrough) as recently used; others are ignored.
+    pub fn touch_blocks(&self, ids: &[curvine_messages::block::BlockId]) {
+        for &id in ids {
+            if matches!(self.blocks.get(id), Ok(Some(_))) {
+                self.blocks.touch(id);
+            }
+        }
+    }
+
     /// Where each block of a file is.
     pub async fn file_blocks(&self, path: &str) -> FsResult<FileBlocks> {
         let (attr, blocks) = self.namespace.file_blocks(path).await?;

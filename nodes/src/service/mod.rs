@@ -341,6 +341,10 @@ impl Service {
             Request::OpenRead(r) => Response::ReadOpen(paths.open_read(&r.path).await?),
             Request::FreePath(r) => Response::Freed(self.files.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.files.file_blocks(&r.path).await?),
+            Request::TouchBlocks(r) => {
+                self.files.touch_blocks(&r.ids);
+                Response::Done(())
+            }
             Request::Assemble(r) => {
                 Response::FileBlocks(self.extents.assemble(&r.path, false).await?)
             }
