@@ -328,6 +328,7 @@ fn run(
 ) {
     let mut space = Headroom::new(env);
     let wal = crate::wal::of(env);
+    groups.set_logged(wal.is_some());
     if let Err(e) = env
         .read_txn()
         .map_err(lmdb_err)

@@ -100,6 +100,12 @@ impl Group {
         group
     }
 
+    /// Whether the group has no member but this node.
+    pub(super) fn alone(&self) -> bool {
+        let conf = self.raw.raft.prs().conf();
+        conf.voters().ids().len() <= 1 && conf.learners().is_empty()
+    }
+
     pub(super) fn is_leader(&self) -> bool {
         self.raw.raft.state == StateRole::Leader
     }

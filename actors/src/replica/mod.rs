@@ -25,7 +25,10 @@
 //! A group's [`GroupState`] (applied index and term, members, hard state)
 //! is written in LMDB by the transaction that applies its entries, so the
 //! snapshot a checkpoint flushes always says which entry it ends with; the
-//! log's records after the checkpoint restore the rest (`wal`). A
+//! log's records after the checkpoint restore the rest (`wal`). A change
+//! of the hard state alone goes to LMDB only for a group with no other
+//! member (or without a log): the others' is in the log's record and in
+//! each checkpoint's carry. A
 //! checkpoint waits until no leader has uncommitted changes in LMDB, and
 //! the entries a group has not applied yet are written again after it
 //! ([`Groups::carry`]).
@@ -179,6 +182,9 @@ pub struct Groups {
     /// not say it has what a crash could take from it).
     installed: std::collections::HashSet<GroupId>,
     held: BTreeMap<u64, Vec<GroupMessage>>,
+    /// Whether the environment has a metadata log (`meta.wal`): without
+    /// one, LMDB's synced commits are the only record of hard states.
+    logged: bool,
 }
 
 /// What the groups wrote in one pass, to make durable before they advance.
@@ -247,7 +253,14 @@ impl Groups {
             next_read: 0,
             installed: Default::default(),
             held: BTreeMap::new(),
+            logged: false,
         }
+    }
+
+    /// Says the environment has a metadata log, which records every
+    /// group's hard state (see [`Groups::collect`]).
+    pub fn set_logged(&mut self, logged: bool) {
+        self.logged = logged;
     }
 
     pub fn status(&self) -> StatusBoard {
@@ -715,7 +728,13 @@ impl Groups {
                 }
                 if let Some(pb) = rd.hs() {
                     group.raw.store().mem.wl().set_hardstate(pb.clone());
-                    group.state_dirty = true;
+                    // This pass's log record holds the new hard state, and
+                    // a checkpoint's carry holds that of every group with
+                    // other members (see `carry`): LMDB's copy of theirs
+                    // waits for the next change of what they applied.
+                    if group.alone() || !self.logged {
+                        group.state_dirty = true;
+                    }
                 }
                 if !entries.is_empty() || hs.is_some() {
                     out.record.groups.push(GroupWrite {
@@ -818,9 +837,7 @@ impl Groups {
             let hs = hard_state(&group.raw.raft.hard_state());
             let applied = group.spec_index.min(group.raw.raft.raft_log.committed);
             let last = group.raw.raft.raft_log.last_index();
-            let lone = group.raw.raft.prs().conf().voters().ids().len() <= 1
-                && group.raw.raft.prs().conf().learners().is_empty();
-            if lone && last <= applied {
+            if group.alone() && last <= applied {
                 // Its state in LMDB says everything.
                 continue;
             }
