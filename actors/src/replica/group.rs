@@ -61,8 +61,8 @@ pub(super) struct Group {
 /// (the leader's does) and its log already holds the entries durably, so
 /// applying those of many passes in one transaction costs it one write of
 /// each B-tree page they touch instead of one per pass. It applies at once
-/// what it holds when it becomes leader, when a member change or a
-/// snapshot comes, and when a caller waits on the group.
+/// what it holds when it becomes leader and when a member change comes; a
+/// snapshot drops what it covers.
 pub(super) const APPLY_DELAY: Duration = Duration::from_millis(20);
 
 /// Committed entries a follower holds at most before it applies them (well
