@@ -237,8 +237,8 @@ pub(super) fn open(
         };
         if passthrough && writer.is_none() {
             let attr = fs.with_writes(ino, attr.clone());
-            if let ReadOpen::Pass(backing) = fs.open_passthrough(ino, &attr, &reply).await {
-                fs.opened_passthrough(ino, backing, exec, reply);
+            if let ReadOpen::Pass(backing, blocks) = fs.open_passthrough(ino, &attr, &reply).await {
+                fs.opened_passthrough(ino, (backing, blocks), exec, reply);
                 return;
             }
         }
@@ -272,8 +272,8 @@ fn open_now(
                 return Some(reply);
             };
             match fs.open_passthrough_now(ino, &attr, &reply) {
-                ReadOpen::Pass(backing) => {
-                    fs.opened_passthrough(ino, backing, exec, reply);
+                ReadOpen::Pass(backing, blocks) => {
+                    fs.opened_passthrough(ino, (backing, blocks), exec, reply);
                     return None;
                 }
                 ReadOpen::Normal => {}

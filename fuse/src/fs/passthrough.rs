@@ -134,7 +134,7 @@ pub(super) struct Shared {
 }
 
 /// The ids of a file's blocks.
-type Blocks = Arc<[BlockId]>;
+pub(super) type Blocks = Arc<[BlockId]>;
 
 /// What opens found of each file: its block file (and the blocks in it),
 /// or why it cannot pass.
@@ -172,9 +172,9 @@ struct Touched {
 
 /// What an open of a file for reading does.
 pub(super) enum ReadOpen {
-    /// Pass through this backing file (counted among the inode's
-    /// handles: answer with [`Fs::opened_passthrough`]).
-    Pass(Arc<BackingId>),
+    /// Pass through this backing file, which holds these blocks (counted
+    /// among the inode's handles: answer with [`Fs::opened_passthrough`]).
+    Pass(Arc<BackingId>, Blocks),
     /// Read through the mount.
     Normal,
     /// The fast path cannot tell without asking the cluster.
@@ -324,7 +324,7 @@ impl Fs {
         let mut shared = self.pt.shared.lock();
         let s = shared.get_mut(&ino)?;
         s.count += 1;
-        let (backing, older) = (s.backing.clone(), s.version != v);
+        let (backing, blocks, older) = (s.backing.clone(), s.blocks.clone(), s.version != v);
         drop(shared);
         if older {
             self.count_result("older_content");
@@ -333,7 +333,7 @@ impl Fs {
                 "passthrough: the file changed in the cluster while passthrough readers have it open; this open shares their content"
             );
         }
-        Some(ReadOpen::Pass(backing))
+        Some(ReadOpen::Pass(backing, blocks))
     }
 
     /// Whether no passthrough handle of `ino` is open, waiting up to
@@ -374,25 +374,22 @@ impl Fs {
                 count: 1,
                 backing: backing.clone(),
                 version: v,
-                blocks,
+                blocks: blocks.clone(),
             },
         );
-        ReadOpen::Pass(backing)
+        ReadOpen::Pass(backing, blocks)
     }
 
     /// Answers an open with the backing file [`ReadOpen::Pass`] gave.
     pub(super) fn opened_passthrough(
         &self,
         ino: u64,
-        backing: Arc<BackingId>,
+        (backing, blocks): (Arc<BackingId>, Blocks),
         exec: bool,
         reply: ReplyOpen,
     ) {
         self.count_result("passthrough");
-        let blocks = self.pt.shared.lock().get(&ino).map(|s| s.blocks.clone());
-        if let Some(blocks) = blocks {
-            self.note_read(&blocks);
-        }
+        self.note_read(&blocks);
         let fh = self.add_file_handle(ino, None, Some(backing.clone()));
         self.note_exec(exec, fh, ino);
         // Page-cache flags do not go with passthrough; closing a read-only

@@ -86,11 +86,18 @@ pub(super) fn killed_suid_sgid(attr: &Attr) -> Option<u32> {
     if attr.kind == FileKind::Dir {
         return None;
     }
-    let mut mode = attr.mode & !libc::S_ISUID;
-    if attr.mode & libc::S_IXGRP != 0 {
-        mode &= !libc::S_ISGID;
-    }
+    let mode = without_suid_sgid(attr.mode);
     (mode != attr.mode).then_some(mode)
+}
+
+/// `mode` without set-user-ID, and without set-group-ID when it has group
+/// execute.
+fn without_suid_sgid(mode: u32) -> u32 {
+    let mut kept = mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        kept &= !libc::S_ISGID;
+    }
+    kept
 }
 
 impl Fs {
@@ -143,12 +150,8 @@ impl Fs {
         if (set.uid.is_some() || set.gid.is_some()) && attr.kind != FileKind::Dir {
             // A change of owner or group drops set-user-ID, and set-group-ID
             // when group execution is allowed.
-            let mut mode = set.mode.unwrap_or(attr.mode);
-            let before = mode;
-            mode &= !libc::S_ISUID;
-            if mode & libc::S_IXGRP != 0 {
-                mode &= !libc::S_ISGID;
-            }
+            let before = set.mode.unwrap_or(attr.mode);
+            let mode = without_suid_sgid(before);
             if mode != before || set.mode.is_some() {
                 set.mode = Some(mode);
             }
