@@ -1985,13 +1985,24 @@ fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
     use curvine_messages::block::TierKind;
     let dir = tempfile::tempdir().unwrap();
     let tiers = format!(
-        "data.tiers=[MEM:16MiB]{},[HDD:256MiB]{}",
+        "data.tiers=[MEM:64MiB]{},[HDD:256MiB]{}",
         dir.path().join("mem").display(),
         dir.path().join("hdd").display()
     );
     let node = NodeProcess::start(
         &dir.path().join("n0"),
-        &["-c", &tiers, "-c", "data.evict_interval=100ms"],
+        &[
+            "-c",
+            &tiers,
+            "-c",
+            "data.evict_interval=100ms",
+            // Demote from 12.8 MiB down to 12.16 MiB: far from full, so
+            // every file is placed in the MEM tier.
+            "-c",
+            "data.high_watermark=0.2",
+            "-c",
+            "data.low_watermark=0.19",
+        ],
     );
     let m = FuseMount::start(&node, &dir.path().join("mnt"), &["--block-size", "4MiB"]);
     let tier_of = |path: &str| {
@@ -2000,10 +2011,13 @@ fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
             blocks.blocks[0].replicas[0].tier
         })
     };
-    // Two files of one block each in the MEM tier, `hot` written first.
-    let hot = random_bytes(3 << 20, 41);
+    // Files of one block each in the MEM tier: `hot` (2 MiB) written
+    // first, then four of 1 MiB.
+    let hot = random_bytes(2 << 20, 41);
     fs::write(m.path("hot"), &hot).unwrap();
-    fs::write(m.path("cold"), random_bytes(3 << 20, 42)).unwrap();
+    for i in 0..4 {
+        fs::write(m.path(&format!("cold{i}")), random_bytes(1 << 20, 42 + i)).unwrap();
+    }
     // Only `hot` is read again, and only through passthrough handles: the
     // kernel reads its block file without asking the node.
     let passed = passthrough_opens(&m, "passthrough");
@@ -2016,25 +2030,30 @@ fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
         Duration::from_secs(10),
         || (m.counter("curvine_fuse_passthrough_touched_blocks_total", "") >= 1).then_some(()),
     );
-    // Past the MEM tier's high watermark (90%): its evictor demotes the
-    // least recently used block, `cold`'s, down to the low one (80%).
-    for i in 0..3 {
-        fs::write(m.path(&format!("fill{i}")), random_bytes(3 << 20, 50 + i)).unwrap();
+    // 8 MiB more take the tier to 14 MiB, past its high watermark: its
+    // evictor demotes the least recently used blocks down to the low one,
+    // never more than the 4 MiB of the files not read since (it frees
+    // 1.84 MiB, in blocks of 1 MiB, each time it finds the tier too full).
+    for i in 0..4 {
+        fs::write(m.path(&format!("fill{i}")), random_bytes(2 << 20, 50 + i)).unwrap();
     }
+    let files = ["/hot", "/cold0", "/cold1", "/cold2", "/cold3"];
     wait_for(
         "a block demoted to the HDD tier",
         Duration::from_secs(30),
         || {
-            let demoted = [tier_of("/hot"), tier_of("/cold")].contains(&Some(TierKind::Hdd));
-            demoted.then_some(())
+            files
+                .iter()
+                .any(|f| tier_of(f) == Some(TierKind::Hdd))
+                .then_some(())
         },
     );
     assert_eq!(
         tier_of("/hot"),
         Some(TierKind::Mem),
-        "the file read since was demoted before the one that was not"
+        "the file read since was demoted before those that were not"
     );
-    assert_eq!(tier_of("/cold"), Some(TierKind::Hdd));
+    assert_eq!(tier_of("/cold0"), Some(TierKind::Hdd));
     assert!(fs::read(m.path("hot")).unwrap() == hot);
 }
 
