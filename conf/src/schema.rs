@@ -358,6 +358,12 @@ pub struct FuseConf {
     /// Bypass the kernel's page cache for every file (each read and write
     /// goes to the cluster).
     pub direct_io: bool,
+    /// Handles opened write-only bypass the kernel's page cache: each
+    /// write goes from the writer's pages to the mount, with no copy into
+    /// pages of the mount's file first (Linux 6.6 and later, where the
+    /// kernel drops cached pages of the range a direct write covers; off
+    /// by itself on older kernels and with `writeback_cache`).
+    pub direct_writes: bool,
     /// Serve reads of files whose data is one block kept on this host
     /// straight from the block file in the kernel (FUSE passthrough, Linux
     /// 6.9 and later, with CAP_SYS_ADMIN; off by itself, with one log
@@ -417,6 +423,7 @@ impl Default for FuseConf {
             keep_cache: true,
             writeback_cache: false,
             direct_io: false,
+            direct_writes: true,
             passthrough: true,
             passthrough_min_size: ByteSize(1 << 20),
             local_copies: true,

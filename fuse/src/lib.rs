@@ -146,6 +146,10 @@ pub struct MountArgs {
     /// Bypass the kernel's page cache (fuse.direct_io).
     #[arg(long)]
     pub direct_io: bool,
+    /// Write-only handles write through the kernel's page cache
+    /// (fuse.direct_writes = false).
+    #[arg(long)]
+    pub no_direct_writes: bool,
     /// Serve reads of one-block files cached on this host from the block
     /// file in the kernel (fuse.passthrough, the default where the kernel
     /// allows it: Linux 6.9+, CAP_SYS_ADMIN).
@@ -238,6 +242,12 @@ fn load(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<Config, String> {
             "--writeback-cache",
         ),
         ("fuse.direct_io", args.direct_io, "true", "--direct-io"),
+        (
+            "fuse.direct_writes",
+            args.no_direct_writes,
+            "false",
+            "--no-direct-writes",
+        ),
         ("fuse.acl", args.acl, "true", "--acl"),
         (
             "fuse.passthrough",

@@ -713,6 +713,51 @@ fn writes_sequential_random_sparse_and_truncated() {
 }
 
 #[test]
+fn write_only_handles_write_past_the_page_cache_and_readers_see_their_bytes() {
+    // A handle opened write-only has its writes handed to the mount from
+    // the writer's own pages (fuse.direct_writes): no copy into the page
+    // cache of the mount's file. Readers holding pages of that file on this
+    // host must still see every byte written, before and after the close.
+    let (_dir, node, m) = setup(&[]);
+    let p = m.path("f");
+    let old = random_bytes(300_000, 11);
+    fs::write(&p, &old).unwrap();
+    let reader = File::open(&p).unwrap();
+    assert_eq!(
+        whole(&reader),
+        old,
+        "first read, which fills the page cache"
+    );
+
+    let writer = OpenOptions::new().write(true).open(&p).unwrap();
+    let inside = random_bytes(5_000, 12);
+    let appended = random_bytes(70_000, 13);
+    writer.write_all_at(&inside, 1_000).unwrap();
+    writer.write_all_at(&appended, old.len() as u64).unwrap();
+    let mut expect = old.clone();
+    expect[1_000..6_000].copy_from_slice(&inside);
+    expect.extend_from_slice(&appended);
+    // Before the writer closes: the cached pages the writes covered (the
+    // one at the old end of file too) are not served stale.
+    let mut got = vec![0u8; 5_000];
+    reader.read_exact_at(&mut got, 1_000).unwrap();
+    assert!(got == inside, "a cached range overwritten by the writer");
+    assert_eq!(whole(&reader), expect, "the whole file while it is written");
+    drop(writer);
+
+    assert_eq!(whole(&reader), expect, "the open reader after the close");
+    assert_eq!(fs::read(&p).unwrap(), expect, "a new open");
+    assert_eq!(cluster_read(&node, "/f"), expect, "another client");
+    // A handle that can read as well writes through the page cache, as
+    // before; both kinds of handle agree on the bytes.
+    let rw = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    rw.write_all_at(b"both", 0).unwrap();
+    expect[..4].copy_from_slice(b"both");
+    assert_eq!(whole(&rw), expect);
+    assert_eq!(whole(&reader), expect);
+}
+
+#[test]
 fn an_unlinked_open_file_stays_readable() {
     let (_dir, node, m) = setup(&[]);
     fs::write(m.path("gone"), b"still here").unwrap();

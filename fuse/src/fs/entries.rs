@@ -210,8 +210,8 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
                 .await
         }
     };
-    if let Some((attr, created)) = local {
-        return fs.made_here(new.parent, &new.name, owner, attr, created, reply);
+    if let Some(made) = local {
+        return fs.made_here(new.parent, &new.name, owner, made, (reply, flags));
     }
     let options = WriteOptions {
         create: true,
@@ -238,13 +238,13 @@ async fn open_created(fs: Arc<Fs>, new: NewEntry, flags: i32, reply: ReplyCreate
     fs.inodes.drop_cached(ino);
     let writer = fs.join_writer(ino, owner, write::Opened::Now(Box::new(w)));
     let fh = fs.add_file_handle(ino, Some(writer), None);
-    reply_created(&fs, reply, ino, attr, fh);
+    reply_created(&fs, reply, ino, attr, fh, flags);
 }
 
 /// The kernel's answer to a create: the entry, its attributes and the
 /// handle.
-fn reply_created(fs: &Fs, reply: ReplyCreate, ino: u64, attr: Attr, fh: u64) {
-    let mut open_flags = FopenFlags::empty();
+fn reply_created(fs: &Fs, reply: ReplyCreate, ino: u64, attr: Attr, fh: u64, flags: i32) {
+    let mut open_flags = fs.direct_write_flag(flags);
     if fs.conf.direct_io {
         open_flags |= FopenFlags::FOPEN_DIRECT_IO;
     }
@@ -263,7 +263,12 @@ impl Fs {
     /// without waiting: in a directory this mount holds, whose attributes
     /// (for the set-group-ID rule) are fresh. Gives the reply back
     /// otherwise.
-    fn create_here(self: &Arc<Self>, new: &NewRequest, reply: ReplyCreate) -> Option<ReplyCreate> {
+    fn create_here(
+        self: &Arc<Self>,
+        new: &NewRequest,
+        flags: i32,
+        reply: ReplyCreate,
+    ) -> Option<ReplyCreate> {
         let Ok(name) = name_str(&new.name) else {
             return Some(reply);
         };
@@ -280,7 +285,7 @@ impl Fs {
             (new.caller.uid, new.caller.gid)
         };
         let _runtime = self.rt.enter();
-        let Some((attr, created)) = self.delegations.create_now(
+        let Some(made) = self.delegations.create_now(
             new.parent,
             || self.inodes.path(new.parent),
             &name,
@@ -289,7 +294,7 @@ impl Fs {
         ) else {
             return Some(reply);
         };
-        self.made_here(new.parent, &name, owner, attr, created, reply);
+        self.made_here(new.parent, &name, owner, made, (reply, flags));
         None
     }
 
@@ -300,16 +305,15 @@ impl Fs {
         parent: u64,
         name: &str,
         owner: (u32, u32),
-        attr: Attr,
-        created: super::delegated::Created,
-        reply: ReplyCreate,
+        (attr, created): (Attr, super::delegated::Created),
+        (reply, flags): (ReplyCreate, i32),
     ) {
         self.made_file(parent, &attr);
         let ino = self.inodes.remember(parent, name, attr.clone());
         self.inodes.drop_cached(ino);
         let writer = self.join_writer(ino, owner, write::Opened::Later(created));
         let fh = self.add_file_handle(ino, Some(writer), None);
-        reply_created(self, reply, ino, attr, fh);
+        reply_created(self, reply, ino, attr, fh, flags);
     }
 
     /// Owner of something a caller creates in `parent`: its gid comes from
@@ -404,7 +408,7 @@ pub(super) fn symlink(
 }
 
 pub(super) fn create(cfs: &CurvineFs, new: NewRequest, flags: i32, reply: ReplyCreate) {
-    let Some(reply) = cfs.0.create_here(&new, reply) else {
+    let Some(reply) = cfs.0.create_here(&new, flags, reply) else {
         return;
     };
     cfs.spawn_new(

@@ -141,6 +141,19 @@ impl Fs {
         flags
     }
 
+    /// `FOPEN_DIRECT_IO` for a handle opened write-only with open flags
+    /// `flags`, where direct writes were agreed at init: it cannot read or
+    /// be mapped, so only its writes leave the page cache out (the kernel
+    /// drops the cached pages of each write's range first).
+    pub(super) fn direct_write_flag(&self, flags: i32) -> FopenFlags {
+        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+        if write_only && self.direct_writes.load(Ordering::SeqCst) {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
     /// A handle that wrote a file was released.
     fn release_writer(&self, w: &Arc<Writer>) {
         let _writers = self.writers.lock();
@@ -244,7 +257,9 @@ pub(super) fn open(
         }
         let fh = fs.add_file_handle(ino, writer, None);
         fs.note_exec(exec, fh, ino);
-        reply.opened(FileHandle(fh), fs.handle_flags(ino, &attr, writes));
+        let mut handle = fs.handle_flags(ino, &attr, writes);
+        handle |= fs.direct_write_flag(flags.0);
+        reply.opened(FileHandle(fh), handle);
     });
 }
 

@@ -56,6 +56,7 @@ pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
             tracing::warn!("fuse.acl is on but the kernel does not offer POSIX ACLs; system.* attributes answer ENOTSUP");
         }
     }
+    direct_writes(fs, config);
     if conf.passthrough {
         match passthrough_refused(conf) {
             Some(why) => tracing::info!("passthrough off: {why}; files are read through the mount"),
@@ -72,6 +73,40 @@ pub(super) fn init(fs: &Fs, config: &mut KernelConfig) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The FUSE protocol minor version of Linux 6.6, the first kernel that
+/// drops cached pages of the range a direct write covers (and writes back
+/// dirty ones first), so a write-only handle without the page cache stays
+/// coherent with other handles' cached pages and mappings.
+const DIRECT_WRITE_COHERENT_MINOR: u32 = 39;
+
+/// Whether handles opened write-only bypass the page cache
+/// (`fuse.direct_writes`): one copy of every write fewer (the kernel hands
+/// the writer's own pages to the mount instead of copying them into pages
+/// of the mount's file first, which also spares allocating and charging
+/// those pages).
+fn direct_writes(fs: &Fs, config: &KernelConfig) {
+    let conf = &fs.conf;
+    if !conf.direct_writes || conf.direct_io {
+        return;
+    }
+    if conf.writeback_cache {
+        tracing::info!(
+            "direct writes off: fuse.writeback_cache is on (writes gather in the page cache)"
+        );
+        return;
+    }
+    let abi = config.kernel_abi();
+    if (abi.0, abi.1) < (7, DIRECT_WRITE_COHERENT_MINOR) {
+        tracing::info!(
+            "direct writes off: the kernel speaks FUSE {}.{}, older than 7.{DIRECT_WRITE_COHERENT_MINOR} (Linux 6.6), whose direct writes would leave other handles' cached pages stale",
+            abi.0,
+            abi.1
+        );
+        return;
+    }
+    fs.direct_writes.store(true, Ordering::SeqCst);
 }
 
 /// Why this mount cannot use passthrough whatever the kernel offers.

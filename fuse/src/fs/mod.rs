@@ -126,6 +126,9 @@ pub struct Fs {
     passthrough: std::sync::atomic::AtomicBool,
     /// POSIX ACLs agreed with the kernel (`fuse.acl`).
     acl: std::sync::atomic::AtomicBool,
+    /// Write-only handles bypass the kernel's page cache
+    /// (`fuse.direct_writes`, agreed at init: see `init::direct_writes`).
+    direct_writes: std::sync::atomic::AtomicBool,
     /// Tells the kernel when attributes it cached changed here.
     notifier: std::sync::OnceLock<fuser::Notifier>,
     /// Extended attributes found absent, with when (see `xattr_absent`).

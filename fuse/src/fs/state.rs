@@ -51,6 +51,7 @@ impl Fs {
             negative_ttl: conf.negative_timeout.0,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             acl: std::sync::atomic::AtomicBool::new(false),
+            direct_writes: std::sync::atomic::AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
             pt: Default::default(),
             open_locks: Mutex::new(HashMap::new()),
