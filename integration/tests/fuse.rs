@@ -320,7 +320,10 @@ fn a_stream_of_writes_is_not_asked_about_security_capability_each_time() {
         "security.capability asked {during} times for 16 new files"
     );
     for i in 0..16 {
-        assert_eq!(fs::read(m.path(&format!("small{i}"))).unwrap(), &chunk[..100_000]);
+        assert_eq!(
+            fs::read(m.path(&format!("small{i}"))).unwrap(),
+            &chunk[..100_000]
+        );
     }
 }
 
