@@ -461,6 +461,16 @@ def ufs_section(r, rows, meta):
             r.p(f"| warm reads of the copy, 8 processes, files/s | {num(fs8)} | {num(t8)} | "
                 f"{ratio(fs8, t8)} |")
         r.p("")
+    gw = [(t, m("gateway", "direct", t), m("direct", "direct", t)) for t in (2, 8)]
+    if any(g for _, g, _ in gw):
+        r.p("GETs through the node's S3 gateway (`s3.listen`): the same `curvine-bench --action "
+            "ufs.read` as S3 direct, every file once in a random order, of the files a load job "
+            "cached (the gateway reads them through the client library, short-circuit from the "
+            "MEM tier):", "",
+            "| P | gateway files/s | S3 direct files/s | gateway / direct |", "|---|---|---|---|")
+        for t, g, d in gw:
+            r.p(f"| {t} | {num(g)} | {num(d)} | {ratio(g, d)} |")
+        r.p("")
     load = [x for x in rows if x.get("label") == "load"]
     base, base_mb = m("direct", "direct", 8), m("direct", "direct", 8, "mb_per_sec")
     if load and base:

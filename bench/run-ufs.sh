@@ -7,6 +7,7 @@
 #   - through the peers on the same bucket: rclone mount --vfs-cache-mode
 #     full and s3fs with a local cache (cold, then warm);
 #   - from tmpfs;
+#   - warm, through the node's S3 gateway (the same GETs as S3 direct);
 # every file-system row with the same reader (bench/load_img.py: P processes
 # reading whole files); warm reads through the mount with the kernel's and
 # the mount's metadata caches off and on, and with Pillow decoding each
@@ -38,7 +39,12 @@ bucket="s3://$UFS_TEST_S3_BUCKET/b2"
 mnt=$work/mnt
 port=$(free_port)
 addr="127.0.0.1:$port"
-start_node node 127.0.0.1 "$port" "[MEM:4GiB]$shm/tier"
+# The node also serves S3 (its gateway), for GETs of the cached files.
+gw_port=$((port + 5))
+start_node node 127.0.0.1 "$port" "[MEM:4GiB]$shm/tier" -c "s3.listen=127.0.0.1:$gw_port" \
+  -c s3.access_key=bench -c s3.secret_key=bench-secret
+gw_props=(-c "s3.endpoint_url=http://127.0.0.1:$gw_port" -c s3.credentials.access=bench
+          -c s3.credentials.secret=bench-secret -c s3.region_name=us-east-1)
 cli() { "$bin/curvine-cli" --cluster "$addr" "$@"; }
 fuse_mount "$addr" "$mnt"
 # The same mount with the kernel's metadata cache (entry and attribute
@@ -128,6 +134,12 @@ print(json.dumps({"action": "load", "phase": "load", "threads": 0, "files": j["f
   if $decode; then
     reader fuse-decode "$mnt/load-$r" 8 --phases warm --decode
   fi
+  # The same GETs as S3 direct, of the loaded files, through the node's S3
+  # gateway (bucket load-R is the directory /load-R).
+  for t in 2 8; do
+    "$bin/curvine-bench" --action ufs.read --ufs "s3://load-$r" "${gw_props[@]}" \
+      --file-num "$files" --client-threads "$t" --json --label gateway | record
+  done
   cli umount "/load-$r" >&2
 done
 

@@ -31,6 +31,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
 fi
+# The aws CLI, one of the S3 gateway's clients in its tests (boto3 comes
+# with the test S3 server).
+if ! command -v aws >/dev/null 2>&1; then
+  echo "run-tests: installing awscli with pip" >&2
+  python3 -m pip install --quiet awscli >&2
+fi
 export PATH="$PWD/target/tools/bin:$PATH"
 if ! command -v pjdfstest >/dev/null 2>&1; then
   cargo install pjdfstest --version 0.2.2 --locked --root target/tools

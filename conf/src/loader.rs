@@ -328,7 +328,7 @@ impl Loader {
             .iter()
             .map(|(key, (value, source))| Entry {
                 key: key.clone(),
-                value: if (key.ends_with("cookie") || key == "http.token")
+                value: if (key.ends_with("cookie") || key == "http.token" || key == "s3.secret_key")
                     && value.as_str().is_some_and(|s| !s.is_empty())
                 {
                     "\"<redacted>\"".to_string()

@@ -20,6 +20,7 @@ pub struct Config {
     pub log: LogConf,
     pub trace: TraceConf,
     pub http: HttpConf,
+    pub s3: S3Conf,
     pub tls: TlsConf,
 }
 
@@ -450,6 +451,43 @@ pub struct HttpConf {
     /// dashboard also takes `/?token=TOKEN` once and keeps it in a cookie).
     /// Empty: none asked.
     pub token: String,
+}
+
+/// The node's S3 gateway: the S3 API over the cluster's files, buckets
+/// being the directories under `root`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Conf {
+    /// Address the gateway serves S3 on (`host:port`); `off`: no gateway.
+    pub listen: String,
+    /// The directory whose subdirectories are the buckets.
+    pub root: String,
+    /// The access key clients sign requests with (AWS Signature V4).
+    pub access_key: String,
+    /// The secret key of `access_key`; printed as <redacted>.
+    pub secret_key: String,
+}
+
+impl Default for S3Conf {
+    fn default() -> Self {
+        S3Conf {
+            listen: "off".into(),
+            root: "/".into(),
+            access_key: String::new(),
+            secret_key: String::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for S3Conf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Conf")
+            .field("listen", &self.listen)
+            .field("root", &self.root)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"<redacted>")
+            .finish()
+    }
 }
 
 /// TLS on the cluster, client and data ports. Nodes and clients of one

@@ -291,6 +291,23 @@ impl Config {
         if !self.http.listen.is_empty() && self.http.listen != "off" {
             check_addr("http.listen", &self.http.listen, source("http.listen"))?;
         }
+        if self.s3.listen != "off" {
+            check_addr("s3.listen", &self.s3.listen, source("s3.listen"))?;
+            if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {
+                return Err(invalid(
+                    "s3.listen",
+                    self.s3.listen.clone(),
+                    "the S3 gateway needs s3.access_key and s3.secret_key (it serves no anonymous requests)",
+                ));
+            }
+        }
+        if !self.s3.root.starts_with('/') {
+            return Err(invalid(
+                "s3.root",
+                self.s3.root.clone(),
+                "expected an absolute path (the directory holding the buckets)",
+            ));
+        }
         Ok(())
     }
 
@@ -416,5 +433,37 @@ mod tests {
         assert!(err.contains("tls.handshake_timeout"), "{err}");
         let c = build(&["tls.enabled=true", "tls.ca=/etc/ca.pem"]).unwrap();
         assert!(c.tls.enabled && c.tls.data && c.tls.cert.is_empty());
+    }
+
+    #[test]
+    fn an_s3_gateway_needs_its_keys_and_hides_its_secret() {
+        let loader = |kvs: &[&str]| {
+            let mut l = Loader::new();
+            for kv in kvs {
+                l.key_value(kv).unwrap();
+            }
+            l
+        };
+        let err = loader(&["s3.listen=127.0.0.1:9000", "s3.access_key=a"])
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("s3.secret_key"), "{err}");
+        let err = loader(&["s3.listen=nowhere"])
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("s3.listen"), "{err}");
+        let err = loader(&["s3.root=data"]).build().unwrap_err().to_string();
+        assert!(err.contains("s3.root"), "{err}");
+        let l = loader(&[
+            "s3.listen=127.0.0.1:9000",
+            "s3.access_key=a",
+            "s3.secret_key=hush",
+        ]);
+        let c = l.build().unwrap();
+        assert!(!format!("{c:?}").contains("hush"));
+        let shown: Vec<String> = l.entries().iter().map(|e| e.value.clone()).collect();
+        assert!(!shown.iter().any(|v| v.contains("hush")), "{shown:?}");
     }
 }

@@ -129,6 +129,8 @@ pub struct NodeProcess {
     pub node_id: String,
     /// HTTP port (dashboard, API, metrics).
     pub http_addr: String,
+    /// The S3 gateway (with `s3.listen`).
+    pub s3_addr: String,
     pub log: PathBuf,
     /// The loopback address its ports bind to (127.0.0.x).
     pub host: String,
@@ -210,6 +212,7 @@ impl NodeProcess {
             cluster_addr: String::new(),
             node_id: String::new(),
             http_addr: String::new(),
+            s3_addr: String::new(),
             log,
             host: host.to_string(),
             args: extra.iter().map(|s| s.to_string()).collect(),
@@ -329,6 +332,7 @@ impl NodeProcess {
         self.addr = ready.client_addr;
         self.node_id = ready.node_id;
         self.http_addr = ready.http_addr;
+        self.s3_addr = ready.s3_addr;
         self.cluster_addr = ready.cluster_addr;
     }
 
@@ -769,6 +773,16 @@ pub async fn read_file(c: &Client, path: &str) -> curvine_messages::FsResult<Vec
 }
 
 /// `GET path` on an HTTP port: the status code and the body.
+/// The node's counter `name` summed over its series that carry `label`
+/// (from its Prometheus `/metrics`).
+pub fn node_counter(node: &NodeProcess, name: &str, label: &str) -> u64 {
+    let (_, body) = http_get(&node.http_addr, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get_with(addr, path, &[]);
     (status, body)

@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use curvine_client::io::FileReader;
-use curvine_integration::{random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess};
+use curvine_integration::{
+    node_counter, random_bytes, runtime, wait_for, FuseMount, Lazily, NodeProcess,
+};
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     match r {
@@ -521,16 +523,6 @@ fn files_made_in_a_directory_keep_its_times_without_asking_the_node() {
     assert!(stats <= 25, "{stats} Stat calls for 20 files");
     let xattr_calls = m.counter("curvine_client_calls_total", "call=\"GetXattr\"");
     assert_eq!(xattr_calls, 0);
-}
-
-/// A counter of the node's `/metrics`, summed over its label sets that
-/// contain `label`.
-fn node_counter(node: &NodeProcess, name: &str, label: &str) -> u64 {
-    let (_, body) = curvine_integration::http_get(&node.http_addr, "/metrics");
-    body.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
 }
 
 #[test]

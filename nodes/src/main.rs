@@ -140,6 +140,9 @@ fn main() {
                 http.addr, http.addr
             );
         }
+        if !node.s3_addr.is_empty() {
+            eprintln!("curvine-node: S3 gateway http://{}/", node.s3_addr);
+        }
         for tier in node.blocks.stats() {
             eprintln!(
                 "curvine-node: tier {} at {} with {} capacity",

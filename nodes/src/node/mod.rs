@@ -69,6 +69,8 @@ pub struct RunningNode {
     pub data_addr: String,
     /// The HTTP port (dashboard, API, metrics), unless `http.listen = "off"`.
     pub http: Option<HttpHandle>,
+    /// The S3 gateway's address; empty when `s3.listen = "off"`.
+    pub s3_addr: String,
     cluster_server: ActorRef<ractor_cluster::NodeServerMessage>,
 }
 
@@ -105,6 +107,9 @@ struct Listeners {
     data_addr: String,
     http: Option<TcpListener>,
     http_addr: String,
+    /// The S3 gateway's socket, when `s3.listen` is set.
+    s3: Option<Arc<TcpListener>>,
+    s3_addr: String,
 }
 
 fn bind(addr: &str, what: &str) -> Result<TcpListener, StartError> {
@@ -127,7 +132,13 @@ fn bind_ports(config: &Config) -> Result<Listeners, StartError> {
         Some(addr) => Some(bind(&addr, " (http.listen)")?),
         None => None,
     };
+    let s3 = match config.s3.listen.as_str() {
+        "off" => None,
+        addr => Some(Arc::new(bind(addr, " (s3.listen)")?)),
+    };
     Ok(Listeners {
+        s3_addr: s3.as_ref().map(|l| local(l, "")).unwrap_or_default(),
+        s3,
         client_addr: local(&client, &config.node.listen),
         data_addr: local(&data, &data_listen),
         http_addr: http.as_ref().map(|l| local(l, "")).unwrap_or_default(),
@@ -270,6 +281,7 @@ async fn start_with(
         cluster_addr: cluster.addr,
         data_addr: ports.data_addr,
         http: None,
+        s3_addr: ports.s3_addr.clone(),
         cluster_server: cluster.server,
     };
     // What fails from here stops what started.
@@ -345,6 +357,16 @@ fn serve_http(
             addr: "http.listen".into(),
             reason: e.to_string(),
         })
+}
+
+/// The S3 gateway: its client reaches the cluster through this node's
+/// client port, with the cluster's cookie.
+fn s3_gateway(config: &Config, cookie: &str, ports: &Listeners) -> curvine_s3::Gateway {
+    curvine_s3::Gateway::new(curvine_s3::GatewayConf::for_node(
+        config,
+        &ports.client_addr,
+        cookie,
+    ))
 }
 
 /// The children of the node's supervision tree, from what the start made.
@@ -448,6 +470,10 @@ fn tree_parts(
             membership_args(config, data_dir, cluster, core),
             handles.membership.clone(),
         ),
+        s3: ports
+            .s3
+            .clone()
+            .map(|listener| (listener, s3_gateway(config, &identity.cookie, ports))),
         loader: UfsLoaderArgs {
             persist: s.persist.clone(),
             loads: s.loads.clone(),
@@ -556,6 +582,7 @@ impl RunningNode {
                 .as_ref()
                 .map(|h| h.addr.clone())
                 .unwrap_or_default(),
+            s3_addr: self.s3_addr.clone(),
             started_ns: self.view.me().started_ns,
         }
     }

@@ -27,6 +27,9 @@ pub struct Ready {
     pub data_addr: String,
     /// HTTP port (dashboard, API, metrics); empty when `http.listen = "off"`.
     pub http_addr: String,
+    /// The S3 gateway; empty when `s3.listen = "off"`.
+    #[serde(default)]
+    pub s3_addr: String,
     /// When the node started (ns since the epoch).
     pub started_ns: i64,
 }
@@ -72,6 +75,7 @@ mod tests {
             cluster_addr: "127.0.0.1:8996".into(),
             data_addr: "127.0.0.1:8997".into(),
             http_addr: String::new(),
+            s3_addr: String::new(),
             started_ns: 7,
         };
         ready.write(dir.path()).unwrap();

@@ -14,6 +14,7 @@
 //!  ├─ ufs-loader
 //!  ├─ cluster-port       with TLS: the cluster port's accept loop (task)
 //!  ├─ client-port        the client port's accept loop (task)
+//!  ├─ s3-gateway         with s3.listen: the S3 gateway's accept loop (task)
 //!  ├─ re-replicator      re-replication passes (task)
 //!  └─ shard-keeper       shard groups in step with the map (task)
 //! ```
@@ -63,6 +64,8 @@ pub struct TreeParts {
     pub client: (Arc<std::net::TcpListener>, Arc<Service>, Option<Arc<Tls>>),
     pub replicas: (Arc<Replicas>, Duration),
     pub keeper: Arc<ShardKeeper>,
+    /// With `s3.listen`: the S3 gateway's socket and the gateway.
+    pub s3: Option<(Arc<std::net::TcpListener>, curvine_s3::Gateway)>,
 }
 
 /// The arguments of the node's root supervisor.
@@ -111,13 +114,21 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
     let (client_listener, service, tls) = p.client;
     let (replicas, after) = p.replicas;
     let keeper = p.keeper;
-    sup.child(
+    sup = sup.child(
         accept_loop("client-port", client_listener, move |listener| {
             crate::client_port::serve(listener, service.clone(), tls.clone())
         })
         .boxed(),
-    )
-    .child(
+    );
+    if let Some((listener, gateway)) = p.s3 {
+        sup = sup.child(
+            accept_loop("s3-gateway", listener, move |listener| {
+                curvine_s3::serve(listener, gateway.clone())
+            })
+            .boxed(),
+        );
+    }
+    sup.child(
         TaskChild::new("re-replicator", move || {
             replicate_loop(replicas.clone(), after)
         })

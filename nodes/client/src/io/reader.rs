@@ -103,6 +103,11 @@ impl FileReader {
         self.attr.size
     }
 
+    /// The file's attributes as of the open.
+    pub fn attr(&self) -> &curvine_messages::Attr {
+        &self.attr
+    }
+
     pub fn position(&self) -> u64 {
         self.pos
     }

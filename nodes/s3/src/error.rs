@@ -1,0 +1,57 @@
+//! File-system errors as S3 errors: the S3 code a client acts on, with a
+//! message naming the object and what the cluster said.
+
+use s3s::{S3Error, S3ErrorCode};
+
+use curvine_messages::FsError;
+
+/// What a request was about, for the code a missing path gets.
+#[derive(Clone, Copy)]
+pub(crate) enum Subject<'a> {
+    Bucket(&'a str),
+    Object(&'a str, &'a str),
+    Upload(&'a str),
+}
+
+impl Subject<'_> {
+    fn name(&self) -> String {
+        match self {
+            Subject::Bucket(b) => format!("bucket {b}"),
+            Subject::Object(b, k) => format!("{b}/{k}"),
+            Subject::Upload(id) => format!("upload {id}"),
+        }
+    }
+}
+
+/// The S3 error for `e`, met while serving a request about `subject`.
+pub(crate) fn s3_err(e: FsError, subject: Subject<'_>) -> S3Error {
+    use S3ErrorCode as C;
+    let code = match (&e, subject) {
+        (FsError::NotFound(_) | FsError::NotADirectory(_), Subject::Bucket(_)) => C::NoSuchBucket,
+        (FsError::NotFound(_) | FsError::NotADirectory(_), Subject::Upload(_)) => C::NoSuchUpload,
+        (
+            FsError::NotFound(_) | FsError::NotADirectory(_) | FsError::IsADirectory(_),
+            Subject::Object(..),
+        ) => C::NoSuchKey,
+        (FsError::NotEmpty(_), Subject::Bucket(_)) => C::BucketNotEmpty,
+        (FsError::AlreadyExists(_), Subject::Bucket(_)) => C::BucketAlreadyOwnedByYou,
+        (FsError::PermissionDenied(_) | FsError::NotPermitted(_), _) => C::AccessDenied,
+        (FsError::NameTooLong(_), Subject::Object(..)) => C::KeyTooLongError,
+        (FsError::InvalidArgument(_) | FsError::IllegalName(_), _) => C::InvalidArgument,
+        // Another writer holds the file open, or a name is being changed.
+        (FsError::InUse(_) | FsError::Busy(_), _) => C::OperationAborted,
+        (FsError::Unavailable(_) | FsError::TimedOut(_) | FsError::NodeDown(_), _) => {
+            C::ServiceUnavailable
+        }
+        _ => C::InternalError,
+    };
+    S3Error::with_message(code, format!("{}: {e}", subject.name()))
+}
+
+/// The error of a request body that could not be read.
+pub(crate) fn body_err(e: impl std::fmt::Display) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::IncompleteBody,
+        format!("the request body ended early: {e}"),
+    )
+}
