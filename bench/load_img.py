@@ -9,6 +9,11 @@ is the same program.
 
     bench/load_img.py DIR --num_workers 8 [--num_samples N] [--decode]
                       [--phases cold,warm] [--label L] [--json]
+                      [--fsspec URL]
+
+With --fsspec URL (e.g. curvine://127.0.0.1:8995) DIR is a directory of
+that fsspec file system, listed with `find` and read with `cat_file`
+(each worker process with its own instance) instead of open().
 
 Phases: `cold` reads every file once in a random order (on a fresh mount
 each read goes to the object store); `warm` then reads --num_samples files
@@ -27,16 +32,28 @@ import sys
 import time
 
 DECODE = False
+FS = None
 
 
-def init(decode):
-    global DECODE
+def filesystem(url):
+    import fsspec
+
+    fs, _ = fsspec.core.url_to_fs(url)
+    return fs
+
+
+def init(decode, url=None):
+    global DECODE, FS
     DECODE = decode
+    FS = filesystem(url) if url else None
 
 
 def read_one(path):
-    with open(path, "rb") as f:
-        data = f.read()
+    if FS is not None:
+        data = FS.cat_file(path)
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     if DECODE:
         from PIL import Image
 
@@ -75,6 +92,7 @@ def main():
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--label", default="")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--fsspec", default="", help="read DIR of this fsspec URL's file system")
     a = ap.parse_args()
 
     phases = [p for p in a.phases.split(",") if p]
@@ -86,15 +104,20 @@ def main():
             import PIL  # noqa: F401
         except ImportError:
             sys.exit("load_img.py: --decode needs Pillow (pip install pillow)")
-    if not os.path.isdir(a.dir):
+    if a.fsspec:
+        fs = filesystem(a.fsspec)
+        if not fs.isdir(a.dir):
+            sys.exit(f"load_img.py: {a.fsspec} {a.dir}: not a directory")
+        paths = sorted(fs.find(a.dir))
+    elif not os.path.isdir(a.dir):
         sys.exit(f"load_img.py: {a.dir}: not a directory")
-
-    paths = sorted(os.path.join(root, f) for root, _, files in os.walk(a.dir) for f in files)
+    else:
+        paths = sorted(os.path.join(root, f) for root, _, files in os.walk(a.dir) for f in files)
     if not paths:
         sys.exit(f"load_img.py: {a.dir}: no files")
     rng = random.Random(a.seed)
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(a.num_workers, initializer=init, initargs=(a.decode,)) as pool:
+    with ctx.Pool(a.num_workers, initializer=init, initargs=(a.decode, a.fsspec or None)) as pool:
         pool.map(len, [[]] * a.num_workers)  # every worker is up before timing
         for phase in phases:
             if phase == "cold":
@@ -106,7 +129,8 @@ def main():
             row = {"action": "load_img", "phase": phase, "threads": a.num_workers,
                    "files": files, "bytes": nbytes, "seconds": secs,
                    "files_per_sec": files / max(secs, 1e-9),
-                   "mb_per_sec": nbytes / 1e6 / max(secs, 1e-9), "decode": a.decode}
+                   "mb_per_sec": nbytes / 1e6 / max(secs, 1e-9), "decode": a.decode,
+                   "via": "fsspec" if a.fsspec else "open"}
             if a.label:
                 row["label"] = a.label
             if a.json:

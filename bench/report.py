@@ -461,6 +461,16 @@ def ufs_section(r, rows, meta):
             r.p(f"| warm reads of the copy, 8 processes, files/s | {num(fs8)} | {num(t8)} | "
                 f"{ratio(fs8, t8)} |")
         r.p("")
+    fss = m("fsspec", "warm", 8)
+    if fss is not None:
+        both = m("fuse-meta-both", "warm", 8)
+        r.p("Warm reads of the same loaded files from Python through fsspec (the `curvinefs` "
+            "package: `cat_file` of each file, short-circuit from the MEM tier) beside the "
+            "mount (`open().read()`, default metadata caches), both `load_img.py` with 8 "
+            "processes:", "",
+            "| reader | files/s | vs the mount |", "|---|---|---|",
+            f"| fsspec (curvinefs) | {num(fss)} | {ratio(fss, both)} |",
+            f"| FUSE mount | {num(both)} | 1.00 |", "")
     gw = [(t, m("gateway", "direct", t), m("direct", "direct", t)) for t in (2, 8)]
     if any(g for _, g, _ in gw):
         r.p("GETs through the node's S3 gateway (`s3.listen`): the same `curvine-bench --action "

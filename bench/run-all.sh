@@ -45,6 +45,11 @@ if ! python3 -c 'import matplotlib, PIL' 2>/dev/null; then
   echo "installing matplotlib and pillow (plots, decoding in B2) with pip" >&2
   python3 -m pip install --quiet matplotlib pillow >&2
 fi
+# The Python package (fsspec reads in B2), built from this tree when missing.
+if ! python3 -c 'import curvinefs' 2>/dev/null; then
+  echo "installing the curvinefs Python package (cli/python) with pip" >&2
+  python3 -m pip install --quiet ./cli/python >&2 || echo "curvinefs did not install: B2 skips its fsspec row" >&2
+fi
 # What is measured is what the binaries are built from: the tree as it is
 # now (edits made while the suite runs do not count).
 commit=$(git rev-parse --short HEAD)

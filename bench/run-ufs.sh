@@ -7,7 +7,8 @@
 #   - through the peers on the same bucket: rclone mount --vfs-cache-mode
 #     full and s3fs with a local cache (cold, then warm);
 #   - from tmpfs;
-#   - warm, through the node's S3 gateway (the same GETs as S3 direct);
+#   - warm, through the node's S3 gateway (the same GETs as S3 direct) and
+#     through fsspec (the curvinefs package, when it is installed);
 # every file-system row with the same reader (bench/load_img.py: P processes
 # reading whole files); warm reads through the mount with the kernel's and
 # the mount's metadata caches off and on, and with Pillow decoding each
@@ -133,6 +134,11 @@ print(json.dumps({"action": "load", "phase": "load", "threads": 0, "files": j["f
   done
   if $decode; then
     reader fuse-decode "$mnt/load-$r" 8 --phases warm --decode
+  fi
+  # The same warm reads through fsspec (the curvinefs package), when it is
+  # installed: 8 Python processes, beside the mount's.
+  if python3 -c 'import curvinefs' 2>/dev/null; then
+    reader fsspec "/load-$r" 8 --phases warm --fsspec "curvine://$addr"
   fi
   # The same GETs as S3 direct, of the loaded files, through the node's S3
   # gateway (bucket load-R is the directory /load-R).

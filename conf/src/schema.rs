@@ -439,7 +439,7 @@ impl Default for FuseConf {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConf {
     /// Address of the node's HTTP port (dashboard, `/api/*`, Prometheus
@@ -451,6 +451,19 @@ pub struct HttpConf {
     /// dashboard also takes `/?token=TOKEN` once and keeps it in a cookie).
     /// Empty: none asked.
     pub token: String,
+    /// How often the node samples its metrics for the dashboard's charts
+    /// (`/api/history`, kept for the last hour in memory).
+    pub history_interval: Dur,
+}
+
+impl Default for HttpConf {
+    fn default() -> Self {
+        HttpConf {
+            listen: String::new(),
+            token: String::new(),
+            history_interval: Dur(std::time::Duration::from_secs(5)),
+        }
+    }
 }
 
 /// The node's S3 gateway: the S3 API over the cluster's files, buckets

@@ -291,6 +291,13 @@ impl Config {
         if !self.http.listen.is_empty() && self.http.listen != "off" {
             check_addr("http.listen", &self.http.listen, source("http.listen"))?;
         }
+        if self.http.history_interval.0 < std::time::Duration::from_millis(100) {
+            return Err(invalid(
+                "http.history_interval",
+                self.http.history_interval.to_string(),
+                "expected at least 100ms",
+            ));
+        }
         if self.s3.listen != "off" {
             check_addr("s3.listen", &self.s3.listen, source("s3.listen"))?;
             if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {

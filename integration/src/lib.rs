@@ -773,6 +773,25 @@ pub async fn read_file(c: &Client, path: &str) -> curvine_messages::FsResult<Vec
 }
 
 /// `GET path` on an HTTP port: the status code and the body.
+/// Runs a Python `script` (`python3 -c`, without `AWS_CA_BUNDLE`, which
+/// some S3 clients cannot build with); its standard output, or a panic
+/// with both outputs. `what` names the script in the panic.
+pub fn python_script(what: &str, script: &str) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env_remove("AWS_CA_BUNDLE")
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed (line numbers count from its prelude):\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The node's counter `name` summed over its series that carry `label`
 /// (from its Prometheus `/metrics`).
 pub fn node_counter(node: &NodeProcess, name: &str, label: &str) -> u64 {
@@ -781,6 +800,31 @@ pub fn node_counter(node: &NodeProcess, name: &str, label: &str) -> u64 {
         .filter(|l| l.starts_with(name) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// Runs `reads`, which reads `files` files whose blocks are on `node`, and
+/// checks they took the short-circuit path: at least that many block files
+/// opened on the node, no block streamed through its data port.
+pub fn assert_short_circuit(node: &NodeProcess, files: u64, reads: impl FnOnce()) {
+    let count = |kind: &str| {
+        node_counter(
+            node,
+            "curvine_data_requests_total",
+            &format!("kind=\"{kind}\""),
+        )
+    };
+    let (local_before, streamed_before) = (count("open_local"), count("read"));
+    reads();
+    let opened = count("open_local") - local_before;
+    assert!(
+        opened >= files,
+        "{opened} block files opened for {files} reads"
+    );
+    assert_eq!(
+        count("read") - streamed_before,
+        0,
+        "blocks streamed through the data port"
+    );
 }
 
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {

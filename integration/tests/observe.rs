@@ -530,3 +530,158 @@ fn dashboard_renders_the_cluster_in_chromium() {
         let _ = std::fs::copy(&shot, keep);
     }
 }
+
+/// The `data-peak-NAME` of chart `id` in a dumped dashboard page.
+fn chart_peak(dom: &str, id: &str, name: &str) -> Option<f64> {
+    let fig = dom.split(&format!("id=\"chart-{id}\"")).nth(1)?;
+    let fig = fig.split('>').next()?;
+    let v = fig.split(&format!("data-peak-{name}=\"")).nth(1)?;
+    v.split('"').next()?.parse().ok()
+}
+
+#[test]
+fn dashboard_charts_follow_traffic_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n1"), &["-c", "http.history_interval=1s"]);
+    let url = format!("http://{}/", node.http_addr);
+    let profile = dir.path().join("chromium");
+    let dump = || {
+        let out = chromium(
+            &profile,
+            &["--virtual-time-budget=5000", "--dump-dom", &url],
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // Idle: the charts are drawn from a few samples and show nothing moving.
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("the dashboard to draw its charts: {}", seen.borrow()));
+    let idle = wait_for(what, Duration::from_secs(60), || {
+        let dom = dump();
+        let points = dom
+            .split("id=\"chart-throughput\"")
+            .nth(1)
+            .and_then(|f| f.split("data-points=\"").nth(1))
+            .and_then(|v| v.split('"').next())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        if points >= 2 {
+            return Some(dom);
+        }
+        *seen.borrow_mut() = dom;
+        None
+    });
+    for id in ["throughput", "cache", "evictions", "load", "ufs"] {
+        assert!(
+            idle.contains(&format!("id=\"chart-{id}\"")),
+            "no {id} chart:\n{idle}"
+        );
+    }
+    assert_eq!(chart_peak(&idle, "throughput", "in"), Some(0.0), "{idle}");
+    let shot = |name: &str| {
+        let path = dir.path().join(name);
+        chromium(
+            &profile,
+            &[
+                "--virtual-time-budget=5000",
+                &format!("--screenshot={}", path.display()),
+                &url,
+            ],
+        );
+        std::fs::read(&path).expect("screenshot written")
+    };
+    let before = shot("idle.png");
+
+    // Traffic: 64 MiB written, then read through the data port (no
+    // short-circuit), so bytes go in and out and the cache is hit.
+    let rt = runtime();
+    let bytes = random_bytes(64 << 20, 5);
+    rt.block_on(async {
+        let writer = node.client().await;
+        curvine_integration::write_file(&writer, "/traffic.bin", &bytes, 1).await;
+        let mut conf = node.client_conf();
+        conf.short_circuit = false;
+        let reader = curvine_client::Client::connect(&conf).await.unwrap();
+        let back = curvine_integration::read_file(&reader, "/traffic.bin")
+            .await
+            .unwrap();
+        assert_eq!(back.len(), bytes.len());
+    });
+    let what = Lazily(|| format!("the charts to show the traffic: {}", seen.borrow()));
+    let busy = wait_for(what, Duration::from_secs(60), || {
+        let dom = dump();
+        let moved = chart_peak(&dom, "throughput", "in").unwrap_or(0.0) > 0.0
+            && chart_peak(&dom, "throughput", "out").unwrap_or(0.0) > 0.0
+            && chart_peak(&dom, "cache", "hits").unwrap_or(0.0) > 0.0;
+        if moved {
+            return Some(dom);
+        }
+        *seen.borrow_mut() = dom;
+        None
+    });
+    // Per second over a 1s sample: at least a tenth of what passed.
+    let peak_in = chart_peak(&busy, "throughput", "in").unwrap();
+    assert!(
+        peak_in >= (6 << 20) as f64,
+        "in at most {peak_in} B/s for 64 MiB"
+    );
+    let after = shot("busy.png");
+    assert!(before.starts_with(b"\x89PNG") && after.starts_with(b"\x89PNG"));
+    assert_ne!(
+        before, after,
+        "the screenshot did not change with the traffic"
+    );
+    if let Ok(keep) = std::env::var("DASHBOARD_SCREENSHOT") {
+        let _ = std::fs::write(format!("{keep}.charts.png"), &after);
+    }
+}
+
+/// Every metric the shipped Grafana dashboard queries is one a node or a
+/// mount exports (a typo would leave a panel empty).
+#[test]
+fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("conf/grafana/curvine.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let mut exported = BTreeSet::new();
+    let mut stack = vec![root.join("actors"), root.join("nodes"), root.join("fuse")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.ends_with("target") {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let src = std::fs::read_to_string(&p).unwrap();
+                for piece in src.split('"') {
+                    if piece.starts_with("curvine_")
+                        && piece.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    {
+                        exported.insert(piece.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for p in panels {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                .filter(|w| w.starts_with("curvine_"))
+                .collect();
+            assert!(!names.is_empty(), "{expr}");
+            for n in names {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| n.strip_suffix(s))
+                    .unwrap_or(n);
+                assert!(
+                    exported.contains(base),
+                    "panel {:?} queries {n}, which nothing exports",
+                    p["title"]
+                );
+            }
+        }
+    }
+}

@@ -554,6 +554,12 @@ async fn read(
     // Over TLS the last records may still sit in the session's buffer.
     stream.get_mut().flush().await.map_err(fatal)?;
     ctx.store.touch(block);
+    ctx.metrics.add(
+        "curvine_data_bytes_sent_total",
+        "Block bytes this node's data port sent to readers (short-circuit reads do not pass it).",
+        &[],
+        end - start,
+    );
     // The bytes were the reply; nothing follows them.
     Ok(Ok(None))
 }

@@ -174,6 +174,7 @@ where
 struct NodeWeb {
     service: Arc<Service>,
     reports: Arc<Reports>,
+    history: Arc<crate::service::history::History>,
     view: Arc<ClusterView>,
     rt: tokio::runtime::Handle,
 }
@@ -227,13 +228,14 @@ fn json<T: serde::Serialize>(result: FsResult<T>) -> HttpResponse {
 pub fn serve_node(
     listener: TcpListener,
     service: Arc<Service>,
-    reports: Arc<Reports>,
+    (reports, history): (Arc<Reports>, Arc<crate::service::history::History>),
     view: Arc<ClusterView>,
     token: &str,
 ) -> std::io::Result<HttpHandle> {
     let web = NodeWeb {
         service: service.clone(),
         reports,
+        history,
         view,
         rt: tokio::runtime::Handle::current(),
     };
@@ -249,7 +251,8 @@ pub fn serve_node(
                 .route("/api/mounts", web::get().to(mounts))
                 .route("/api/jobs", web::get().to(jobs))
                 .route("/api/actors", web::get().to(actors))
-                .route("/api/traces", web::get().to(traces));
+                .route("/api/traces", web::get().to(traces))
+                .route("/api/history", web::get().to(metrics_history));
         },
     )
 }
@@ -272,6 +275,10 @@ async fn metrics(web: web::Data<NodeWeb>) -> HttpResponse {
             .body(text),
         Err(e) => HttpResponse::ServiceUnavailable().body(e.to_string()),
     }
+}
+
+async fn metrics_history(web: web::Data<NodeWeb>) -> HttpResponse {
+    json(Ok(web.history.view()))
 }
 
 async fn overview(web: web::Data<NodeWeb>) -> HttpResponse {

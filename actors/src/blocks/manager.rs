@@ -718,6 +718,13 @@ impl Actor for BlockManager {
                 let result = state.commit(block, len, crcs);
                 if result.is_err() {
                     state.abort(block);
+                } else {
+                    state.args.namespace.cluster().metrics.add(
+                        "curvine_block_bytes_written_total",
+                        "Bytes of new blocks committed on this node (writes through the data port or short-circuit, and fills from under-file-systems).",
+                        &[],
+                        len,
+                    );
                 }
                 answer(reply, result)
             }

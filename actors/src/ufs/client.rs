@@ -113,7 +113,15 @@ impl Ufs {
         call: impl std::future::Future<Output = FsResult<T>>,
     ) -> FsResult<T> {
         let span = self.span(op);
+        let started = std::time::Instant::now();
         let result = call.await;
+        crate::stats::process()
+            .histogram(
+                "curvine_ufs_request_duration_seconds",
+                "Time an under-file-system request took (stat, list, ranged read, write, delete), per scheme and operation.",
+                &[("scheme", self.uri.scheme.name()), ("op", op)],
+            )
+            .observe(started.elapsed());
         if let Some(span) = span {
             span.end(crate::trace::outcome_of(&result));
         }

@@ -245,6 +245,7 @@ async fn start_with(
         root: format!("node-{}", identity.node_id),
         pending_replicas: config.ufs.pending_replicas,
         meta_replicas: config.meta.replicas,
+        history_interval: config.http.history_interval.0,
     };
     let raft = start_writers(config, &meta.stores, &core.view);
     let subsystems = Subsystems::build(&core);
@@ -285,17 +286,17 @@ async fn start_with(
         cluster_server: cluster.server,
     };
     // What fails from here stops what started.
-    let reports = subsystems.reports.clone();
-    let finished = serve_http(ports.http, service, reports, &node.view, config).and_then(|http| {
-        node.http = http;
-        node.ready().write(&node.data_dir.path).map_err(|e| {
-            StartError::Actors(format!(
-                "cannot write {} in {}: {e}",
-                ready::READY_FILE,
-                node.data_dir.path.display()
-            ))
-        })
-    });
+    let finished =
+        serve_http(ports.http, service, &subsystems, &node.view, config).and_then(|http| {
+            node.http = http;
+            node.ready().write(&node.data_dir.path).map_err(|e| {
+                StartError::Actors(format!(
+                    "cannot write {} in {}: {e}",
+                    ready::READY_FILE,
+                    node.data_dir.path.display()
+                ))
+            })
+        });
     match finished {
         Ok(_) => Ok(node),
         Err(e) => {
@@ -344,19 +345,26 @@ fn may_found(
 fn serve_http(
     listener: Option<TcpListener>,
     service: Arc<Service>,
-    reports: Arc<crate::service::reports::Reports>,
+    s: &Subsystems,
     view: &Arc<ClusterView>,
     config: &Config,
 ) -> Result<Option<HttpHandle>, StartError> {
     let Some(listener) = listener else {
         return Ok(None);
     };
-    crate::http::serve_node(listener, service, reports, view.clone(), &config.http.token)
-        .map(Some)
-        .map_err(|e| StartError::Listen {
-            addr: "http.listen".into(),
-            reason: e.to_string(),
-        })
+    let (reports, history) = (s.reports.clone(), s.history.clone());
+    crate::http::serve_node(
+        listener,
+        service,
+        (reports, history),
+        view.clone(),
+        &config.http.token,
+    )
+    .map(Some)
+    .map_err(|e| StartError::Listen {
+        addr: "http.listen".into(),
+        reason: e.to_string(),
+    })
 }
 
 /// The S3 gateway: its client reaches the cluster through this node's
@@ -490,6 +498,7 @@ fn tree_parts(
         },
         client: (ports.client.clone(), service, tls.clone()),
         replicas: (s.replicas.clone(), config.cluster.rereplicate_after.0),
+        history: (s.history.clone(), s.reports.clone()),
         keeper: Arc::new(ShardKeeper {
             view: core.view.clone(),
             namespace: core.namespace.clone(),

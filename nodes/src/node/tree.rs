@@ -16,7 +16,8 @@
 //!  ├─ client-port        the client port's accept loop (task)
 //!  ├─ s3-gateway         with s3.listen: the S3 gateway's accept loop (task)
 //!  ├─ re-replicator      re-replication passes (task)
-//!  └─ shard-keeper       shard groups in step with the map (task)
+//!  ├─ shard-keeper       shard groups in step with the map (task)
+//!  └─ metrics-history    samples the metrics for the dashboard's charts (task)
 //! ```
 
 use std::sync::Arc;
@@ -64,6 +65,11 @@ pub struct TreeParts {
     pub client: (Arc<std::net::TcpListener>, Arc<Service>, Option<Arc<Tls>>),
     pub replicas: (Arc<Replicas>, Duration),
     pub keeper: Arc<ShardKeeper>,
+    /// The metrics history and what it samples.
+    pub history: (
+        Arc<crate::service::history::History>,
+        Arc<crate::service::reports::Reports>,
+    ),
     /// With `s3.listen`: the S3 gateway's socket and the gateway.
     pub s3: Option<(Arc<std::net::TcpListener>, curvine_s3::Gateway)>,
 }
@@ -114,6 +120,7 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
     let (client_listener, service, tls) = p.client;
     let (replicas, after) = p.replicas;
     let keeper = p.keeper;
+    let (history, reports) = p.history;
     sup = sup.child(
         accept_loop("client-port", client_listener, move |listener| {
             crate::client_port::serve(listener, service.clone(), tls.clone())
@@ -135,6 +142,12 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
         .boxed(),
     )
     .child(TaskChild::new("shard-keeper", move || crate::keeper::run(keeper.clone())).boxed())
+    .child(
+        TaskChild::new("metrics-history", move || {
+            crate::service::history::run(history.clone(), reports.clone())
+        })
+        .boxed(),
+    )
 }
 
 /// Periodically gives blocks of the shards this node serves their replicas

@@ -24,6 +24,7 @@ mod delegations;
 pub mod extents;
 pub mod files;
 pub mod fills;
+pub mod history;
 pub mod journal;
 pub mod loader;
 pub mod loads;
@@ -95,6 +96,8 @@ pub struct Core {
     pub pending_replicas: u16,
     /// Copies of each shard's metadata (`meta.replicas`).
     pub meta_replicas: u32,
+    /// How often the metrics history is sampled (`http.history_interval`).
+    pub history_interval: std::time::Duration,
 }
 
 /// Every subsystem of the node, built in dependency order.
@@ -111,6 +114,7 @@ pub struct Subsystems {
     pub files: Arc<Files>,
     pub extents: Arc<Extents>,
     pub reports: Arc<Reports>,
+    pub history: Arc<history::History>,
 }
 
 impl Subsystems {
@@ -219,6 +223,7 @@ impl Subsystems {
             files,
             extents,
             reports,
+            history: Arc::new(history::History::new(core.history_interval)),
         }
     }
 }
