@@ -32,12 +32,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
 fi
 # With pip when missing: the aws CLI (a client of the S3 gateway's tests;
-# boto3 comes with the test S3 server), maturin (builds the Python
-# package) and what the Python package's tests drive: fsspec, pandas and
-# pyarrow.
+# boto3 comes with the test S3 server) and what the Python package's tests
+# drive: fsspec, pandas and pyarrow.
 pip_missing=()
 command -v aws >/dev/null 2>&1 || pip_missing+=(awscli)
-command -v maturin >/dev/null 2>&1 || pip_missing+=(maturin)
 for mod in fsspec pandas pyarrow; do
   python3 -c "import $mod" 2>/dev/null || pip_missing+=("$mod")
 done
@@ -45,12 +43,10 @@ if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "run-tests: installing ${pip_missing[*]} with pip" >&2
   python3 -m pip install --quiet "${pip_missing[@]}" >&2
 fi
-# The Python package as built from this tree (debug profile: it reuses
-# the crates just built).
-wheels=$(mktemp -d /tmp/curvinefs-wheel.XXXXXX)
-(cd cli/python && maturin build --quiet --profile dev --locked -o "$wheels" >&2)
-python3 -m pip install --quiet --force-reinstall --no-deps "$wheels"/curvinefs-*.whl >&2
-rm -rf "$wheels"
+# The Python package as built from this tree, with pip (maturin builds it;
+# the debug profile reuses the crates just built).
+MATURIN_PEP517_ARGS="--profile dev --locked" \
+  python3 -m pip install --quiet --force-reinstall --no-deps ./cli/python >&2
 export PATH="$PWD/target/tools/bin:$PATH"
 if ! command -v pjdfstest >/dev/null 2>&1; then
   cargo install pjdfstest --version 0.2.2 --locked --root target/tools
