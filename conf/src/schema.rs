@@ -168,6 +168,10 @@ pub struct DataConf {
     pub evict_interval: Dur,
     /// Blocks on disk that no file references are removed after this long.
     pub orphan_grace: Dur,
+    /// Blocks a file no longer uses (overwritten, truncated or removed) are
+    /// removed from the nodes this long after, so a reader that opened the
+    /// file before keeps reading the version it opened meanwhile.
+    pub freed_grace: Dur,
     /// Fsync block files on SSD and HDD tiers before a write is acknowledged.
     pub sync_blocks: bool,
     /// How long an access token for a block stays valid.
@@ -186,6 +190,7 @@ impl Default for DataConf {
             low_watermark: 0.8,
             evict_interval: Dur(std::time::Duration::from_secs(1)),
             orphan_grace: Dur(std::time::Duration::from_secs(600)),
+            freed_grace: Dur(std::time::Duration::from_secs(10)),
             sync_blocks: true,
             token_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
         }

@@ -225,6 +225,9 @@ fn overwrite_append_truncate_are_copy_on_write() {
             model[at..at + patch.len()].copy_from_slice(&patch);
             model[10..15].copy_from_slice(b"hello");
             assert!(get(&c, &path).await == model, "overwrite ({short_circuit})");
+            // It still does after the node's sweeps of freed blocks ran
+            // (every second): the old blocks stay for data.freed_grace.
+            tokio::time::sleep(Duration::from_secs(3)).await;
             let mut seen = Vec::new();
             before.read_to_end(&mut seen).await.unwrap();
             assert!(seen == old, "a reader opened before sees the old version");

@@ -34,6 +34,9 @@ pub struct BlockConf {
     pub low_watermark: f64,
     pub evict_interval: Duration,
     pub orphan_grace: Duration,
+    /// How long after a block is freed it is removed (readers of the
+    /// version it belonged to read it meanwhile).
+    pub freed_grace: Duration,
     /// How often freed blocks are collected and orphans looked for.
     pub tick: Duration,
 }
@@ -92,6 +95,8 @@ pub struct BlockState {
     evictor_sup: ActorCell,
     /// A sweep of freed blocks or orphans is running.
     sweeping: Arc<std::sync::atomic::AtomicBool>,
+    /// When each freed block the sweeps met was first met.
+    freed_seen: super::sweep::FreedSeen,
     last_orphan_check: Instant,
 }
 
@@ -636,8 +641,9 @@ impl BlockState {
         let args = self.args.clone();
         let me = myself.clone();
         let flag = self.sweeping.clone();
+        let seen = self.freed_seen.clone();
         tokio::spawn(async move {
-            sweep_freed(&args, &me).await;
+            sweep_freed(&args, &me, &seen).await;
             if check_orphans {
                 sweep_orphans(&args, &me).await;
             }
@@ -679,6 +685,7 @@ impl Actor for BlockManager {
             evictors,
             evictor_sup,
             sweeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            freed_seen: Default::default(),
             last_orphan_check: Instant::now() - Duration::from_secs(3600 * 24 * 365),
         })
     }

@@ -3,24 +3,30 @@
 //! one.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ractor::ActorRef;
 
-use curvine_messages::block::{BlockId, BlockMsg, BlockUse};
+use curvine_messages::block::{BlockId, BlockMsg, BlockUse, FreedBlock};
 use curvine_messages::{now_ns, shard_of, ShardId};
 
 use super::BlockArgs;
 
-/// Removes blocks the shards this node serves freed, from every node that
-/// holds them, then lets the shards forget them. A block on a node that is
-/// down or does not answer is forgotten too: that node removes it as an
-/// orphan (no shard knows it) after `data.orphan_grace`.
-pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
+/// When the sweeps first met each freed block (kept by the block manager
+/// across sweeps; a new leader of a shard starts the grace again).
+pub(super) type FreedSeen = Arc<parking_lot::Mutex<HashMap<BlockId, Instant>>>;
+
+/// Removes blocks the shards this node serves freed `data.freed_grace` ago
+/// or more, from every node that holds them, then lets the shards forget
+/// them. A block on a node that is down or does not answer is forgotten
+/// too: that node removes it as an orphan (no shard knows it) after
+/// `data.orphan_grace`.
+pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>, seen: &FreedSeen) {
     let cluster = args.namespace.cluster().clone();
     for shard in cluster.served_shards() {
         loop {
-            let freed = match args.namespace.take_freed(shard, 512).await {
+            let batch = match args.namespace.take_freed(shard, 512).await {
                 Ok(f) if !f.is_empty() => f,
                 Ok(_) => break,
                 Err(e) => {
@@ -28,7 +34,11 @@ pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
                     break;
                 }
             };
-            let n = freed.len();
+            let n = batch.len();
+            let freed = ripe(batch, seen, args.conf.freed_grace);
+            if freed.is_empty() {
+                break;
+            }
             let mut by_node: HashMap<String, Vec<BlockId>> = HashMap::new();
             for f in &freed {
                 if f.locs.is_empty() {
@@ -63,6 +73,12 @@ pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
             if !local_ok {
                 tracing::warn!(shard, "removing freed blocks failed");
                 break;
+            }
+            {
+                let mut seen = seen.lock();
+                for f in &freed {
+                    seen.remove(&f.id);
+                }
             }
             args.namespace
                 .forget_freed(shard, freed.into_iter().map(|f| f.id).collect());
@@ -115,5 +131,42 @@ pub(super) async fn sweep_orphans(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
                 });
             }
         }
+    }
+}
+
+/// The blocks of `batch` first met `grace` ago or more (the others are
+/// noted as met now, if they were not yet).
+fn ripe(batch: Vec<FreedBlock>, seen: &FreedSeen, grace: Duration) -> Vec<FreedBlock> {
+    let now = Instant::now();
+    let mut seen = seen.lock();
+    batch
+        .into_iter()
+        .filter(|f| now.duration_since(*seen.entry(f.id).or_insert(now)) >= grace)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_blocks_ripen_after_the_grace() {
+        let seen = FreedSeen::default();
+        let block = |id| FreedBlock {
+            id,
+            locs: Vec::new(),
+        };
+        let ids = |v: Vec<FreedBlock>| v.into_iter().map(|f| f.id).collect::<Vec<_>>();
+        // Met now: none ripe under a grace, all without one.
+        let hour = Duration::from_secs(3600);
+        assert!(ripe(vec![block(1), block(2)], &seen, hour).is_empty());
+        assert_eq!(
+            ids(ripe(vec![block(1), block(2)], &seen, Duration::ZERO)),
+            [1, 2]
+        );
+        // Met long ago: ripe.
+        seen.lock().insert(3, Instant::now() - hour);
+        assert_eq!(ids(ripe(vec![block(3), block(4)], &seen, hour)), [3]);
+        assert!(seen.lock().contains_key(&4));
     }
 }

@@ -435,6 +435,7 @@ fn tree_parts(
                 low_watermark: config.data.low_watermark,
                 evict_interval: config.data.evict_interval.0,
                 orphan_grace: config.data.orphan_grace.0,
+                freed_grace: config.data.freed_grace.0,
                 tick: Duration::from_secs(1),
             },
             policy: RestartPolicy::from(&config.supervisor),
