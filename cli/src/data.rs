@@ -7,6 +7,7 @@ use serde_json::json;
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
 use curvine_messages::block::{check_block_size, FileSpec, TierKind};
+use curvine_messages::path::child;
 use curvine_messages::{Attr, FileKind, FsError};
 
 use crate::args::DataCommand;
@@ -65,14 +66,6 @@ fn name_of(path: &str) -> &str {
         .rsplit('/')
         .next()
         .unwrap_or(path)
-}
-
-fn child(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
-    } else {
-        format!("{}/{name}", dir.trim_end_matches('/'))
-    }
 }
 
 /// The destination file: `dst`, or `dst/<name>` when `dst` is a directory.

@@ -162,12 +162,7 @@ impl Inodes {
 
     /// The path of `name` in directory `parent`.
     pub fn child_path(&self, parent: u64, name: &str) -> FsResult<String> {
-        let dir = self.path(parent)?;
-        Ok(if dir == "/" {
-            format!("/{name}")
-        } else {
-            format!("{dir}/{name}")
-        })
+        Ok(curvine_messages::path::child(&self.path(parent)?, name))
     }
 
     /// Records that the kernel looked `attr` up as `name` in `parent`

@@ -86,6 +86,16 @@ pub fn join(parts: &[String]) -> String {
     }
 }
 
+/// The path of `name` in directory `dir` (an absolute path, `/` or without
+/// a trailing `/`).
+pub fn child(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{}/{name}", dir.trim_end_matches('/'))
+    }
+}
+
 /// Splits a normalised path into parent components and final name; `None` for `/`.
 pub fn split_last(parts: &[String]) -> Option<(&[String], &str)> {
     parts
@@ -96,6 +106,13 @@ pub fn split_last(parts: &[String]) -> Option<(&[String], &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_of_the_root_and_of_directories() {
+        assert_eq!(child("/", "a"), "/a");
+        assert_eq!(child("/a", "b"), "/a/b");
+        assert_eq!(child("/a/", "b"), "/a/b");
+    }
 
     #[test]
     fn normalizes_like_a_shell() {

@@ -107,14 +107,6 @@ fn info<'py>(py: Python<'py>, path: &str, a: &Attr) -> PyResult<Bound<'py, PyDic
     Ok(d)
 }
 
-fn join(dir: &str, name: &str) -> String {
-    if dir.ends_with('/') {
-        format!("{dir}{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
-}
-
 /// A connection to a cluster; cheap to share between Python threads.
 #[pyclass(frozen)]
 struct Client {
@@ -169,7 +161,7 @@ impl Client {
         let entries = block_at(py, path, async move { c.list_all(&p).await })?;
         entries
             .iter()
-            .map(|e| info(py, &join(path, &e.name), &e.attr))
+            .map(|e| info(py, &curvine_messages::path::child(path, &e.name), &e.attr))
             .collect()
     }
 

@@ -3,6 +3,7 @@
 
 use s3s::{s3_error, S3Result};
 
+use curvine_messages::path::child;
 use curvine_messages::Attr;
 
 /// Where a multipart upload keeps its parts, under the root (a name no
@@ -14,23 +15,7 @@ const MAX_KEY: usize = 1024;
 
 /// `root` as an absolute path without a trailing slash (`/` stays `/`).
 pub(crate) fn normalize_root(root: &str) -> String {
-    let trimmed = root.trim_end_matches('/');
-    if trimmed.is_empty() {
-        "/".into()
-    } else if trimmed.starts_with('/') {
-        trimmed.into()
-    } else {
-        format!("/{trimmed}")
-    }
-}
-
-/// `root/name`.
-pub(crate) fn join(root: &str, name: &str) -> String {
-    if root == "/" {
-        format!("/{name}")
-    } else {
-        format!("{root}/{name}")
-    }
+    curvine_messages::path::normalize(root, "/").unwrap_or_else(|_| "/".into())
 }
 
 /// The directory of `bucket`. Bucket names are checked by the S3 layer
@@ -43,7 +28,7 @@ pub(crate) fn bucket_path(root: &str, bucket: &str) -> S3Result<String> {
             "invalid bucket name {bucket:?}"
         ));
     }
-    Ok(join(root, bucket))
+    Ok(child(root, bucket))
 }
 
 /// The path of `key` in `bucket`, for a key the file system can hold: no

@@ -11,7 +11,7 @@
 use curvine_client::Client;
 use curvine_messages::{Attr, FileKind, FsError, FsResult};
 
-use crate::keys::join;
+use curvine_messages::path::child;
 
 /// One entry of a listing page.
 pub(crate) enum Item {
@@ -57,7 +57,7 @@ pub(crate) async fn list(client: &Client, dir: &str, q: &Query<'_>) -> FsResult<
     };
     let top = match start {
         "" => dir.to_string(),
-        s => join(dir, s.trim_end_matches('/')),
+        s => child(dir, s.trim_end_matches('/')),
     };
     let mut stack = match read_dir(client, &top, start, Some(first_name)).await {
         Ok(frame) => vec![frame],
@@ -75,7 +75,7 @@ pub(crate) async fn list(client: &Client, dir: &str, q: &Query<'_>) -> FsResult<
             FileKind::Dir if slash => Item::Prefix(key),
             FileKind::Dir => {
                 if key.as_str() > q.after || q.after.starts_with(key.as_str()) {
-                    let path = join(dir, key.trim_end_matches('/'));
+                    let path = child(dir, key.trim_end_matches('/'));
                     match read_dir(client, &path, &key, None).await {
                         Ok(frame) => stack.push(frame),
                         // Removed since its parent was read.

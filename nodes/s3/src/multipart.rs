@@ -61,14 +61,15 @@ impl Gateway {
         })
     }
 
-    /// The upload `id` of `bucket`/`key`, or `NoSuchUpload`.
+    /// The directory and target of upload `id` of `bucket`/`key`, or
+    /// `NoSuchUpload`.
     async fn upload_of(
         &self,
         client: &Client,
         id: &str,
         bucket: &str,
         key: &str,
-    ) -> S3Result<String> {
+    ) -> S3Result<(String, Target)> {
         let target = self.target(client, id).await?;
         if target.bucket != bucket || target.key != key {
             return Err(s3_error!(
@@ -76,7 +77,7 @@ impl Gateway {
                 "upload {id} is not for {bucket}/{key}"
             ));
         }
-        self.upload_dir(id)
+        Ok((self.upload_dir(id)?, target))
     }
 
     pub(crate) async fn create_upload(
@@ -142,7 +143,7 @@ impl Gateway {
             ));
         }
         let client = self.client().await?;
-        let dir = self
+        let (dir, _) = self
             .upload_of(client, &input.upload_id, &input.bucket, &input.key)
             .await?;
         let path = format!("{dir}/{:05}", input.part_number);
@@ -168,8 +169,7 @@ impl Gateway {
     ) -> S3Result<CompleteMultipartUploadOutput> {
         let client = self.client().await?;
         let (bucket, key, id) = (&input.bucket, &input.key, &input.upload_id);
-        let dir = self.upload_of(client, id, bucket, key).await?;
-        let target = self.target(client, id).await?;
+        let (dir, target) = self.upload_of(client, id, bucket, key).await?;
         let asked = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -257,7 +257,7 @@ impl Gateway {
         input: AbortMultipartUploadInput,
     ) -> S3Result<AbortMultipartUploadOutput> {
         let client = self.client().await?;
-        let dir = self
+        let (dir, _) = self
             .upload_of(client, &input.upload_id, &input.bucket, &input.key)
             .await?;
         client
@@ -269,7 +269,7 @@ impl Gateway {
 
     pub(crate) async fn list_parts_of(&self, input: ListPartsInput) -> S3Result<ListPartsOutput> {
         let client = self.client().await?;
-        let dir = self
+        let (dir, _) = self
             .upload_of(client, &input.upload_id, &input.bucket, &input.key)
             .await?;
         let after = input.part_number_marker.unwrap_or(0);

@@ -12,9 +12,10 @@ use curvine_client::Client;
 use curvine_messages::{Attr, FileKind, FsError, SetAttr, TimeSet};
 
 use crate::error::{body_err, s3_err, Subject};
-use crate::keys::{bucket_path, etag, is_dir_key, join, object_path, timestamp};
+use crate::keys::{bucket_path, etag, is_dir_key, object_path, timestamp};
 use crate::list::{list, Item, Query};
 use crate::Gateway;
+use curvine_messages::path::child;
 
 /// Objects up to this size are read in one piece; larger ones stream in
 /// chunks of it.
@@ -897,7 +898,7 @@ impl Gateway {
 
     /// The path of `name` in the gateway's root.
     pub(crate) fn in_root(&self, name: &str) -> String {
-        join(self.root(), name)
+        child(self.root(), name)
     }
 }
 
