@@ -43,10 +43,26 @@ if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "run-tests: installing ${pip_missing[*]} with pip" >&2
   python3 -m pip install --quiet "${pip_missing[@]}" >&2
 fi
-# The Python package as built from this tree, with pip (maturin builds it;
-# the debug profile reuses the crates just built).
+# PyTorch for the Python package's Dataset test: Debian's (PyPI's wheels
+# bring gigabytes of CUDA libraries; the DLIO benchmark uses the same).
+if ! /usr/bin/python3 -c 'import torch, ensurepip' 2>/dev/null; then
+  echo "run-tests: installing PyTorch from Debian" >&2
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch python3-venv >/dev/null
+fi
+# The Python package as built from this tree, with pip (maturin builds the
+# wheel; the debug profile reuses the crates just built), installed for
+# python3 and into a virtual environment over Debian's Python, which has
+# PyTorch (target/tools/torch; its interpreter is CURVINE_TORCH_PYTHON).
+rm -rf target/wheels/curvinefs
 MATURIN_PEP517_ARGS="--profile dev --locked" \
-  python3 -m pip install --quiet --force-reinstall --no-deps ./cli/python >&2
+  python3 -m pip wheel --quiet --no-deps -w target/wheels/curvinefs ./cli/python >&2
+python3 -m pip install --quiet --force-reinstall --no-deps target/wheels/curvinefs/curvinefs-*.whl >&2
+torch_env=$PWD/target/tools/torch
+[ -x "$torch_env/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$torch_env"
+"$torch_env/bin/python" -c 'import fsspec' 2>/dev/null || "$torch_env/bin/pip" install --quiet fsspec >&2
+"$torch_env/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/curvinefs/curvinefs-*.whl >&2
+export CURVINE_TORCH_PYTHON=$torch_env/bin/python
 export PATH="$PWD/target/tools/bin:$PATH"
 if ! command -v pjdfstest >/dev/null 2>&1; then
   cargo install pjdfstest --version 0.2.2 --locked --root target/tools

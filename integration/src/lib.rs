@@ -772,17 +772,25 @@ pub async fn read_file(c: &Client, path: &str) -> curvine_messages::FsResult<Vec
     Ok(out)
 }
 
-/// `GET path` on an HTTP port: the status code and the body.
-/// Runs a Python `script` (`python3 -c`, without `AWS_CA_BUNDLE`, which
+/// Runs a Python `script` (with `python3`, without `AWS_CA_BUNDLE`, which
 /// some S3 clients cannot build with); its standard output, or a panic
 /// with both outputs. `what` names the script in the panic.
 pub fn python_script(what: &str, script: &str) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
+    python_script_with("python3", what, script)
+}
+
+/// [`python_script`] with another interpreter. The script runs from a file,
+/// so processes it spawns (multiprocessing's "spawn") can import its
+/// `__main__`.
+pub fn python_script_with(python: &str, what: &str, script: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("script.py");
+    std::fs::write(&file, script).unwrap();
+    let out = Command::new(python)
+        .arg(&file)
         .env_remove("AWS_CA_BUNDLE")
         .output()
-        .expect("python3 runs");
+        .unwrap_or_else(|e| panic!("{python} runs: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -827,6 +835,7 @@ pub fn assert_short_circuit(node: &NodeProcess, files: u64, reads: impl FnOnce()
     );
 }
 
+/// `GET path` on an HTTP port: the status code and the body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get_with(addr, path, &[]);
     (status, body)
