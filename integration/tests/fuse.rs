@@ -2357,6 +2357,39 @@ fn a_file_of_several_blocks_passes_through_once_they_share_one_file_and_its_read
     );
 }
 
+#[test]
+fn a_read_right_after_a_write_passes_through_and_an_open_writer_is_not_waited_for() {
+    let (_dir, _node, m) = setup(&[]);
+    // The kernel sends a closed file's RELEASE without waiting for it: the
+    // read's open can reach the mount first, and waits for that release
+    // (cp then a checksum; a checkpoint read back).
+    let data = random_bytes(1536 * 1024, 40);
+    let passed = passthrough_opens(&m, "passthrough");
+    let busy = passthrough_opens(&m, "being_written") + passthrough_opens(&m, "cached_handles");
+    for i in 0..20 {
+        let path = m.path(&format!("ckpt-{i}"));
+        fs::write(&path, &data).unwrap();
+        assert!(fs::read(&path).unwrap() == data);
+    }
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 20);
+    assert_eq!(
+        passthrough_opens(&m, "being_written") + passthrough_opens(&m, "cached_handles"),
+        busy
+    );
+    // A file still open for writing (through a descriptor its writer
+    // duplicated and closed, as a shell's redirection does) reads through
+    // the mount, with what was written.
+    let mut w = File::create(m.path("log")).unwrap();
+    w.write_all(&data).unwrap();
+    drop(w.try_clone().unwrap());
+    assert!(fs::read(m.path("log")).unwrap() == data);
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 20);
+    w.write_all(b"more").unwrap();
+    drop(w);
+    assert_eq!(fs::read(m.path("log")).unwrap().len(), data.len() + 4);
+    assert_eq!(passthrough_opens(&m, "passthrough"), passed + 21);
+}
+
 /// Reads up to `len` bytes at `at` of a file opened with O_DIRECT (into
 /// a page-aligned buffer, as O_DIRECT asks).
 fn read_direct(file: &File, at: u64, len: usize) -> Vec<u8> {

@@ -397,6 +397,11 @@ pub(super) fn write(cfs: &CurvineFs, fh: FileHandle, offset: u64, data: &[u8], r
     };
     match &*handle {
         Handle::File(f) if f.writer.is_some() => {
+            // Written after a close's flush (its other descriptors are
+            // open): not being closed.
+            if f.flushed.load(Ordering::Relaxed) {
+                f.flushed.store(false, Ordering::SeqCst);
+            }
             if let Some(w) = &f.writer {
                 w.write(offset, data, reply)
             }

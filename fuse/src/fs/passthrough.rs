@@ -18,7 +18,10 @@
 //! writing waits up to [`RELEASE_GRACE`] for the passthrough handles to be
 //! released, then fails with ETXTBSY; a reader opening after another
 //! client changed the file, while older passthrough handles are open,
-//! shares their content (one whole older version) until they close.
+//! shares their content (one whole older version) until they close. A
+//! read-only open that finds the file's writing handles all closed but
+//! not yet released waits up to [`CLOSE_SETTLE`] for their release, so a
+//! read right after a write passes through.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,6 +40,12 @@ use crate::inodes::{content_version as version, ContentVersion as Version};
 /// How long an open for writing waits for passthrough handles being
 /// closed before it is refused with ETXTBSY.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a read-only open waits for the release of handles whose
+/// descriptors were all closed (short: a handle flushed at the close of
+/// one descriptor may still write through another, as a shell's
+/// redirection leaves it).
+const CLOSE_SETTLE: Duration = Duration::from_millis(100);
 
 /// How long an open trusts that a file found not passable (several
 /// blocks, not on this host) stays so without asking the cluster again:
@@ -223,6 +232,10 @@ impl Fs {
         match found {
             Some(Found::Block(fv, path, blocks)) if fv == v => {
                 if let Some(why) = self.busy(ino) {
+                    if self.only_closing(ino) {
+                        // Worth waiting for (in a task): see `settle_closes`.
+                        return ReadOpen::Ask;
+                    }
                     return self.fall_back(ino, None, why);
                 }
                 match std::fs::File::open(&path) {
@@ -259,6 +272,7 @@ impl Fs {
         attr: &Attr,
         reply: &ReplyOpen,
     ) -> ReadOpen {
+        self.settle_closes(ino).await;
         match self.open_passthrough_now(ino, attr, reply) {
             ReadOpen::Ask => {}
             decided => return decided,
@@ -334,6 +348,18 @@ impl Fs {
             );
         }
         Some(ReadOpen::Pass(backing, blocks))
+    }
+
+    /// Waits up to [`CLOSE_SETTLE`] while what keeps `ino` busy is only
+    /// being closed: the kernel sends the RELEASE of a closed file after
+    /// `close` returned, so a read right after a write (`cp` then a
+    /// checksum, a checkpoint read back) can reach the mount before it and
+    /// would read through the mount instead of passing through.
+    async fn settle_closes(&self, ino: u64) {
+        let until = Instant::now() + CLOSE_SETTLE;
+        while self.busy(ino).is_some() && self.only_closing(ino) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Whether no passthrough handle of `ino` is open, waiting up to

@@ -170,15 +170,28 @@ impl Fs {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let open = self.open_count(ino);
-            let closing = self.handles.lock().values().all(|h| match &**h {
-                Handle::File(f) if f.ino == ino => f.flushed.load(Ordering::SeqCst),
-                _ => true,
-            });
-            if open == 0 || !closing || tokio::time::Instant::now() >= deadline {
+            if open == 0 || !self.all_flushed(ino) || tokio::time::Instant::now() >= deadline {
                 return open;
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    /// Whether every open handle of `ino` was flushed at a close of its
+    /// last descriptor and has not written since.
+    fn all_flushed(&self, ino: u64) -> bool {
+        self.handles.lock().values().all(|h| match &**h {
+            Handle::File(f) if f.ino == ino => f.flushed.load(Ordering::SeqCst),
+            _ => true,
+        })
+    }
+
+    /// Whether what keeps `ino` busy here is only being closed: its open
+    /// handles all flushed at a close (their RELEASE on its way), or its
+    /// writer task ending after its last handle's release.
+    /// (A writer's handles are among them; released, it is ending.)
+    pub(super) fn only_closing(&self, ino: u64) -> bool {
+        self.all_flushed(ino)
     }
 
     /// A handle of an open file (writer and backing file when it has them).
