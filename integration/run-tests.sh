@@ -53,7 +53,7 @@ fi
 # The Python package as built from this tree, with pip (maturin builds the
 # wheel; the debug profile reuses the crates just built), installed for
 # python3 and into a virtual environment over Debian's Python, which has
-# PyTorch (target/tools/torch; its interpreter is CURVINE_TORCH_PYTHON).
+# PyTorch (target/tools/torch; its interpreter is TEST_TORCH_PYTHON).
 rm -rf target/wheels/curvinefs
 MATURIN_PEP517_ARGS="--profile dev --locked" \
   python3 -m pip wheel --quiet --no-deps -w target/wheels/curvinefs ./cli/python >&2
@@ -62,7 +62,7 @@ torch_env=$PWD/target/tools/torch
 [ -x "$torch_env/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$torch_env"
 "$torch_env/bin/python" -c 'import fsspec' 2>/dev/null || "$torch_env/bin/pip" install --quiet fsspec >&2
 "$torch_env/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/curvinefs/curvinefs-*.whl >&2
-export CURVINE_TORCH_PYTHON=$torch_env/bin/python
+export TEST_TORCH_PYTHON=$torch_env/bin/python
 export PATH="$PWD/target/tools/bin:$PATH"
 if ! command -v pjdfstest >/dev/null 2>&1; then
   cargo install pjdfstest --version 0.2.2 --locked --root target/tools

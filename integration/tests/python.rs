@@ -170,7 +170,7 @@ print("ok")
 /// The interpreter with PyTorch and the package (a virtual environment over
 /// Debian's Python, made by the test command).
 fn torch_python() -> String {
-    let python = std::env::var("CURVINE_TORCH_PYTHON").unwrap_or_else(|_| {
+    let python = std::env::var("TEST_TORCH_PYTHON").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../target/tools/torch/bin/python"
@@ -180,7 +180,7 @@ fn torch_python() -> String {
     assert!(
         std::path::Path::new(&python).exists(),
         "no Python with PyTorch at {python}: integration/run-tests.sh makes it \
-         (or set CURVINE_TORCH_PYTHON)"
+         (or set TEST_TORCH_PYTHON)"
     );
     python
 }
