@@ -209,6 +209,11 @@ print("ok")
         "{:?}",
         uploads.iter().map(|e| &e.name).collect::<Vec<_>>()
     );
+    // The clients' mistakes above (missing keys, bad signatures, bad
+    // names) are theirs: none is an error in the node's log.
+    let log = node.log_text();
+    let errors: Vec<_> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
 }
 
 #[test]

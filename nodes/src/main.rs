@@ -68,12 +68,15 @@ fn main() {
         }
     };
     // ractor_cluster reports every session step at info; its problems show
-    // at warn, and membership logs what an operator needs.
-    let level = if config.log.level.contains("ractor_cluster") {
-        config.log.level.clone()
-    } else {
-        format!("{},ractor_cluster=warn", config.log.level)
-    };
+    // at warn, and membership logs what an operator needs. s3s logs every
+    // failed S3 request at error (a GET of a missing key, a bad signature):
+    // the gateway logs the failures that are the node's own.
+    let mut level = config.log.level.clone();
+    for (target, quiet) in [("ractor_cluster", "warn"), ("s3s", "off")] {
+        if !level.contains(target) {
+            level = format!("{level},{target}={quiet}");
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()

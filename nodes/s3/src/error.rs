@@ -45,7 +45,15 @@ pub(crate) fn s3_err(e: FsError, subject: Subject<'_>) -> S3Error {
         }
         _ => C::InternalError,
     };
-    S3Error::with_message(code, format!("{}: {e}", subject.name()))
+    let message = format!("{}: {e}", subject.name());
+    // The client's mistakes are its to see; the node's own failures are
+    // the operator's.
+    if matches!(code, C::InternalError | C::ServiceUnavailable) {
+        tracing::warn!(code = code.as_str(), "S3 request failed: {message}");
+    } else {
+        tracing::debug!(code = code.as_str(), "S3 request refused: {message}");
+    }
+    S3Error::with_message(code, message)
 }
 
 /// The error of a request body that could not be read.

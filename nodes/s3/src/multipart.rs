@@ -49,6 +49,7 @@ impl Gateway {
         let text = String::from_utf8_lossy(&text);
         let mut lines = text.lines();
         let (Some(bucket), Some(key)) = (lines.next(), lines.next()) else {
+            tracing::warn!(upload = id, "a multipart upload's target file is damaged");
             return Err(S3Error::with_message(
                 S3ErrorCode::InternalError,
                 format!("upload {id}: its target file is damaged"),
