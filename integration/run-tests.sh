@@ -19,11 +19,12 @@ cargo build --workspace --bins --tests --locked
 # Tools the FUSE tests drive (rclone and tar for the ingest crash test),
 # the headless browser the dashboard test renders in, tc and iptables for
 # the slow-link test, and openssl for the TLS tests' certificates
-# (conf/make-certs.sh), setfacl and getfacl for the ACL test: Debian packages,
+# (conf/make-certs.sh), setfacl and getfacl for the ACL test, s3fs for the
+# S3 gateway's: Debian packages,
 # and the pjdfstest POSIX suite from crates.io (built once into target/tools).
 missing=()
 for pair in fusermount3:fuse3 fio:fio rsync:rsync rclone:rclone chromium:chromium chromedriver:chromium-driver \
-    ip:iproute2 tc:iproute2 iptables:iptables openssl:openssl setfacl:acl; do
+    ip:iproute2 tc:iproute2 iptables:iptables openssl:openssl setfacl:acl s3fs:s3fs; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

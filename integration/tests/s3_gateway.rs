@@ -1,5 +1,5 @@
 //! The S3 gateway (`s3.listen`) against real S3 clients: boto3, the `aws`
-//! CLI and rclone's S3 backend, talking to a real node process, with what
+//! CLI, rclone's S3 backend and an s3fs mount, talking to a real node process, with what
 //! they store checked through the client library (and the other way round).
 
 use std::path::Path;
@@ -347,4 +347,62 @@ print("ok")
         );
         assert!(out.contains("ok"), "{out}");
     });
+}
+
+/// An s3fs mount of a bucket of the gateway, unmounted when dropped.
+struct S3fsMount(std::path::PathBuf);
+
+impl Drop for S3fsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3").arg("-u").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn s3fs_mounts_a_bucket_with_folders_as_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = gateway_node(dir.path());
+    let rt = runtime();
+    let client = rt.block_on(node.client());
+    rt.block_on(client.mkdir("/vol/models", true)).unwrap();
+    let model = random_bytes(3 << 20, 7);
+    rt.block_on(write_file(&client, "/vol/models/m.bin", &model, 1));
+
+    // s3fs (FUSE over S3) tells folders from objects by their Content-Type.
+    let passwd = dir.path().join("passwd");
+    std::fs::write(&passwd, format!("{ACCESS}:{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("s3fs")
+        .arg("vol")
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("passwd_file={}", passwd.display()))
+        .arg("-o")
+        .arg(format!("url=http://{}", node.s3_addr))
+        .args(["-o", "use_path_request_style", "-o", "retries=1"])
+        .env_remove("AWS_CA_BUNDLE"));
+    let mount = S3fsMount(mnt.clone());
+
+    assert!(std::fs::metadata(mnt.join("models")).unwrap().is_dir());
+    assert!(std::fs::read(mnt.join("models/m.bin")).unwrap() == model);
+    std::fs::create_dir(mnt.join("out")).unwrap();
+    std::fs::write(mnt.join("out/a.txt"), b"written by s3fs").unwrap();
+    std::fs::rename(mnt.join("out/a.txt"), mnt.join("out/b.txt")).unwrap();
+    let listed: Vec<_> = std::fs::read_dir(mnt.join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(listed, ["b.txt"]);
+    drop(mount);
+
+    // Through the cluster: a directory and a file with those bytes.
+    let out = rt.block_on(client.stat("/vol/out")).unwrap();
+    assert_eq!(out.kind, curvine_messages::FileKind::Dir);
+    assert_eq!(
+        rt.block_on(read_file(&client, "/vol/out/b.txt")).unwrap(),
+        b"written by s3fs"
+    );
+    assert!(rt.block_on(client.stat("/vol/out/a.txt")).is_err());
 }

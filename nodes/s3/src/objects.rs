@@ -24,6 +24,14 @@ pub(crate) const CHUNK: usize = 1 << 20;
 /// Most keys a listing page holds.
 const MAX_KEYS: i32 = 1000;
 
+/// The Content-Type of every file's object: S3's own for an object
+/// stored without one (a PUT's Content-Type is not kept).
+const FILE_TYPE: &str = "binary/octet-stream";
+
+/// The Content-Type of a folder (a key ending in `/`, a directory), as
+/// s3fs and other file-system clients of S3 mark theirs.
+const DIR_TYPE: &str = "application/x-directory";
+
 /// The user metadata key clients such as rclone keep a file's modification
 /// time in (seconds, with a fraction): the gateway stores it as the file's
 /// mtime and returns the mtime under it.
@@ -564,6 +572,7 @@ impl S3 for Gateway {
             return Ok(S3Response::new(GetObjectOutput {
                 body: Some(output_body(Bytes::new())),
                 content_length: Some(0),
+                content_type: Some(DIR_TYPE.into()),
                 e_tag: Some(ETag::Strong(etag(&attr))),
                 last_modified: Some(timestamp(attr.mtime_ns)),
                 ..Default::default()
@@ -614,6 +623,7 @@ impl S3 for Gateway {
             body: Some(body),
             content_length: Some(len as i64),
             content_range,
+            content_type: Some(FILE_TYPE.into()),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(ETag::Strong(etag(&attr))),
             last_modified: Some(timestamp(attr.mtime_ns)),
@@ -653,6 +663,10 @@ impl S3 for Gateway {
                 attr.size as i64
             } else {
                 0
+            }),
+            content_type: Some(match attr.kind {
+                FileKind::File => FILE_TYPE.into(),
+                _ => DIR_TYPE.into(),
             }),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(ETag::Strong(etag(&attr))),
