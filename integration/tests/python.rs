@@ -92,6 +92,20 @@ assert fs.cat_file("/out/w.bin", -4) == b"tail"
 fs.pipe_file("/out/p.txt", b"piped")
 fs.mv("/out/p.txt", "/out/q.txt")
 assert not fs.exists("/out/p.txt") and fs.cat_file("/out/q.txt") == b"piped"
+# Writes make missing directories, as object stores do.
+fs.pipe_file("/made/on/write.txt", b"w")
+with fs.open("/made/by/open.txt", "wb") as f:
+    f.write(b"o")
+assert fs.isdir("/made/on") and fs.cat_file("/made/by/open.txt") == b"o"
+# Copies, of a file and of a tree; globs and walks over them.
+fs.copy("/in/blob.bin", "/out/copied/blob.bin")
+assert fs.cat_file("/out/copied/blob.bin") == data
+fs.copy("/out/tables", "/out/copied/tables", recursive=True)
+assert fs.cat_file("/out/copied/tables/t.csv") == fs.cat_file("/out/tables/t.csv")
+assert sorted(fs.glob("/out/copied/**/*.csv")) == ["/out/copied/tables/t.csv"], fs.glob("/out/copied/**/*.csv")
+assert fs.du("/out/copied") == len(data) + fs.du("/out/tables")
+walked = [(root, sorted(files)) for root, _, files in fs.walk("/out/copied")]
+assert walked == [("/out/copied", ["blob.bin"]), ("/out/copied/tables", ["t.csv", "t.parquet"])], walked
 local = os.path.join(tempfile.mkdtemp(), "local.bin")
 with open(local, "wb") as f:
     f.write(b"L" * 300_000)

@@ -144,7 +144,7 @@ class CurvineFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if mode == "create" and self.exists(path):
             raise FileExistsError(errno.EEXIST, f"{path} exists")
-        self.client.pipe(path, bytes(value))
+        self._with_parents(path, lambda: self.client.pipe(path, bytes(value)))
 
     def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
         rpath = self._strip_protocol(rpath)
@@ -154,7 +154,7 @@ class CurvineFileSystem(AbstractFileSystem):
         size = os.path.getsize(lpath)
         if callback is not None:
             callback.set_size(size)
-        w = self.client.open_write(rpath, False, True)
+        w = self._open_write(rpath, False, True)
         try:
             with open(lpath, "rb") as f:
                 while True:
@@ -195,6 +195,47 @@ class CurvineFileSystem(AbstractFileSystem):
         finally:
             r.close()
 
+    def _with_parents(self, path, make):
+        """``make()``, which creates ``path``; when its directory is missing,
+        makes it (with its parents, as object stores and HDFS do) and tries
+        again."""
+        try:
+            return make()
+        except FileNotFoundError:
+            parent = path.rsplit("/", 1)[0] or "/"
+            if self.exists(parent):
+                raise
+            self.makedirs(parent, exist_ok=True)
+            return make()
+
+    def _open_write(self, path, append, truncate):
+        return self._with_parents(path, lambda: self.client.open_write(path, append, truncate))
+
+    def cp_file(self, path1, path2, **kwargs):
+        """Copies a file's bytes (through this process: the cluster has no
+        server-side copy); the copy replaces ``path2`` whole at its end."""
+        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
+        r = self.client.open_read(path1)
+        try:
+            w = self._open_write(path2, False, True)
+            try:
+                offset = 0
+                while offset < r.size:
+                    chunk = r.pread(offset, 4 << 20)
+                    if not chunk:
+                        break
+                    w.write(chunk)
+                    offset += len(chunk)
+            except BaseException:
+                w.abort()
+                raise
+            w.close()
+        finally:
+            r.close()
+
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         return CurvineFile(self, self._strip_protocol(path), mode, block_size=block_size,
                            autocommit=autocommit, cache_options=cache_options, **kwargs)
@@ -202,7 +243,7 @@ class CurvineFileSystem(AbstractFileSystem):
     def touch(self, path, truncate=True, **kwargs):
         path = self._strip_protocol(path)
         if truncate or not self.exists(path):
-            self.client.pipe(path, b"")
+            self._with_parents(path, lambda: self.client.pipe(path, b""))
 
 
 class CurvineFile(AbstractBufferedFile):
@@ -229,7 +270,7 @@ class CurvineFile(AbstractBufferedFile):
         return self._reader.pread(start, end - start)
 
     def _initiate_upload(self):
-        self._writer = self.fs.client.open_write(self.path, self.mode == "ab", self.mode != "ab")
+        self._writer = self.fs._open_write(self.path, self.mode == "ab", self.mode != "ab")
 
     def _upload_chunk(self, final=False):
         if self._writer is None:
