@@ -186,10 +186,9 @@ impl Fs {
         })
     }
 
-    /// Whether what keeps `ino` busy here is only being closed: its open
-    /// handles all flushed at a close (their RELEASE on its way), or its
-    /// writer task ending after its last handle's release.
-    /// (A writer's handles are among them; released, it is ending.)
+    /// Whether what keeps `ino` busy here is only being closed: each of its
+    /// handles flushed at a close (its RELEASE on the way), or none left
+    /// while its writer task ends after the last one's release.
     pub(super) fn only_closing(&self, ino: u64) -> bool {
         self.all_flushed(ino)
     }
