@@ -93,6 +93,9 @@ assert names == ["data"], names
 s3.create_bucket(Bucket="photos")
 assert code(lambda: s3.create_bucket(Bucket="photos")) == "BucketAlreadyOwnedByYou"
 assert code(lambda: s3.head_bucket(Bucket="nope")) in ("404", "NoSuchBucket")
+v = s3.get_bucket_versioning(Bucket="photos")
+assert "Status" not in v, v
+assert code(lambda: s3.get_bucket_versioning(Bucket="nope")) == "NoSuchBucket"
 
 # Objects, nested keys, and a file written through the cluster.
 body = os.urandom(100_000)

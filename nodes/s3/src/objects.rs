@@ -546,6 +546,19 @@ impl S3 for Gateway {
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
+    /// Buckets are never versioned: the answer of a bucket that never was.
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.head_bucket(req.map_input(|i| HeadBucketInput {
+            bucket: i.bucket,
+            ..Default::default()
+        }))
+        .await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
