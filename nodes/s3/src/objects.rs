@@ -46,6 +46,19 @@ impl Gateway {
         object_path(self.root(), bucket, key)
     }
 
+    /// `NoSuchBucket` unless `bucket` is a directory under the root.
+    async fn check_bucket(&self, bucket: &str) -> S3Result<()> {
+        let client = self.client().await?;
+        match client.stat(&self.bucket_dir(bucket)?).await {
+            Ok(a) if a.kind == FileKind::Dir => Ok(()),
+            Ok(_) => Err(s3_err(
+                FsError::NotADirectory(bucket.to_string()),
+                Subject::Bucket(bucket),
+            )),
+            Err(e) => Err(s3_err(e, Subject::Bucket(bucket))),
+        }
+    }
+
     /// The error for a path of `bucket` that was not found: the bucket's
     /// when the bucket is missing, else `missing`'s.
     pub(crate) async fn not_found(
@@ -522,27 +535,15 @@ impl S3 for Gateway {
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        let bucket = req.input.bucket;
-        let client = self.client().await?;
-        match client.stat(&self.bucket_dir(&bucket)?).await {
-            Ok(a) if a.kind == FileKind::Dir => Ok(S3Response::new(HeadBucketOutput::default())),
-            Ok(_) => Err(s3_err(
-                FsError::NotADirectory(bucket.clone()),
-                Subject::Bucket(&bucket),
-            )),
-            Err(e) => Err(s3_err(e, Subject::Bucket(&bucket))),
-        }
+        self.check_bucket(&req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
     async fn get_bucket_location(
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        self.head_bucket(req.map_input(|i| HeadBucketInput {
-            bucket: i.bucket,
-            ..Default::default()
-        }))
-        .await?;
+        self.check_bucket(&req.input.bucket).await?;
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
@@ -551,11 +552,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetBucketVersioningInput>,
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
-        self.head_bucket(req.map_input(|i| HeadBucketInput {
-            bucket: i.bucket,
-            ..Default::default()
-        }))
-        .await?;
+        self.check_bucket(&req.input.bucket).await?;
         Ok(S3Response::new(GetBucketVersioningOutput::default()))
     }
 

@@ -13,6 +13,19 @@ from . import _native
 _AUTHORITY = re.compile(r"^curvine://([^/:]+:\d+)(/.*)?$")
 
 
+def _pump(reader, write, callback=None):
+    """Passes a native reader's bytes to ``write`` in 4 MiB pieces."""
+    offset = 0
+    while offset < reader.size:
+        chunk = reader.pread(offset, 4 << 20)
+        if not chunk:
+            break
+        write(chunk)
+        offset += len(chunk)
+        if callback is not None:
+            callback.relative_update(len(chunk))
+
+
 class CurvineFileSystem(AbstractFileSystem):
     """A curvine cluster as an fsspec file system.
 
@@ -180,15 +193,7 @@ class CurvineFileSystem(AbstractFileSystem):
         try:
             out = outfile if outfile is not None else open(lpath, "wb")
             try:
-                offset = 0
-                while offset < r.size:
-                    chunk = r.pread(offset, 4 << 20)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    offset += len(chunk)
-                    if callback is not None:
-                        callback.relative_update(len(chunk))
+                _pump(r, out.write, callback)
             finally:
                 if outfile is None:
                     out.close()
@@ -222,13 +227,7 @@ class CurvineFileSystem(AbstractFileSystem):
         try:
             w = self._open_write(path2, False, True)
             try:
-                offset = 0
-                while offset < r.size:
-                    chunk = r.pread(offset, 4 << 20)
-                    if not chunk:
-                        break
-                    w.write(chunk)
-                    offset += len(chunk)
+                _pump(r, w.write)
             except BaseException:
                 w.abort()
                 raise
