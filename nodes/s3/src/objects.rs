@@ -46,19 +46,6 @@ impl Gateway {
         object_path(self.root(), bucket, key)
     }
 
-    /// `NoSuchBucket` unless `bucket` is a directory under the root.
-    async fn check_bucket(&self, bucket: &str) -> S3Result<()> {
-        let client = self.client().await?;
-        match client.stat(&self.bucket_dir(bucket)?).await {
-            Ok(a) if a.kind == FileKind::Dir => Ok(()),
-            Ok(_) => Err(s3_err(
-                FsError::NotADirectory(bucket.to_string()),
-                Subject::Bucket(bucket),
-            )),
-            Err(e) => Err(s3_err(e, Subject::Bucket(bucket))),
-        }
-    }
-
     /// The error for a path of `bucket` that was not found: the bucket's
     /// when the bucket is missing, else `missing`'s.
     pub(crate) async fn not_found(
@@ -535,7 +522,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        self.check_bucket(&req.input.bucket).await?;
+        let client = self.client().await?;
+        self.bucket_exists(client, &req.input.bucket).await?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
@@ -543,7 +531,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        self.check_bucket(&req.input.bucket).await?;
+        let client = self.client().await?;
+        self.bucket_exists(client, &req.input.bucket).await?;
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
@@ -552,7 +541,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetBucketVersioningInput>,
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
-        self.check_bucket(&req.input.bucket).await?;
+        let client = self.client().await?;
+        self.bucket_exists(client, &req.input.bucket).await?;
         Ok(S3Response::new(GetBucketVersioningOutput::default()))
     }
 
@@ -889,6 +879,7 @@ impl S3 for Gateway {
 }
 
 impl Gateway {
+    /// `NoSuchBucket` unless `bucket` is a directory under the root.
     async fn bucket_exists(&self, client: &Client, bucket: &str) -> S3Result<()> {
         match client.stat(&self.bucket_dir(bucket)?).await {
             Ok(a) if a.kind == FileKind::Dir => Ok(()),
