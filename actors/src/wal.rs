@@ -26,7 +26,11 @@
 //! the groups of its environment: a record holds what each group wrote in
 //! one group commit (new entries, whose payload is the [`Change`]s, and its
 //! hard state). Recovery applies each group's entries past the applied
-//! index its [`GroupState`] in LMDB records.
+//! index its [`GroupState`] in LMDB records: a group of one member applies
+//! them, the others keep them as the group's recovered tail, written in
+//! LMDB by the same transaction (`replica::read_tail`), so the checkpoint
+//! that opens the log (and starts it over) makes them durable; the writer
+//! takes them from there, and its checkpoints carry them from then on.
 //!
 //! File layout: two header slots (written alternately; the valid one with
 //! the highest epoch counts), then records: `len u32 | crc32c u32 | epoch
@@ -644,7 +648,11 @@ fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<
                         std::collections::hash_map::Entry::Vacant(v) => v.insert((
                             crate::replica::read_group_state(dbs[0], &wtxn, write.group)?
                                 .unwrap_or_default(),
-                            Default::default(),
+                            // What an earlier recovery left (a crash came
+                            // before the writer's own checkpoint): the
+                            // records extend it.
+                            crate::replica::read_tail(dbs[0], &wtxn, write.group)?
+                                .unwrap_or_default(),
                         )),
                     };
                     count += crate::replica::replay(&dbs, &mut wtxn, write, state, tail)?;
@@ -652,11 +660,12 @@ fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<
             }
         }
     }
-    for (group, (state, tail)) in states {
+    for (group, (state, mut tail)) in states {
         crate::replica::write_group_state(dbs[0], &mut wtxn, group, &state)?;
-        if !tail.entries.is_empty() || tail.hard_state.is_some() {
-            crate::replica::leave_tail(env.path(), group, tail);
-        }
+        // In LMDB, so the checkpoint that opens the log makes it durable
+        // (the log starts over there).
+        tail.entries.retain(|e| e.index > state.applied_index);
+        crate::replica::write_tail(dbs[0], &mut wtxn, group, &tail)?;
     }
     wtxn.commit().map_err(lmdb)?;
     Ok((records.len(), count))

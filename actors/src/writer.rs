@@ -131,14 +131,7 @@ impl Writer {
             return Writer { inner, shard };
         }
         let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
-        let groups = Groups::new(
-            store.replica_id,
-            store.tables(),
-            env.path().to_path_buf(),
-            copy,
-            transport,
-            may_found,
-        );
+        let groups = Groups::new(store.replica_id, store.tables(), copy, transport, may_found);
         let status = groups.status();
         let answers = store.answers_db();
         let (tx, rx) = mpsc::channel::<Input>();
@@ -414,13 +407,32 @@ fn run(
             continue;
         }
         last_batch = jobs.len();
-        let commit = commit_batch(env, &wal, &mut groups, jobs, others);
-        if let Err(e) = &commit {
-            tracing::error!(env = %env.path().display(), error = %e, "metadata commit failed");
+        if let Err(e) = commit_batch(env, &wal, &mut groups, jobs, others) {
+            crash(env, &e);
         }
         space.keep_ahead();
     }
     tracing::debug!(env = %env.path().display(), "metadata writer stopped");
+}
+
+/// The exit status of a process whose metadata pass failed (EX_IOERR).
+pub const FAILED_PASS_EXIT: i32 = 74;
+
+/// A pass failed: the groups' Raft state (raft-rs advanced by `ready()`,
+/// what they applied, stepped down or installed) may be ahead of what LMDB
+/// and the log hold, and a later checkpoint could make that gap permanent.
+/// Nothing of it can be trusted, so the process stops, crash-only: every
+/// caller of the pass was answered with the error, and a restart recovers
+/// LMDB and the groups from the log alone. A leader that stayed up would
+/// answer every call with the error while its heartbeats kept the other
+/// members from electing another.
+fn crash(env: &'static Env<WithoutTls>, e: &FsError) -> ! {
+    tracing::error!(
+        env = %env.path().display(),
+        error = %e,
+        "a metadata commit failed; stopping the process so that it recovers from its metadata log when started again"
+    );
+    std::process::exit(FAILED_PASS_EXIT);
 }
 
 /// What a pass takes besides mutations.

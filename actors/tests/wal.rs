@@ -371,3 +371,129 @@ fn a_log_of_the_previous_format_is_recovered() {
     let after = std::fs::read(dir.path().join("meta/wal")).unwrap();
     assert!(after.windows(8).any(|w| w == b"CRVNWAL2"));
 }
+
+/// The writing process of a disk that fills: opens the stores, then lets
+/// no file of this process grow past a few records of the log
+/// (RLIMIT_FSIZE, SIGXFSZ ignored: such a write fails with EFBIG, as one
+/// to a full disk fails with ENOSPC), and creates files until it exits,
+/// printing each acknowledged name.
+#[test]
+#[ignore = "run by the test below as a child process"]
+fn failing_disk_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let stores = open(Path::new(&dir), true);
+    // The log's records start after its two header slots (2 x 132 KiB).
+    let limit = libc::rlimit {
+        rlim_cur: 270_336 + (64 << 10),
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain system calls on this process.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+    }
+    let writer = Writer::for_store(&stores[0], 512, Duration::from_micros(200));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
+    for wave in 0u32.. {
+        for i in 0..16 {
+            // Long names: the log fills sooner.
+            let name = format!("{}-{wave:05}-{i:02}", "n".repeat(200));
+            let store = stores[0].clone();
+            let tx = tx.clone();
+            let n = name.clone();
+            writer.submit(
+                move |w| store.create(w, ROOT_INO, &n, &file(), None),
+                move |r| {
+                    let _ = tx.send(r.map(|_| name).map_err(|e| e.to_string()));
+                },
+            );
+        }
+        for _ in 0..16 {
+            match rx.recv().unwrap() {
+                Ok(name) => println!("acked {name}"),
+                Err(e) => println!("refused {e}"),
+            }
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+/// A pass of the writer that fails (here a write of the log or of LMDB's
+/// file) leaves raft-rs ahead of what LMDB and the log hold: the process
+/// exits (crash-only) instead of staying up and refusing every change, and
+/// restarted it recovers every acknowledged change from its log.
+#[test]
+fn a_failed_commit_stops_the_process_and_a_restart_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "failing_disk_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut names = Vec::new();
+        let mut refused = 0;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some(name) = line.strip_prefix("acked ") {
+                names.push(name.to_string());
+            } else if line.starts_with("refused ") {
+                refused += 1;
+            }
+        }
+        (names, refused)
+    });
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text).unwrap();
+        text
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            child.wait().unwrap();
+            panic!("the process kept running after its metadata commits failed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (names, refused) = reader.join().unwrap();
+    let log = log.join().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(curvine_actors::writer::FAILED_PASS_EXIT),
+        "{status:?}; log:\n{log}"
+    );
+    assert!(
+        !names.is_empty(),
+        "nothing was acknowledged before the disk filled"
+    );
+    // Refused calls are at most the ones of the failed pass.
+    assert!(
+        refused <= 16,
+        "{refused} calls refused before the process stopped"
+    );
+    let stores = open(dir.path(), true);
+    assert_all_there(&stores, &names);
+    let name = "after-restart".to_string();
+    stores[0]
+        .write_now(|s, w| s.create(w, ROOT_INO, &name, &file(), None))
+        .unwrap();
+    assert_all_there(&stores, &[name]);
+}

@@ -103,6 +103,55 @@ pub struct ShardKeeper {
     pub replicas: u32,
     /// `cluster.rereplicate_after`.
     pub rereplicate_after: Duration,
+    /// The hand-overs of leadership this node asked for (see
+    /// [`HandOvers`]).
+    pub handovers: std::sync::Mutex<HandOvers>,
+}
+
+/// First wait before a hand-over of a shard's leadership that did not take
+/// is asked again, and the longest.
+const HANDOVER_BACKOFF: Duration = Duration::from_secs(5);
+const HANDOVER_MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// When this node may next hand each shard's leadership on.
+///
+/// While a hand-over runs the leader takes no change (raft-rs refuses
+/// proposals until the target is elected or an election timeout passed),
+/// so a hand-over that does not take (a target that cannot win, or whose
+/// log never quite catches up) blocks writes for an election timeout each
+/// time it is asked. Asked at every round of the keeper (500 ms), the
+/// group took almost no write for as long as it lasted. A hand-over that
+/// did not take waits, doubling from [`HANDOVER_BACKOFF`] up to
+/// [`HANDOVER_MAX_BACKOFF`]; once this node no longer leads the shard it
+/// is forgotten.
+#[derive(Debug, Default)]
+pub struct HandOvers {
+    next: HashMap<ShardId, (std::time::Instant, Duration)>,
+}
+
+impl HandOvers {
+    /// Whether a hand-over of `shard` may be asked at `now`; if so, the
+    /// next one waits longer.
+    pub fn try_start(&mut self, shard: ShardId, now: std::time::Instant) -> bool {
+        match self.next.get_mut(&shard) {
+            Some((at, _)) if now < *at => false,
+            Some((at, backoff)) => {
+                *backoff = (*backoff * 2).min(HANDOVER_MAX_BACKOFF);
+                *at = now + *backoff;
+                true
+            }
+            None => {
+                self.next
+                    .insert(shard, (now + HANDOVER_BACKOFF, HANDOVER_BACKOFF));
+                true
+            }
+        }
+    }
+
+    /// This node leads only `led` now: the others' hand-overs are done.
+    pub fn keep_only(&mut self, led: &std::collections::HashSet<ShardId>) {
+        self.next.retain(|shard, _| led.contains(shard));
+    }
 }
 
 /// The keeper's loop (a task of the node's supervision tree).
@@ -269,6 +318,17 @@ impl ShardKeeper {
     /// One round over the groups this node leads.
     async fn keep(&self) {
         let map = self.view.map();
+        let leading: std::collections::HashSet<ShardId> = (0..map.shards.len() as ShardId)
+            .filter(|s| {
+                self.view
+                    .group_status(*s)
+                    .is_some_and(|st| st.leader == member_id(&self.view.node_id))
+            })
+            .collect();
+        self.handovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keep_only(&leading);
         for shard in 0..map.shards.len() as ShardId {
             // The leader keeps the group, named in the map or not (a
             // leader the map dropped hands over first).
@@ -371,7 +431,11 @@ impl ShardKeeper {
         if let Some(owner) = map.owner(shard).filter(|o| self.up(o)) {
             let id = member_id(owner);
             let answering = st.active.contains(&id);
-            if id != me && is_wanted(me) && st.voters.contains(&id) && answering && caught_up(id) {
+            // Fully caught up: raft-rs then hands over at once; any entry
+            // the target lacks is sent first while the leader takes no
+            // change.
+            let level = matched(id) > 0 && matched(id) >= st.commit;
+            if id != me && is_wanted(me) && st.voters.contains(&id) && answering && level {
                 tracing::info!(
                     shard,
                     node = owner,
@@ -401,6 +465,14 @@ impl ShardKeeper {
     }
 
     async fn transfer(&self, shard: ShardId, to: u64) -> FsResult<()> {
+        let may = self
+            .handovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_start(shard, std::time::Instant::now());
+        if !may {
+            return Ok(());
+        }
         let (done, rx) = answer();
         self.writer(shard)?.transfer_leader(to, done);
         wait(rx).await
@@ -435,5 +507,35 @@ async fn wait(rx: tokio::sync::oneshot::Receiver<FsResult<()>>) -> FsResult<()> 
         Err(_) => Err(FsError::TimedOut(
             "a shard group change took more than 10s".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_over_that_did_not_take_waits_longer_each_time() {
+        let mut h = HandOvers::default();
+        let t0 = std::time::Instant::now();
+        assert!(h.try_start(3, t0));
+        // Asked again at every round of the keeper: refused until the wait.
+        for round in 1..10 {
+            assert!(!h.try_start(3, t0 + PERIOD * round));
+        }
+        assert!(h.try_start(3, t0 + HANDOVER_BACKOFF));
+        assert!(!h.try_start(3, t0 + HANDOVER_BACKOFF * 2));
+        assert!(h.try_start(3, t0 + HANDOVER_BACKOFF * 3));
+        // Other shards are not held back.
+        assert!(h.try_start(4, t0 + HANDOVER_BACKOFF));
+        // The wait is bounded ...
+        let mut at = t0 + HANDOVER_BACKOFF * 3;
+        for _ in 0..20 {
+            at += HANDOVER_MAX_BACKOFF;
+            assert!(h.try_start(3, at));
+        }
+        // ... and forgotten once this node no longer leads the shard.
+        h.keep_only(&[4].into_iter().collect());
+        assert!(h.try_start(3, at));
     }
 }

@@ -34,6 +34,11 @@ pub(super) struct Group {
     /// the first index of its term as leader.
     pub(super) leading: bool,
     pub(super) term_start: u64,
+    /// The term this node leads in (while `leading`), and the entry its
+    /// LMDB state ended with before the first entry of that term: what it
+    /// goes back to if no entry of its term survives its leadership.
+    pub(super) lead_term: u64,
+    pub(super) before_term: (u64, u64),
     /// Committed entries learnt after a pass persisted: applied first in
     /// the next pass.
     pub(super) late: Vec<Entry>,
@@ -87,6 +92,8 @@ impl Group {
             undo: VecDeque::new(),
             leading: false,
             term_start: 0,
+            lead_term: 0,
+            before_term: applied,
             late: Vec::new(),
             deferred: Vec::new(),
             deferred_since: None,
@@ -118,6 +125,16 @@ impl Group {
         if leader && !self.leading {
             let last = self.raw.raft.raft_log.last_index();
             self.term_start = last;
+            self.lead_term = self.raw.raft.term;
+            let before = last.saturating_sub(1);
+            self.before_term = (
+                before,
+                self.raw
+                    .raft
+                    .raft_log
+                    .term(before)
+                    .unwrap_or(self.spec_term),
+            );
             if self.spec_index + 1 == last {
                 self.spec_index = last;
                 self.spec_term = self.raw.raft.term;
@@ -153,10 +170,32 @@ impl Group {
         }
     }
 
-    /// This node no longer leads: what it changed past the commit is taken
-    /// back (the entries may still commit under the new leader, and are
-    /// then applied from the log), and its callers waiting on them learn
-    /// that their operation may or may not happen.
+    /// Whether this node no longer leads the term it led in (it may lead
+    /// a later one already).
+    pub(super) fn deposed(&self) -> bool {
+        self.leading && (!self.is_leader() || self.raw.raft.term != self.lead_term)
+    }
+
+    /// Whether the log holds entry `index` of term `term` (an entry
+    /// compacted away was committed, and stays).
+    fn holds(&self, index: u64, term: u64) -> bool {
+        let log = &self.raw.raft.raft_log;
+        match log.term(index) {
+            Ok(t) => t == term,
+            Err(_) => index <= log.committed,
+        }
+    }
+
+    /// This node no longer leads: what it changed that is not committed is
+    /// taken back (the entries may still commit under the new leader, and
+    /// are then applied from the log), and its callers waiting on them
+    /// learn that their operation may or may not happen.
+    ///
+    /// An entry of its term counts as committed only where the log holds
+    /// it at that index with that term: by the time this runs, the new
+    /// leader's appends may have replaced it and its commit index passed
+    /// it. Comparing indexes alone kept such a replaced change in LMDB and
+    /// skipped the new leader's entry at that index as "already applied".
     pub(super) fn step_down(
         &mut self,
         shard: GroupId,
@@ -164,21 +203,38 @@ impl Group {
         txn: &mut RwTxn,
     ) -> FsResult<()> {
         let committed = self.raw.raft.raft_log.committed;
-        while let Some((index, undo)) = self.undo.pop_back() {
-            if index <= committed {
-                self.undo.clear();
-                break;
+        if self.spec_index >= self.term_start && self.lead_term > 0 {
+            // The last entry of this leadership that the log holds as
+            // committed (by Raft's log matching, every entry before it
+            // of the term is kept too).
+            let mut top = self.spec_index.min(committed);
+            while top >= self.term_start && !self.holds(top, self.lead_term) {
+                top -= 1;
             }
-            crate::txn::undo(txn, dbs, &undo).map_err(lmdb_err)?;
-        }
-        if self.spec_index > committed {
+            let kept = (top >= self.term_start).then_some(top);
+            let floor = kept.unwrap_or(self.before_term.0);
+            while let Some((index, undo)) = self.undo.pop_back() {
+                if index <= floor {
+                    self.undo.clear();
+                    break;
+                }
+                crate::txn::undo(txn, dbs, &undo).map_err(lmdb_err)?;
+            }
+            let spec = kept.map_or(self.before_term, |k| (k, self.lead_term));
+            if spec != (self.spec_index, self.spec_term) {
+                (self.spec_index, self.spec_term) = spec;
+                self.state_dirty = true;
+            }
+        } else if self.spec_index > committed {
+            // Still applying earlier terms' entries: those it applied are
+            // committed, and it proposed nothing.
             self.spec_index = committed;
             self.spec_term = self.raw.raft.raft_log.term(committed).unwrap_or(0);
             self.state_dirty = true;
         }
         let leader = self.raw.raft.leader_id;
-        for (index, _, done) in std::mem::take(&mut self.waiting) {
-            if index <= committed {
+        for (index, term, done) in std::mem::take(&mut self.waiting) {
+            if index <= committed.min(self.spec_index) && (index == 0 || self.holds(index, term)) {
                 done(Ok(()));
             } else {
                 done(Err(FsError::Unavailable(format!(
@@ -186,6 +242,7 @@ impl Group {
                 ))));
             }
         }
+        self.leading = false;
         tracing::info!(
             shard,
             leader,
@@ -335,6 +392,33 @@ impl Group {
                 ))));
             }
         }
+    }
+
+    /// The committed entry whose state LMDB holds now, if it holds one: a
+    /// snapshot for members is made of it. Past the commit a leader's LMDB
+    /// state holds its own proposals, but entries that change nothing (the
+    /// empty entry a new leader appends for its term, member changes,
+    /// applied only once committed) leave it the state of the commit. A
+    /// new leader whose followers all need a snapshot therefore still makes
+    /// one: refusing it until its term's entry commits, which needs those
+    /// followers, left the group without a serving leader for good.
+    pub(super) fn snapshot_point(&self) -> Option<(u64, u64)> {
+        let log = &self.raw.raft.raft_log;
+        let committed = log.committed;
+        if self.spec_index <= committed {
+            return Some((self.spec_index, self.spec_term));
+        }
+        let ahead = log
+            .entries(committed + 1, None, raft::GetEntriesContext::empty(false))
+            .ok()?;
+        let inert = ahead
+            .iter()
+            .take_while(|e| e.index <= self.spec_index)
+            .all(|e| is_members(e) || e.data.is_empty());
+        if !inert {
+            return None;
+        }
+        Some((committed, log.term(committed).ok()?))
     }
 
     /// Drops log entries no member needs any more.

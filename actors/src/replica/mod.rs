@@ -40,10 +40,9 @@ mod state;
 pub mod wire;
 
 pub use state::{
-    alone, decode_changes, extend_tail, group_state_key, member_id, read_group_state, replay,
-    stored_groups, write_group_state, Tail,
+    alone, decode_changes, delete_tail, extend_tail, group_state_key, member_id, read_group_state,
+    read_tail, replay, stored_groups, write_group_state, write_tail, Tail,
 };
-pub(crate) use state::{leave_tail, take_tail};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -160,7 +159,6 @@ pub struct Groups {
     copy: Arc<dyn ShardCopy>,
     /// When set: which shards this node may found a group of.
     may_found: Option<MayFound>,
-    env_path: std::path::PathBuf,
     logger: slog::Logger,
     groups: HashMap<GroupId, Group>,
     transport: Option<Arc<dyn Transport>>,
@@ -182,6 +180,9 @@ pub struct Groups {
     /// not say it has what a crash could take from it).
     installed: std::collections::HashSet<GroupId>,
     held: BTreeMap<u64, Vec<GroupMessage>>,
+    /// Groups loaded with a tail recovery left in LMDB, deleted by the next
+    /// pass (see [`read_tail`]).
+    recovered: std::collections::HashSet<GroupId>,
     /// Whether the environment has a metadata log (`meta.wal`): without
     /// one, LMDB's synced commits are the only record of hard states.
     logged: bool,
@@ -231,7 +232,6 @@ impl Groups {
     pub fn new(
         id: u64,
         dbs: Vec<Db>,
-        env_path: std::path::PathBuf,
         copy: Arc<dyn ShardCopy>,
         transport: Option<Arc<dyn Transport>>,
         may_found: Option<MayFound>,
@@ -241,7 +241,6 @@ impl Groups {
             dbs,
             copy,
             may_found,
-            env_path,
             logger: state::logger(),
             groups: HashMap::new(),
             transport,
@@ -253,6 +252,7 @@ impl Groups {
             next_read: 0,
             installed: Default::default(),
             held: BTreeMap::new(),
+            recovered: Default::default(),
             logged: false,
         }
     }
@@ -272,7 +272,7 @@ impl Groups {
     pub fn load_stored(&mut self, txn: &RoTxn<WithoutTls>) -> FsResult<()> {
         for (shard, state) in stored_groups(self.dbs[0], txn)? {
             if !self.groups.contains_key(&shard) {
-                let group = self.load(shard, Some(state))?;
+                let group = self.load(txn, shard, Some(state))?;
                 self.groups.insert(shard, group);
             }
         }
@@ -289,20 +289,33 @@ impl Groups {
                     "shard {shard}: this node holds no replica of it"
                 )));
             }
-            let group = self.load(shard, state)?;
+            let group = self.load(txn, shard, state)?;
             self.groups.insert(shard, group);
         }
         Ok(self.groups.get_mut(&shard).expect("inserted above"))
     }
 
-    fn load(&self, shard: GroupId, state: Option<GroupState>) -> FsResult<Group> {
+    fn load(
+        &mut self,
+        txn: &RoTxn<WithoutTls>,
+        shard: GroupId,
+        state: Option<GroupState>,
+    ) -> FsResult<Group> {
         let mut state = state.unwrap_or_default();
         if state.voters.is_empty() && state.learners.is_empty() {
             // A new group (or one whose state recovery rebuilt from the
             // log alone): this node is its member.
             state.voters = vec![self.id];
         }
-        let tail = take_tail(&self.env_path, shard).unwrap_or_default();
+        let tail = match read_tail(self.dbs[0], txn, shard)? {
+            Some(tail) => {
+                // Deleted by the next pass: from then on the group's
+                // entries are in memory and in each checkpoint's carry.
+                self.recovered.insert(shard);
+                tail
+            }
+            None => Tail::default(),
+        };
         let conf = ConfState::from((state.voters.clone(), state.learners.clone()));
         let storage = GroupStore::new(MemStorage::new_with_conf_state(conf.clone()));
         if state.applied_index > 0 {
@@ -568,7 +581,7 @@ impl Groups {
                 );
                 return Ok(());
             };
-            let group = self.load(shard, Some(state))?;
+            let group = self.load(txn, shard, Some(state))?;
             self.groups.insert(shard, group);
         }
         let group = self.groups.get_mut(&shard).expect("loaded above");
@@ -633,7 +646,7 @@ impl Groups {
     pub fn follow_roles(&mut self, txn: &mut RwTxn) -> FsResult<()> {
         let mut deposed = Vec::new();
         for (&shard, group) in self.groups.iter_mut() {
-            if group.leading && !group.is_leader() {
+            if group.deposed() {
                 group.step_down(shard, &self.dbs, txn)?;
                 deposed.push(shard);
             }
@@ -671,6 +684,9 @@ impl Groups {
             readies: Vec::new(),
             record: LogRecord::default(),
         };
+        for shard in std::mem::take(&mut self.recovered) {
+            delete_tail(self.dbs[0], txn, shard)?;
+        }
         for (&shard, group) in self.groups.iter_mut() {
             let late = std::mem::take(&mut group.late);
             group.take_committed(shard, &self.dbs, txn, &late)?;
@@ -957,19 +973,14 @@ impl Groups {
     /// this leader in it). Called after a commit.
     pub fn make_snapshots(&mut self) {
         for (&shard, group) in &self.groups {
-            if !group.raw.store().snapshot_wanted()
-                || !group.is_leader()
-                || group.spec_index > group.raw.raft.raft_log.committed
-            {
+            if !group.raw.store().snapshot_wanted() || !group.is_leader() {
                 continue;
             }
+            let Some((index, term)) = group.snapshot_point() else {
+                continue;
+            };
             let conf = group.raw.raft.prs().conf().to_conf_state();
-            if let Err(e) =
-                group
-                    .raw
-                    .store()
-                    .make(&self.copy, shard, group.spec_index, group.spec_term, conf)
-            {
+            if let Err(e) = group.raw.store().make(&self.copy, shard, index, term, conf) {
                 tracing::error!(shard, error = %e, "cannot make a snapshot of the shard");
             }
         }

@@ -1,10 +1,6 @@
 //! What a group keeps outside raft-rs: its [`GroupState`] in LMDB, the part
 //! of its log recovery could not apply, member ids and raft-rs's logger.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
-
 use heed::{RoTxn, RwTxn, WithoutTls};
 
 use curvine_messages::codec::{decode_versioned, encode_versioned};
@@ -74,25 +70,56 @@ pub struct Tail {
     pub hard_state: Option<HardState>,
 }
 
-/// Tails left by recovery, by environment path and group, until the
-/// environment's writer loads the group.
-fn tails() -> &'static Mutex<HashMap<(PathBuf, GroupId), Tail>> {
-    static TAILS: OnceLock<Mutex<HashMap<(PathBuf, GroupId), Tail>>> = OnceLock::new();
-    TAILS.get_or_init(Default::default)
+/// The key of a group's recovered [`Tail`] in the `meta` table (the
+/// node's own record, like its state: a shard's export leaves it out).
+///
+/// Recovery writes each group's tail there, in the transaction that
+/// applies the log, so the checkpoint that opening the log takes makes it
+/// durable: the log starts over after that checkpoint, and a second crash
+/// before the writer's own next checkpoint (which carries what the groups
+/// have not applied, [`super::Groups::carry`]) must not lose the entries.
+/// The writer reads it when it loads the group and deletes it in its next
+/// pass; until a checkpoint flushes that pass, a crash brings it back with
+/// the log records written since, which extend it.
+fn tail_key(group: GroupId) -> Vec<u8> {
+    format!("tail{group:03}").into_bytes()
 }
 
-pub(crate) fn leave_tail(env: &Path, group: GroupId, tail: Tail) {
-    tails()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert((env.to_path_buf(), group), tail);
+/// A group's recovered tail, if recovery left one.
+pub fn read_tail(meta: Db, txn: &RoTxn<WithoutTls>, group: GroupId) -> FsResult<Option<Tail>> {
+    let Some(bytes) = meta.get(txn, &tail_key(group)).map_err(lmdb_err)? else {
+        return Ok(None);
+    };
+    let write: GroupWrite = postcard::from_bytes(bytes).map_err(|e| {
+        FsError::Corrupt(format!(
+            "shard {group}'s recovered log tail does not decode ({e}); it was written by another release"
+        ))
+    })?;
+    Ok(Some(Tail {
+        entries: write.entries,
+        hard_state: write.hard_state,
+    }))
 }
 
-pub(crate) fn take_tail(env: &Path, group: GroupId) -> Option<Tail> {
-    tails()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(env.to_path_buf(), group))
+/// Writes a group's recovered tail (deletes it when there is none).
+pub fn write_tail(meta: Db, txn: &mut RwTxn, group: GroupId, tail: &Tail) -> FsResult<()> {
+    if tail.entries.is_empty() && tail.hard_state.is_none() {
+        return delete_tail(meta, txn, group);
+    }
+    let write = GroupWrite {
+        group,
+        entries: tail.entries.clone(),
+        hard_state: tail.hard_state,
+    };
+    let bytes = postcard::to_allocvec(&write)
+        .map_err(|e| FsError::Io(format!("encoding shard {group}'s log tail: {e}")))?;
+    meta.put(txn, &tail_key(group), &bytes).map_err(lmdb_err)
+}
+
+/// Deletes a group's recovered tail (the writer holds its entries now).
+pub fn delete_tail(meta: Db, txn: &mut RwTxn, group: GroupId) -> FsResult<()> {
+    meta.delete(txn, &tail_key(group)).map_err(lmdb_err)?;
+    Ok(())
 }
 
 /// Adds `entries` to a log tail: an entry at an index the tail has

@@ -507,6 +507,7 @@ fn tree_parts(
             membership: handles.membership.clone(),
             replicas: config.meta.replicas,
             rereplicate_after: config.cluster.rereplicate_after.0,
+            handovers: Default::default(),
         }),
     }
 }
