@@ -232,6 +232,9 @@ pub struct MembershipState {
     args: MembershipArgs,
     stats: std::sync::Arc<crate::stats::ActorStats>,
     authenticated: HashSet<ActorId>,
+    /// Connections closed during their handshake in a row, by the peer's
+    /// host (see [`handshake_closed`]).
+    unauthenticated: std::sync::Arc<parking_lot::Mutex<HashMap<String, u32>>>,
     dials: HashMap<String, Dial>,
     /// Cluster addresses of nodes of another cluster, not dialed until then.
     refused: HashMap<String, Instant>,
@@ -244,6 +247,37 @@ const DIAL_MIN: Duration = Duration::from_millis(200);
 const DIAL_MAX: Duration = Duration::from_secs(5);
 /// How long a node of another cluster is left alone after a refusal.
 const REFUSED_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Connections closed during their handshake in a row before one that
+/// does not is taken for a refusal.
+const HANDSHAKES_REFUSED: u32 = 3;
+
+/// The host of a `host:port` address.
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
+/// Logs a cluster connection that closed before it authenticated, the
+/// `in_a_row`-th from its host since one authenticated. A peer that
+/// stopped or restarted during the handshake closes it too, once: only
+/// [`HANDSHAKES_REFUSED`] in a row are taken for a refusal (a joining node
+/// gives up after as many, `join::REFUSALS`).
+fn handshake_closed(peer_name: Option<&str>, peer_addr: &str, incoming: bool, in_a_row: u32) {
+    let direction = if incoming { "from" } else { "to" };
+    if in_a_row < HANDSHAKES_REFUSED {
+        tracing::info!(
+            peer = ?peer_name,
+            %peer_addr,
+            "cluster connection {direction} {peer_addr} closed during its handshake (the peer may have stopped or restarted); it is dialed again"
+        );
+    } else {
+        tracing::error!(
+            peer = ?peer_name,
+            %peer_addr,
+            "cluster connection {direction} {peer_addr} closed before it authenticated, {in_a_row} times in a row: the two nodes have different cluster cookies (cluster.cookie) or TLS settings (tls.*), or the peer is not a curvine node"
+        );
+    }
+}
 
 /// The node id in a ractor_cluster peer name (`node_id@host`).
 fn node_of(peer_name: &str) -> &str {
@@ -503,6 +537,7 @@ impl Actor for Membership {
             args,
             stats,
             authenticated: HashSet::new(),
+            unauthenticated: Default::default(),
             dials: HashMap::new(),
             refused: HashMap::new(),
             saved: None,
@@ -558,6 +593,7 @@ impl Actor for Membership {
                 SessionEvent::Opened => {}
                 SessionEvent::Authenticated => {
                     state.authenticated.insert(session);
+                    state.unauthenticated.lock().remove(host_of(&peer_addr));
                     tracing::debug!(peer = ?peer_name, %peer_addr, "cluster session authenticated");
                     // Greet at once rather than at the next tick.
                     drop(myself.send_after(Duration::from_millis(50), || MembershipMsg::Tick));
@@ -575,6 +611,7 @@ impl Actor for Membership {
                         // authenticates; only a peer with no session left
                         // after a moment was refused.
                         let server = state.args.server.clone();
+                        let closed = state.unauthenticated.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_secs(1)).await;
                             let node = peer_name.as_deref().map(node_of).unwrap_or_default();
@@ -592,12 +629,13 @@ impl Actor for Membership {
                                 tracing::debug!(%peer_addr, "closed a duplicate cluster connection");
                                 return;
                             }
-                            let direction = if incoming { "from" } else { "to" };
-                            tracing::error!(
-                                peer = ?peer_name,
-                                %peer_addr,
-                                "cluster connection {direction} {peer_addr} closed before it authenticated: the two nodes have different cluster cookies (cluster.cookie) or TLS settings (tls.*), or the peer is not a curvine node"
-                            );
+                            let in_a_row = {
+                                let mut closed = closed.lock();
+                                let n = closed.entry(host_of(&peer_addr).to_string()).or_default();
+                                *n += 1;
+                                *n
+                            };
+                            handshake_closed(peer_name.as_deref(), &peer_addr, incoming, in_a_row);
                         });
                     }
                 }

@@ -6,6 +6,7 @@ mod http;
 pub mod linear;
 pub mod model;
 mod mount;
+pub mod nemesis;
 pub mod netns;
 
 pub use http::{assert_short_circuit, http_get, http_get_with, node_counter};

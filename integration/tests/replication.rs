@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 
 use curvine_integration::linear::{self, Call, Outcome};
-use curvine_integration::model::{self, Op};
+use curvine_integration::model::Op;
+use curvine_integration::nemesis::record;
 use curvine_integration::netns::Netns;
 use curvine_integration::{
     runtime, settle, wait_for, wait_for_voters, NodeProcess, ProcessCluster, FAST_CLUSTER,
@@ -169,52 +170,6 @@ fn random_op(rng: &mut impl Rng) -> Op {
         7 => Op::Rmdir(p),
         _ => Op::Rename(from, to),
     }
-}
-
-/// Runs `op` for `client`, recording it. Errors a correct cluster never
-/// gives while a majority lives (unavailable, timed out) are recorded as
-/// unknown outcomes and counted.
-async fn record(
-    c: &curvine_client::Client,
-    client: usize,
-    op: Op,
-    history: &Mutex<Vec<Call>>,
-    failed: &Mutex<Vec<String>>,
-) {
-    let called = Instant::now();
-    let full = model::run_full(c, &op).await;
-    let returned = Instant::now();
-    let r = full
-        .as_ref()
-        .map_err(|e| e.kind_name().to_string())
-        .copied();
-    let model_kinds = [
-        "not_found",
-        "already_exists",
-        "not_a_directory",
-        "is_a_directory",
-        "not_empty",
-        "invalid_argument",
-    ];
-    let outcome = match &r {
-        Err(kind) if !model_kinds.contains(&kind.as_str()) => {
-            failed.lock().unwrap().push(format!(
-                "client {client} {op:?} after {:?}: {}",
-                returned - called,
-                full.as_ref().unwrap_err()
-            ));
-            Outcome::Unknown
-        }
-        _ => Outcome::Done(r),
-    };
-    let returned = (outcome != Outcome::Unknown).then_some(returned);
-    history.lock().unwrap().push(Call {
-        client,
-        op,
-        outcome,
-        called,
-        returned,
-    });
 }
 
 #[test]
