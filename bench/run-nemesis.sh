@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Nemesis schedules on real node processes (integration/tests/nemesis.rs):
+# 3 nodes, every shard a group of 3, clients recording their calls while
+# the schedule kills the whole cluster twice within its recovery (crash
+# loops), kills single nodes, kills two of three, and pauses nodes with
+# SIGSTOP. Each run checks the history for linearizability, every
+# acknowledged content, admin fsck, and that every shard serves again
+# within 10 s of the last fault; this script records, per schedule and
+# seed, whether it held and how long the shards took to serve again.
+# Writes results/nemesis.jsonl and RESULTS.md.
+#
+#   bench/run-nemesis.sh           # 5 seeds x 10 rounds per schedule
+#   bench/run-nemesis.sh --quick   # 1 seed x 3 rounds
+#   bench/run-nemesis.sh --smoke   # 1 seed x 1 round
+#
+# NEMESIS_SEEDS="1 2 3" replays those seeds instead of random ones.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+bench_init "$@"
+
+case $mode in
+  full) seeds=5; rounds=10 ;;
+  quick) seeds=1; rounds=3 ;;
+  smoke) seeds=1; rounds=1 ;;
+esac
+# The schedules run from the test binary, next to the node binaries it
+# finds beside itself: release ones unless BENCH_BIN_DIR names others.
+profile=()
+[ -z "${BENCH_BIN_DIR:-}" ] && profile=(--release)
+cargo build "${profile[@]}" --locked -p curvine-integration --test nemesis
+test_bin=$(cargo test "${profile[@]}" --locked -p curvine-integration --test nemesis --no-run 2>&1 \
+  | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+[ -x "$test_bin" ] || { echo "run-nemesis: cannot find the nemesis test binary" >&2; exit 1; }
+
+results nemesis
+for schedule in crash_loops_of_the_whole_cluster_lose_nothing kills_of_single_nodes_lose_nothing \
+    kills_of_two_of_three_nodes_lose_nothing paused_nodes_lose_nothing; do
+  if [ -n "${NEMESIS_SEEDS:-}" ]; then list=$NEMESIS_SEEDS; else
+    list=$(for _ in $(seq "$seeds"); do od -An -N8 -tu8 /dev/urandom | tr -d ' '; done)
+  fi
+  for seed in $list; do
+    log=$work/$schedule-$seed.log
+    started=$(date +%s.%N)
+    if NEMESIS_SEED=$seed NEMESIS_ROUNDS=$rounds "$test_bin" --exact "$schedule" --nocapture >"$log" 2>&1; then
+      held=true
+    else
+      held=false
+      tail -30 "$log" >&2
+    fi
+    python3 - "$schedule" "$seed" "$rounds" "$held" "$started" "$log" <<'PY' | record
+import json, re, sys, time
+schedule, seed, rounds, held, started, log = sys.argv[1:]
+text = open(log, errors="replace").read()
+served = re.search(r"every shard served again ([0-9.]+)(ms|s|µs) after", text)
+secs = None
+if served:
+    v, unit = float(served.group(1)), served.group(2)
+    secs = v / 1000 if unit == "ms" else v / 1e6 if unit == "µs" else v
+calls = re.search(r": (\d+) calls, (\d+) with a known outcome", text)
+print(json.dumps({"schedule": schedule, "seed": seed, "rounds": int(rounds),
+                  "held": held == "true", "served_again_s": secs,
+                  "calls": int(calls.group(1)) if calls else None,
+                  "known": int(calls.group(2)) if calls else None,
+                  "seconds": round(time.time() - float(started), 1)}))
+PY
+  done
+done
+write_info nemesis seeds="$seeds" rounds="$rounds"
+report
+grep -q '"held": false' "$results_file" && { echo "run-nemesis: a schedule failed (see above)" >&2; exit 1; }
+exit 0
