@@ -733,3 +733,33 @@ fn a_new_leader_whose_followers_need_a_snapshot_commits_and_serves() {
         || (follower.has("after-restart") && names.iter().all(|n| follower.has(n))).then_some(()),
     );
 }
+
+/// A leader does not keep every entry in memory while a member is away:
+/// past a window (4,096 entries) it drops what only that member lacks, and
+/// the member catches up by snapshot once it is back.
+#[test]
+fn a_leader_keeps_a_bounded_log_while_a_member_is_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let members = three_with(dir.path(), &net, Duration::from_millis(100));
+    let lead = leader(&members, None);
+    let away = members.iter().find(|m| m.id != lead.id).unwrap();
+    net.cut.lock().unwrap().insert(away.id);
+    let n = 5000;
+    for i in 0..n {
+        create(&lead.writer, &lead.store, &format!("w{i}")).unwrap();
+    }
+    let status = lead.status();
+    assert!(
+        status.applied > n && status.log_first + 4096 + 200 > status.applied,
+        "the leader holds entries {}..{} in memory with a member away",
+        status.log_first,
+        status.applied
+    );
+    net.cut.lock().unwrap().clear();
+    wait_until(
+        "the member that was away to catch up",
+        Duration::from_secs(30),
+        || (away.has(&format!("w{}", n - 1)) && away.has("w0")).then_some(()),
+    );
+}

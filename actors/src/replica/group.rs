@@ -75,6 +75,11 @@ pub(super) const APPLY_DELAY: Duration = Duration::from_millis(20);
 /// checkpoint can always write them again).
 const DEFER_MAX: usize = 1024;
 
+/// Entries a member keeps in memory below what it applied, for members
+/// that are behind: a leader's members further behind, and a follower's
+/// once it leads, get a snapshot instead.
+pub(super) const LOG_WINDOW: u64 = 4096;
+
 pub(super) fn is_members(e: &Entry) -> bool {
     e.get_entry_type() != EntryType::EntryNormal
 }
@@ -429,17 +434,25 @@ impl Group {
         if self.is_leader() {
             let mut lagging = false;
             for (id, progress) in self.raw.raft.prs().iter() {
-                if *id != self.raw.raft.id {
-                    upto = upto.min(progress.matched);
-                    lagging |= progress.state == ProgressState::Snapshot;
+                if *id == self.raw.raft.id {
+                    continue;
                 }
+                if applied.saturating_sub(progress.matched) > LOG_WINDOW {
+                    // A member this far behind (down, or cut off) catches
+                    // up by snapshot: the leader does not keep every entry
+                    // in memory for it for as long as it is away.
+                    lagging = true;
+                    continue;
+                }
+                upto = upto.min(progress.matched);
+                lagging |= progress.state == ProgressState::Snapshot;
             }
             if !lagging {
                 self.raw.store().drop_snapshot_below(upto);
             }
         } else if self.raw.raft.prs().conf().voters().ids().len() > 1 {
             // A follower may lead later: it keeps a window for the others.
-            upto = applied.saturating_sub(4096);
+            upto = applied.saturating_sub(LOG_WINDOW);
         }
         if upto > first + 64 {
             let _ = self.raw.store().mem.wl().compact(upto);

@@ -103,6 +103,9 @@ pub struct GroupStatus {
     /// While this node leads: the other members it heard from within the
     /// last election timeout.
     pub active: Vec<u64>,
+    /// The first entry this node's log still holds in memory (a member
+    /// that lacks an earlier one gets a snapshot).
+    pub log_first: u64,
     /// The group is between two sets of voters (joint consensus): a change
     /// of several members at once is half made.
     pub joint: bool,
@@ -897,6 +900,7 @@ impl Groups {
                     applied: group.spec_index.min(raft.raft_log.committed),
                     joint: !conf.voters_outgoing.is_empty(),
                     lease_until: group.lease_until,
+                    log_first: raft::Storage::first_index(group.raw.store()).unwrap_or(0),
                     voters: conf.voters.clone(),
                     learners: conf.learners.clone(),
                     progress: if raft.state == StateRole::Leader {
