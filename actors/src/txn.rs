@@ -143,6 +143,9 @@ pub struct WriteTxn<'p> {
     /// What each write replaced, when the writes may have to be taken back
     /// (a leader's changes before their entry is committed).
     undo: Option<Vec<Undo>>,
+    /// The lowest id a new inode, block or operation may take here (see
+    /// [`WriteTxn::set_id_floor`]).
+    id_floor: u64,
 }
 
 impl<'p> WriteTxn<'p> {
@@ -151,7 +154,22 @@ impl<'p> WriteTxn<'p> {
             txn,
             changes: Vec::new(),
             undo: None,
+            id_floor: 0,
         }
+    }
+
+    /// New ids (inodes, blocks, operations) are at least `floor` (the
+    /// shard's counter jumps there first): a leader's floor grows with its
+    /// term, so no id it hands out can be one that a deposed leader handed
+    /// out in an entry that never committed (a file's creation is answered
+    /// before its commit, and its writer may have stored block data under
+    /// the id).
+    pub fn set_id_floor(&mut self, floor: u64) {
+        self.id_floor = floor;
+    }
+
+    pub fn id_floor(&self) -> u64 {
+        self.id_floor
     }
 
     /// A transaction that also keeps what each write replaced.

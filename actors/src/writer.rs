@@ -504,6 +504,7 @@ fn run_jobs(
                 } else {
                     WriteTxn::new(nested)
                 };
+                nested.set_id_floor(groups.id_floor(job.shard));
                 let (ok, completion) = (job.run)(Ok(&mut nested));
                 if ok {
                     let (made, undo) = nested.commit_with_undo().map_err(lmdb_err)?;

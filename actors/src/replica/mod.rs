@@ -81,6 +81,17 @@ pub trait Transport: Send + Sync + 'static {
 /// Answers a caller once the group committed what it waited for.
 pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
 
+/// A leader of term T hands out ids (inodes, blocks, operations) from
+/// T << 32 on (or from where the shard's counter is, if higher): a term
+/// handing out fewer than 2^32 ids never meets the ids of a later one. An
+/// id handed out in an entry that never committed (a file's creation is
+/// answered before its commit, and the writer may have stored blocks under
+/// the id) is thus never handed out again by the next leader, which does
+/// not know of it. Ids keep 56 bits (8 hold the shard): terms past 2^23
+/// share the last range.
+pub const ID_TERM_SHIFT: u32 = 32;
+const ID_TERM_MAX: u64 = (1 << 23) - 1;
+
 /// How long a read waits for a majority to confirm its leader.
 const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -462,6 +473,14 @@ impl Groups {
             )));
         }
         Ok(())
+    }
+
+    /// The lowest id this leader's mutations of `shard` may hand out: its
+    /// term's own range of ids ([`ID_TERM_SHIFT`]).
+    pub fn id_floor(&self, shard: GroupId) -> u64 {
+        self.groups
+            .get(&shard)
+            .map_or(0, |g| g.raw.raft.term.min(ID_TERM_MAX) << ID_TERM_SHIFT)
     }
 
     /// Whether this leader's mutations of `shard` must keep what they

@@ -66,6 +66,7 @@ impl ShardStore {
         let (attr, entries) = self.grant_check(wtxn, dir, max_entries)?;
         let inos = inos.clamp(1, MAX_GRANT_INOS);
         let mut meta = self.meta(wtxn)?;
+        meta.next_ino = meta.next_ino.max(wtxn.id_floor());
         let first_ino = make_id(self.shard, meta.next_ino);
         meta.next_ino += u64::from(inos);
         self.meta

@@ -211,6 +211,7 @@ impl ShardStore {
 
     fn alloc_ino(&self, wtxn: &mut WriteTxn) -> FsResult<Ino> {
         let mut meta = self.meta(wtxn)?;
+        meta.next_ino = meta.next_ino.max(wtxn.id_floor());
         let ino = make_id(self.shard, meta.next_ino);
         meta.next_ino += 1;
         self.meta
@@ -221,6 +222,7 @@ impl ShardStore {
 
     fn alloc_op(&self, wtxn: &mut WriteTxn) -> FsResult<OpId> {
         let mut meta = self.meta(wtxn)?;
+        meta.next_op = meta.next_op.max(wtxn.id_floor());
         let op = make_id(self.shard, meta.next_op);
         meta.next_op += 1;
         self.meta
