@@ -54,10 +54,21 @@ fn open_with(
 }
 
 fn create(writer: &Writer, store: &std::sync::Arc<ShardStore>, name: &str) -> FsResult<()> {
+    create_file(writer, store, name, false).map(drop)
+}
+
+/// Creates file `name` in the root through `writer`; `early`: answered
+/// once LMDB committed it, before its commit (as a writer's open is).
+fn create_file(
+    writer: &Writer,
+    store: &std::sync::Arc<ShardStore>,
+    name: &str,
+    early: bool,
+) -> FsResult<curvine_messages::Attr> {
     let (tx, rx) = mpsc::channel();
     let store = store.clone();
     let name = name.to_string();
-    writer.submit(
+    writer.submit_with(
         move |w| {
             let attrs = NewInode {
                 kind: FileKind::File,
@@ -67,9 +78,11 @@ fn create(writer: &Writer, store: &std::sync::Arc<ShardStore>, name: &str) -> Fs
                 symlink: None,
                 now_ns: now_ns(),
             };
-            store.create(w, ROOT_INO, &name, &attrs, None).map(drop)
+            store.create(w, ROOT_INO, &name, &attrs, None)
         },
         move |r| tx.send(r).unwrap(),
+        None,
+        early,
     );
     rx.recv_timeout(Duration::from_secs(20)).unwrap()
 }
@@ -776,46 +789,10 @@ fn a_new_leader_never_hands_out_an_id_a_deposed_leader_gave() {
     let old = leader(&members, None);
     create(&old.writer, &old.store, "before").unwrap();
     net.cut.lock().unwrap().insert(old.id);
-    let (tx, rx) = mpsc::channel();
-    let store = old.store.clone();
-    old.writer.submit_with(
-        move |w| {
-            let attrs = NewInode {
-                kind: FileKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                symlink: None,
-                now_ns: now_ns(),
-            };
-            store.create(w, ROOT_INO, "never-committed", &attrs, None)
-        },
-        move |r| tx.send(r).unwrap(),
-        None,
-        true,
-    );
-    let lost = rx
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap()
+    let lost = create_file(&old.writer, &old.store, "never-committed", true)
         .expect("answered early, before its commit");
     let new = leader(&members, Some(old.id));
-    let (tx, rx) = mpsc::channel();
-    let store = new.store.clone();
-    new.writer.submit(
-        move |w| {
-            let attrs = NewInode {
-                kind: FileKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                symlink: None,
-                now_ns: now_ns(),
-            };
-            store.create(w, ROOT_INO, "after", &attrs, None)
-        },
-        move |r| tx.send(r).unwrap(),
-    );
-    let after = rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
+    let after = create_file(&new.writer, &new.store, "after", false).unwrap();
     assert_ne!(
         after.ino, lost.ino,
         "the new leader handed out the id the deposed one gave in an entry that never committed"

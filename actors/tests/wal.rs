@@ -72,31 +72,39 @@ fn wal_child() {
     println!("ready");
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
-    let writer = Writer::for_store(&stores[0], 512, Duration::from_micros(200));
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    // Waves of 16 concurrent creates (so commits carry groups), with a
-    // rename and an unlink now and then, until killed.
+    // Waves of 16 concurrent creates (so commits carry groups), until
+    // killed.
+    create_in_waves(&stores[0], |wave, i| format!("f{wave:05}-{i:02}"));
+}
+
+/// Creates files named `name(wave, i)` through a writer of `store`, in
+/// waves of 16 concurrent callers, printing `acked NAME` or `refused
+/// ERROR` for each, for as long as the process lives.
+fn create_in_waves(store: &Arc<ShardStore>, name: impl Fn(u32, u32) -> String) -> ! {
+    let writer = Writer::for_store(store, 512, Duration::from_micros(200));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
     for wave in 0u32.. {
         for i in 0..16 {
-            let name = format!("f{wave:05}-{i:02}");
-            let store = stores[0].clone();
+            let name = name(wave, i);
+            let store = store.clone();
             let tx = tx.clone();
             let n = name.clone();
             writer.submit(
                 move |w| store.create(w, ROOT_INO, &n, &file(), None),
                 move |r| {
-                    if r.is_ok() {
-                        let _ = tx.send(name);
-                    }
+                    let _ = tx.send(r.map(|_| name).map_err(|e| e.to_string()));
                 },
             );
         }
         for _ in 0..16 {
-            let name = rx.recv().unwrap();
-            println!("acked {name}");
+            match rx.recv().unwrap() {
+                Ok(name) => println!("acked {name}"),
+                Err(e) => println!("refused {e}"),
+            }
         }
         std::io::stdout().flush().unwrap();
     }
+    unreachable!("the waves go on until the process is killed")
 }
 
 /// Starts the child, copies the data file once it is open (what the disk
@@ -394,30 +402,10 @@ fn failing_disk_child() {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
     }
-    let writer = Writer::for_store(&stores[0], 512, Duration::from_micros(200));
-    let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
-    for wave in 0u32.. {
-        for i in 0..16 {
-            // Long names: the log fills sooner.
-            let name = format!("{}-{wave:05}-{i:02}", "n".repeat(200));
-            let store = stores[0].clone();
-            let tx = tx.clone();
-            let n = name.clone();
-            writer.submit(
-                move |w| store.create(w, ROOT_INO, &n, &file(), None),
-                move |r| {
-                    let _ = tx.send(r.map(|_| name).map_err(|e| e.to_string()));
-                },
-            );
-        }
-        for _ in 0..16 {
-            match rx.recv().unwrap() {
-                Ok(name) => println!("acked {name}"),
-                Err(e) => println!("refused {e}"),
-            }
-        }
-        std::io::stdout().flush().unwrap();
-    }
+    // Long names: the log fills sooner.
+    create_in_waves(&stores[0], |wave, i| {
+        format!("{}-{wave:05}-{i:02}", "n".repeat(200))
+    });
 }
 
 /// A pass of the writer that fails (here a write of the log or of LMDB's
