@@ -37,6 +37,7 @@ mod group;
 mod reads;
 mod snapshot;
 mod state;
+mod status;
 pub mod wire;
 
 pub use state::{
@@ -57,6 +58,7 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 pub use reads::LEASE;
 use snapshot::GroupStore;
 pub use snapshot::ShardCopy;
+pub use status::GroupStatus;
 
 use curvine_messages::wal::{
     Change, GroupId, GroupState, GroupWrite, HardState, LogEntry, LogRecord,
@@ -94,36 +96,6 @@ const ID_TERM_MAX: u64 = (1 << 23) - 1;
 
 /// How long a read waits for a majority to confirm its leader.
 const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// What other threads may know of a group (for reads, reports and tests).
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GroupStatus {
-    pub leader: u64,
-    pub term: u64,
-    /// This node leads the group and has applied every entry of earlier
-    /// terms: it may run mutations.
-    pub serving: bool,
-    pub commit: u64,
-    pub applied: u64,
-    pub voters: Vec<u64>,
-    pub learners: Vec<u64>,
-    /// While this node leads: how far each other member's log matches
-    /// this one's (member id, index).
-    pub progress: Vec<(u64, u64)>,
-    /// While this node leads: the other members it heard from within the
-    /// last election timeout.
-    pub active: Vec<u64>,
-    /// The first entry this node's log still holds in memory (a member
-    /// that lacks an earlier one gets a snapshot).
-    pub log_first: u64,
-    /// The group is between two sets of voters (joint consensus): a change
-    /// of several members at once is half made.
-    pub joint: bool,
-    /// While this node leads: until when it may serve reads without a
-    /// quorum round ([`LEASE`]).
-    pub lease_until: Option<std::time::Instant>,
-}
 
 /// Whether this node may start a group of a shard with itself as its only
 /// member (a shard that has no group anywhere yet); refused for a shard
@@ -897,52 +869,6 @@ impl Groups {
             });
         }
         record
-    }
-
-    /// Publishes the status of the groups that did something this pass.
-    fn publish(&mut self) {
-        let mut board = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        for (&shard, group) in self.groups.iter_mut() {
-            if !std::mem::take(&mut group.touched) {
-                continue;
-            }
-            let raft = &group.raw.raft;
-            let conf = raft.prs().conf().to_conf_state();
-            board.insert(
-                shard,
-                GroupStatus {
-                    leader: raft.leader_id,
-                    term: raft.term,
-                    serving: raft.state == StateRole::Leader
-                        && group.spec_index >= group.term_start,
-                    commit: raft.raft_log.committed,
-                    applied: group.spec_index.min(raft.raft_log.committed),
-                    joint: !conf.voters_outgoing.is_empty(),
-                    lease_until: group.lease_until,
-                    log_first: raft::Storage::first_index(group.raw.store()).unwrap_or(0),
-                    voters: conf.voters.clone(),
-                    learners: conf.learners.clone(),
-                    progress: if raft.state == StateRole::Leader {
-                        raft.prs()
-                            .iter()
-                            .filter(|(id, _)| **id != raft.id)
-                            .map(|(id, p)| (*id, p.matched))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
-                    active: if raft.state == StateRole::Leader {
-                        raft.prs()
-                            .iter()
-                            .filter(|(id, p)| **id != raft.id && p.recent_active)
-                            .map(|(id, _)| *id)
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
-                },
-            );
-        }
     }
 
     /// Sends what the groups have for other members now (a leader's
