@@ -23,14 +23,13 @@ case $mode in
   quick) seeds=1; rounds=3 ;;
   smoke) seeds=1; rounds=1 ;;
 esac
-# The schedules run from the test binary, next to the node binaries it
-# finds beside itself: release ones unless BENCH_BIN_DIR names others.
-profile=()
-[ -z "${BENCH_BIN_DIR:-}" ] && profile=(--release)
-cargo build "${profile[@]}" --locked -p curvine-integration --test nemesis
-test_bin=$(cargo test "${profile[@]}" --locked -p curvine-integration --test nemesis --no-run 2>&1 \
+# The schedules run from the test binary (a debug build: it only drives
+# the nodes), on the node and CLI binaries of $bin (release ones unless
+# BENCH_BIN_DIR names others).
+test_bin=$(cargo test --locked -p curvine-integration --test nemesis --no-run 2>&1 \
   | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
 [ -x "$test_bin" ] || { echo "run-nemesis: cannot find the nemesis test binary" >&2; exit 1; }
+export TEST_BIN_DIR=$bin
 
 results nemesis
 for schedule in crash_loops_of_the_whole_cluster_lose_nothing kills_of_single_nodes_lose_nothing \

@@ -20,8 +20,13 @@ use curvine_client::Client;
 use curvine_conf::ClientConf;
 use curvine_node::node::ready::Ready;
 
-/// Directory holding the workspace's built binaries.
+/// Directory holding the workspace's built binaries: `TEST_BIN_DIR`
+/// when set (the benchmark scripts run the harness on release binaries),
+/// else the test binary's own profile directory.
 pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TEST_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>
     exe.parent()
