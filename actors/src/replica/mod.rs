@@ -390,6 +390,9 @@ impl Groups {
         self.dbs[0]
             .delete(txn, &group_state_key(shard))
             .map_err(lmdb_err)?;
+        // A tail recovery left for the stale group is not this group's.
+        delete_tail(self.dbs[0], txn, shard)?;
+        self.recovered.remove(&shard);
         let config = self.config(0);
         let storage = GroupStore::new(MemStorage::new());
         let raw = RawNode::new(&config, storage, &self.logger).map_err(raft_err(shard))?;
