@@ -190,3 +190,25 @@ pub async fn record(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Stops the clients recording a history: sets `stop`, waits for every
+/// task, and returns the history with how many calls have a known outcome.
+pub fn stop_clients(
+    rt: &tokio::runtime::Runtime,
+    stop: &std::sync::atomic::AtomicBool,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    history: &Mutex<Vec<Call>>,
+) -> (Vec<Call>, usize) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            t.await.expect("a client task panicked");
+        }
+    });
+    let history = history.lock().unwrap().clone();
+    let known = history
+        .iter()
+        .filter(|c| c.outcome != Outcome::Unknown)
+        .count();
+    (history, known)
+}

@@ -20,9 +20,9 @@ use rand::{Rng, SeedableRng};
 
 use curvine_client::io::{FileReader, FileWriter, WriteOptions};
 use curvine_client::Client;
-use curvine_integration::linear::{self, Call, Outcome};
+use curvine_integration::linear::{self, Call};
 use curvine_integration::model::Op;
-use curvine_integration::nemesis::{every_shard_serving, record, shard_probes};
+use curvine_integration::nemesis::{every_shard_serving, record, shard_probes, stop_clients};
 use curvine_integration::{runtime, settle, wait_for_voters, ProcessCluster};
 
 fn seed() -> u64 {
@@ -187,17 +187,7 @@ fn run_schedule(name: &str, faults: impl Fn(&mut ProcessCluster, &mut rand::rngs
         ),
     }
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("a client task panicked");
-        }
-    });
-    let history = history.lock().unwrap().clone();
-    let known = history
-        .iter()
-        .filter(|c| c.outcome != Outcome::Unknown)
-        .count();
+    let (history, known) = stop_clients(&rt, &stop, tasks, &history);
     eprintln!(
         "{name}: {} calls, {known} with a known outcome",
         history.len()

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use curvine_integration::linear::{self, Call, Outcome};
+use curvine_integration::linear::{self, Call};
 use curvine_integration::model::Op;
-use curvine_integration::nemesis::record;
+use curvine_integration::nemesis::{record, stop_clients};
 use curvine_integration::netns::Netns;
 use curvine_integration::{
     runtime, settle, wait_for, wait_for_voters, NodeProcess, ProcessCluster, FAST_CLUSTER,
@@ -242,17 +242,7 @@ fn histories_of_concurrent_clients_stay_linearizable_through_kills_and_cuts() {
         });
     }
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("a client task panicked");
-        }
-    });
-    let history = history.lock().unwrap().clone();
-    let known = history
-        .iter()
-        .filter(|c| c.outcome != Outcome::Unknown)
-        .count();
+    let (history, known) = stop_clients(&rt, &stop, tasks, &history);
     eprintln!(
         "schedule {schedule:?}: {} calls, {known} with a known outcome",
         history.len()
