@@ -679,6 +679,13 @@ def nemesis_section(r, rows, meta):
         "kills_of_single_nodes_lose_nothing": "kill -9 of one node, started 0.5-2 s later",
         "kills_of_two_of_three_nodes_lose_nothing": "kill -9 of two nodes, started one by one",
         "paused_nodes_lose_nothing": "SIGSTOP of one node for 1.5-4 s",
+        "partitions_of_the_leader_lose_nothing":
+            "the leaders' node cut off (network namespace) for 2-4 s",
+        "partitions_of_a_follower_lose_nothing": "a follower cut off for 2-4 s",
+        "a_full_metadata_disk_loses_nothing":
+            "a node's metadata tmpfs filled (it stops, status 74), freed, started again",
+        "clock_steps_on_one_node_lose_nothing":
+            "a node's wall clock stepped 10-40 min (libfaketime), then a kill -9",
     }
     for key, label in names.items():
         runs = [x for x in rows if x["schedule"] == key]

@@ -5,7 +5,7 @@
 //! so the actor never waits on a disk flush and queued mutations share one.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::de::DeserializeOwned;
@@ -16,7 +16,7 @@ use curvine_messages::trace::{Outcome, TraceCtx, Traced};
 use curvine_messages::{now_ns, FsResult, ReqId};
 
 use crate::stats::{ActorStats, Metrics};
-use crate::store::ShardStore;
+use crate::store::{AnswerAge, ShardStore, ANSWER_AGE_EVERY, REQUEST_RECORD_TTL};
 use crate::trace::{outcome_of, Span, Tracer};
 use crate::writer::Writer;
 
@@ -55,6 +55,8 @@ pub struct ShardState {
     req: Option<ReqId>,
     /// Leases of the directories this shard delegated to mounts.
     delegations: delegation::Delegations,
+    /// How long this member has seen the shard's generation of answers.
+    answer_age: AnswerAge,
 }
 
 /// The least time left on a leader's lease for a read to rely on it (the
@@ -289,7 +291,8 @@ impl ShardState {
             | ShardMsg::ApplyStep { .. }
             | ShardMsg::EndIntent { .. }
             | ShardMsg::ListIntents { .. }
-            | ShardMsg::SweepOps { .. }) => self.intents(m),
+            | ShardMsg::SweepOps { .. }
+            | ShardMsg::AgeAnswers { .. }) => self.intents(m),
             m @ (ShardMsg::GetMap { .. }
             | ShardMsg::SetMap { .. }
             | ShardMsg::GetMounts { .. }
@@ -551,6 +554,30 @@ impl ShardState {
             } => self.write(reply, move |s, t| s.apply_step(t, op, step_no, &step)),
             ShardMsg::EndIntent { op, reply } => self.write(reply, move |s, t| s.end_intent(t, op)),
             ShardMsg::ListIntents { reply } => self.read(reply, move |s, t| s.intents(t)),
+            ShardMsg::AgeAnswers {} => {
+                let generation = self
+                    .store
+                    .read_txn()
+                    .and_then(|t| self.store.answers_generation(&t));
+                match generation {
+                    Ok(g) if self.answer_age.due(g, Instant::now(), REQUEST_RECORD_TTL) => {
+                        let shard = self.store.shard;
+                        self.write_unanswered(move |s, t| {
+                            let now = s.rotate_answers(t, g)?;
+                            tracing::debug!(
+                                shard,
+                                generation = now,
+                                "answers of calls: next generation"
+                            );
+                            Ok(())
+                        })
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(shard = self.store.shard, error = %e, "cannot read the generation of answers")
+                    }
+                }
+            }
             ShardMsg::SweepOps { before_ns } => {
                 let shard = self.store.shard;
                 self.write_unanswered(move |s, t| {
@@ -824,6 +851,10 @@ impl Actor for NamespaceShard {
                 None,
             )
         });
+        // The generation of answers moves on once its TTL has passed here.
+        myself.send_interval(ANSWER_AGE_EVERY, || {
+            Traced::new(ShardMsg::AgeAnswers {}, None)
+        });
         // Blocks of writers that died go once their lease has long run out
         // (and blocks of fills after an hour).
         let lease = args.write_lease;
@@ -851,6 +882,7 @@ impl Actor for NamespaceShard {
             span: None,
             req: None,
             delegations: Default::default(),
+            answer_age: AnswerAge::default(),
         })
     }
 

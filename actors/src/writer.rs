@@ -36,7 +36,7 @@ use raft::eraftpb::ConfChangeV2;
 use crate::replica::{
     Done, GroupMessage, Groups, MayFound, MemberChange, ShardCopy, StatusBoard, Transport,
 };
-use crate::store::{expire_answers, lmdb_err, ShardStore, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL};
+use crate::store::{expire_answers, lmdb_err, ShardStore, ANSWER_EXPIRY_EVERY};
 use crate::trace::{outcome_of, Span};
 use crate::txn::WriteTxn;
 
@@ -385,8 +385,7 @@ fn run(
         }
         if Instant::now() >= next_expiry {
             next_expiry = Instant::now() + ANSWER_EXPIRY_EVERY;
-            let before = now_ns() - REQUEST_RECORD_TTL.as_nanos() as i64;
-            if let Err(e) = expire_answers(env, answers, before) {
+            if let Err(e) = expire_answers(env, answers) {
                 tracing::warn!(env = %env.path().display(), error = %e, "cannot delete expired answers of calls");
             }
         }
@@ -684,6 +683,9 @@ struct Headroom {
     env: &'static Env<WithoutTls>,
     page_size: u64,
     file: Option<std::fs::File>,
+    /// Whether the last try to preallocate failed (warned once, not at
+    /// every pass while the disk stays full).
+    failing: bool,
 }
 
 impl Headroom {
@@ -700,6 +702,7 @@ impl Headroom {
             env,
             page_size,
             file,
+            failing: false,
         }
     }
 
@@ -720,13 +723,26 @@ impl Headroom {
         while at < target {
             let n = (target - at).min(zeros.len() as u64) as usize;
             if let Err(e) = file.write_all_at(&zeros[..n], at) {
-                tracing::warn!(error = %e, "cannot preallocate metadata file space");
+                if !self.failing {
+                    tracing::warn!(
+                        env = %self.env.path().display(),
+                        error = %e,
+                        left = len.saturating_sub(used) + (at - len),
+                        "cannot preallocate metadata file space: once LMDB has used the bytes left, \
+                         the next commit fails and the node stops (status 74) until there is room"
+                    );
+                }
+                self.failing = true;
                 return;
             }
             at += n as u64;
         }
         if let Err(e) = file.sync_data() {
             tracing::warn!(error = %e, "cannot sync preallocated metadata file space");
+            return;
+        }
+        if std::mem::take(&mut self.failing) {
+            tracing::info!(env = %self.env.path().display(), "metadata file space preallocated again");
         }
     }
 }

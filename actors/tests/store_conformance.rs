@@ -925,7 +925,7 @@ fn answers_of_calls_are_kept_per_shard_and_expire(f: Fixture) {
     assert_eq!(f.read(1, |s, t| s.answers_kept(t)).unwrap(), 0);
     let moved = f.read(0, |s, t| s.export_all(t)).unwrap();
     assert!(
-        moved.iter().any(|r| r.table == 11 && r.key.len() == 17),
+        moved.iter().any(|r| r.table == 11 && r.key.len() == 21),
         "shard 0's export lacks its answer"
     );
     let others = f.read(1, |s, t| s.export_all(t)).unwrap();
@@ -942,28 +942,83 @@ fn answers_of_calls_are_kept_per_shard_and_expire(f: Fixture) {
     f.write(0, |s, t| s.record_answer(t, other_call, &3u32))
         .unwrap();
     assert_eq!(f.read(0, |s, t| s.digest(t)).unwrap().1, with_answer);
-    // Answers of calls made more than the TTL ago go at the next expiry.
-    let old = ReqId {
-        at_ns: now - curvine_actors::store::REQUEST_RECORD_TTL.as_nanos() as i64 - 1_000_000_000,
+    // How long an answer is kept depends on no clock: a call whose node
+    // is an hour behind, or a year ahead, is answered alike. Answers go
+    // two generations later (the leader moves a shard's generation on once
+    // it has seen it for the TTL: `AnswerAge`).
+    let behind = ReqId {
+        at_ns: now - 3_600_000_000_000,
         nonce: 9,
     };
-    f.write(0, |s, t| s.record_answer(t, old, &1u32)).unwrap();
-    f.write(1, |s, t| s.record_answer(t, old, &4u32)).unwrap();
+    let ahead = ReqId {
+        at_ns: now + 365 * 86_400_000_000_000,
+        nonce: 10,
+    };
+    f.write(0, |s, t| s.record_answer(t, behind, &1u32))
+        .unwrap();
+    f.write(0, |s, t| s.record_answer(t, ahead, &5u32)).unwrap();
+    f.write(1, |s, t| s.record_answer(t, behind, &4u32))
+        .unwrap();
+    // (Each environment expires the answers of all its shards.)
+    let expire =
+        |f: &Fixture| -> usize { f.shards.iter().map(|s| s.expire_answers().unwrap()).sum() };
+    let shared = f.shards[0].same_env(&f.shards[1]);
+    assert_eq!(expire(&f), 0, "nothing is old yet");
+    let rotate = |f: &Fixture, shard: usize, expect: u32| -> u32 {
+        f.write(shard, |s, t| s.rotate_answers(t, expect)).unwrap()
+    };
+    assert_eq!(rotate(&f, 0, 0), 1);
     assert_eq!(
-        f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(),
+        rotate(&f, 0, 0),
+        1,
+        "a rotation sent twice moves the generation once"
+    );
+    assert_eq!(expire(&f), 0);
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<u32>(t, behind)).unwrap(),
         Some(1)
     );
-    // (Each environment expires the answers of all its shards.)
-    let before = now - curvine_actors::store::REQUEST_RECORD_TTL.as_nanos() as i64;
-    let gone: usize = f
-        .shards
-        .iter()
-        .map(|s| s.expire_answers(before).unwrap())
-        .sum();
-    assert_eq!(gone, 2, "the old answers of both shards go");
-    assert_eq!(f.read(0, |s, t| s.answered::<u32>(t, old)).unwrap(), None);
-    assert_eq!(f.read(1, |s, t| s.answered::<u32>(t, old)).unwrap(), None);
-    assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 2);
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<u32>(t, ahead)).unwrap(),
+        Some(5)
+    );
+    // A call answered in generation 1 is found in generation 2 too.
+    let later = ReqId {
+        at_ns: now,
+        nonce: 12,
+    };
+    f.write(0, |s, t| s.record_answer(t, later, &6u32)).unwrap();
+    assert_eq!(rotate(&f, 0, 1), 2);
+    // Shard 0's generation 0 goes, but not while its environment holds a
+    // shard still at generation 0 (shard 1, in a shared environment).
+    assert_eq!(expire(&f), if shared { 0 } else { 4 });
+    assert_eq!(rotate(&f, 1, 0), 1);
+    assert_eq!(rotate(&f, 1, 1), 2);
+    assert_eq!(
+        expire(&f),
+        if shared { 5 } else { 1 },
+        "generation 0 of both shards goes"
+    );
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<u32>(t, behind)).unwrap(),
+        None
+    );
+    assert_eq!(f.read(0, |s, t| s.answered::<u32>(t, ahead)).unwrap(), None);
+    assert_eq!(
+        f.read(1, |s, t| s.answered::<u32>(t, behind)).unwrap(),
+        None
+    );
+    assert_eq!(
+        f.read(0, |s, t| s.answered::<u32>(t, later)).unwrap(),
+        Some(6)
+    );
+    assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 1);
+    // The generation moves with the shard.
+    let moved = f.read(0, |s, t| s.export_all(t)).unwrap();
+    assert!(
+        moved.iter().any(|r| r.table == 11 && r.key.len() == 5),
+        "shard 0's export lacks its generation of answers"
+    );
     // Dropping the shard drops its answers.
     f.write(0, |s, t| s.drop_all(t)).unwrap();
     assert_eq!(f.read(0, |s, t| s.answers_kept(t)).unwrap(), 0);

@@ -140,3 +140,79 @@ async fn a_shard_that_keeps_dying_escalates() {
         .unwrap();
     assert!(matches!(host.get_status(), ActorStatus::Stopped));
 }
+
+/// A call made again gets the answer of its first attempt, however far
+/// the calling node's clock is off: the record of the answer is kept by
+/// the shard's generation, not by the time in the call's id (which the
+/// members expired at once when the caller's clock was 10 minutes behind
+/// theirs, so the second attempt of a create failed "exists").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_again_is_answered_once_whatever_the_callers_clock() {
+    use curvine_actors::shard::NamespaceShard;
+    use curvine_messages::shard::ShardMsg;
+    use curvine_messages::trace::Traced;
+    use curvine_messages::{now_ns, Attr, FileKind, FsResult, NewInode, ReqId, ROOT_INO};
+
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Metrics::new();
+    let args = start_stores(dir.path(), &metrics).remove(0);
+    let (shard, _) = Actor::spawn(None, NamespaceShard, args).await.unwrap();
+    let create = |req: ReqId, name: &str| {
+        let shard = shard.clone();
+        let name = name.to_string();
+        async move {
+            let r: FsResult<Attr> = shard
+                .call(
+                    |reply| {
+                        Traced::new(
+                            ShardMsg::Create {
+                                parent: ROOT_INO,
+                                name,
+                                attrs: NewInode {
+                                    kind: FileKind::File,
+                                    mode: 0o644,
+                                    uid: 0,
+                                    gid: 0,
+                                    symlink: None,
+                                    now_ns: now_ns(),
+                                },
+                                file: None,
+                                reply,
+                            },
+                            None,
+                        )
+                        .of_call(Some(req))
+                    },
+                    Some(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap()
+                .unwrap();
+            r
+        }
+    };
+    for (name, offset_ns) in [
+        ("behind", -1_200_000_000_000i64),
+        ("ahead", 86_400_000_000_000),
+        ("on-time", 0),
+    ] {
+        let req = ReqId {
+            at_ns: now_ns() + offset_ns,
+            nonce: rand::random(),
+        };
+        let first = create(req, name).await.expect("the first attempt");
+        // The members delete expired answers every second: let two passes
+        // run between the attempts.
+        tokio::time::sleep(
+            curvine_actors::store::ANSWER_EXPIRY_EVERY * 2 + Duration::from_millis(200),
+        )
+        .await;
+        let again = create(req, name).await;
+        assert_eq!(
+            again.as_ref().map(|a| a.ino),
+            Ok(first.ino),
+            "{name}: the second attempt of the call was applied again: {again:?}"
+        );
+    }
+    shard.stop(None);
+}

@@ -618,6 +618,13 @@ impl NodeProcess {
         self.child.is_some()
     }
 
+    /// `Some(exit code)` once the node's process has exited by itself
+    /// (`Some(None)`: killed by a signal), `None` while it runs.
+    pub fn exit_status(&mut self) -> Option<Option<i32>> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        Some(status.code())
+    }
+
     /// The node's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -21,6 +21,17 @@ impl ProcessCluster {
     /// started again on them ([`Self::restart_all`]): every node's seed
     /// and known addresses still hold.
     pub fn start_pinned(dir: &Path, n: usize, extra: &[&str]) -> ProcessCluster {
+        Self::start_pinned_wrapped(dir, n, extra, |_| Vec::new())
+    }
+
+    /// [`Self::start_pinned`], node `i` under the command `wrapper(i)`
+    /// (`env LD_PRELOAD=...` for a node on a faked clock), if not empty.
+    pub fn start_pinned_wrapped(
+        dir: &Path,
+        n: usize,
+        extra: &[&str],
+        wrapper: impl Fn(usize) -> Vec<String>,
+    ) -> ProcessCluster {
         let mut args: Vec<&str> = FAST_CLUSTER.to_vec();
         args.extend_from_slice(extra);
         let hosts: Vec<String> = (0..n).map(|i| format!("127.0.0.{}", i + 1)).collect();
@@ -32,8 +43,10 @@ impl ProcessCluster {
             if i > 0 {
                 node_args.extend_from_slice(&["--seeds", &seeds]);
             }
+            let wrap = wrapper(i);
+            let wrap: Vec<&str> = wrap.iter().map(String::as_str).collect();
             let mut node =
-                NodeProcess::unstarted(&dir.join(format!("n{i}")), host, &node_args, &[]);
+                NodeProcess::unstarted(&dir.join(format!("n{i}")), host, &node_args, &wrap);
             node.pinned = Some(ports[i].clone());
             node.launch_on(&node_args, Some(ports[i].clone()));
             if i == 0 {

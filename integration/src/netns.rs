@@ -115,3 +115,28 @@ impl Netns {
         (inside, a, b)
     }
 }
+
+impl Netns {
+    /// Three nodes with replicated shards, the founder on the host (it
+    /// leads every shard's group), a second on the host, and a third inside
+    /// this namespace joined to them: a follower of every shard. Returns
+    /// `(founder, other, inside)` once all three are up and each of the 16
+    /// shards has 3 voters.
+    pub fn three_nodes_follower_inside(
+        &self,
+        dir: &Path,
+        args: &[&str],
+    ) -> (NodeProcess, NodeProcess, NodeProcess) {
+        let founder = NodeProcess::start_on(&dir.join("a"), &self.host, args);
+        let mut joined = args.to_vec();
+        joined.extend_from_slice(&["--seeds", &founder.cluster_addr]);
+        let other = NodeProcess::start_on(&dir.join("b"), &self.host, &joined);
+        let wrapper = ["ip", "netns", "exec", self.name.as_str()];
+        let inside = NodeProcess::start_wrapped(&dir.join("c"), &self.inside, &joined, &wrapper);
+        wait_for("three nodes up", Duration::from_secs(30), || {
+            (founder.members_up() == 3 && inside.members_up() == 3).then_some(())
+        });
+        wait_for_voters(&founder, 16, 3);
+        (founder, other, inside)
+    }
+}

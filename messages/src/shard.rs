@@ -601,6 +601,10 @@ shard_messages! {
             /// pending here (sent by the shard to itself now and then). May be
             /// lost: the next one sweeps.
             SweepOps { before_ns: i64 };
+            /// Look at the shard's generation of recorded answers, and move it
+            /// on where this member leads and has seen it for the records' TTL
+            /// (sent by the shard to itself now and then). May be lost.
+            AgeAnswers {};
             /// Free uncommitted blocks of writers that are gone (leases last
             /// renewed before `lease_before_ns`) and of UFS fills handed out
             /// before `fill_before_ns` (sent by the shard to itself now and
@@ -658,6 +662,7 @@ impl ShardMsg {
             ShardMsg::ApplyStep { .. } => "apply_step",
             ShardMsg::EndIntent { .. } => "end_intent",
             ShardMsg::SweepOps { .. } => "sweep_ops",
+            ShardMsg::AgeAnswers { .. } => "age_answers",
             ShardMsg::ReclaimPending { .. } => "reclaim_pending",
             ShardMsg::ListIntents { .. } => "list_intents",
             ShardMsg::Stats { .. } => "stats",

@@ -12,7 +12,7 @@ use curvine_messages::{FsError, FsResult};
 
 use super::cluster::{MAP_KEY, MOUNTS_KEY};
 use super::journal::{JOURNAL_PREFIX, JOURNAL_SEQ_KEY, RECORD_PREFIX};
-use super::requests::REQUEST_KEY_SHARD_AT;
+use super::requests::owns_answer;
 use super::{lmdb_err, ShardStore};
 
 /// Tables in export order; their number is the table byte of a [`ShardRecord`].
@@ -60,8 +60,9 @@ impl ShardStore {
                             || key.starts_with(RECORD_PREFIX)))
             }
             OPS_TABLE => true,
-            // Recorded answers of calls are keyed by time, then shard.
-            ANSWERS_TABLE => key.get(REQUEST_KEY_SHARD_AT) == Some(&(self.shard as u8)),
+            // Recorded answers of calls, and the shard's generation of
+            // them, name their shard inside the key.
+            ANSWERS_TABLE => owns_answer(self.shard, key),
             _ => key.first() == Some(&(self.shard as u8)),
         }
     }

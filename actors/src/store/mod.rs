@@ -15,7 +15,8 @@
 //! | `owners`   | block id             | [`BlockOwner`]                |
 //! | `pending`  | ino ++ block id      | empty: allocated, not closed  |
 //! | `freed`    | block id             | [`FreedBlock`]: to remove     |
-//! | `answers`  | at ++ shard ++ nonce | a call's answer (`requests`)  |
+//! | `answers`  | gen ++ at ++ shard ++ nonce | a call's answer (`requests`) |
+//! | `answers`  | ff ff ff ff ++ shard | the shard's generation (u32)  |
 //! | `delegations` | directory ino     | [`DelegationRecord`]          |
 //!
 //! Every value starts with a version byte (`curvine_messages::codec`).
@@ -56,7 +57,9 @@ mod xattrs;
 pub(crate) use env::open_env;
 pub use inodes::{check_rename_kinds, MAX_LINKS};
 pub use intents::StepRecord;
-pub use requests::{expire_answers, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL};
+pub use requests::{
+    expire_answers, AnswerAge, ANSWER_AGE_EVERY, ANSWER_EXPIRY_EVERY, REQUEST_RECORD_TTL,
+};
 
 use std::ops::Bound;
 
