@@ -163,6 +163,9 @@ fn member_ids_are_stable_and_never_zero() {
 struct Net {
     inboxes: Mutex<Vec<(u64, Inbox)>>,
     cut: Mutex<HashSet<u64>>,
+    /// Every message sent (delivered or not), as `(from, to, message)`,
+    /// once a test sets it to `Some`.
+    sent: Mutex<Option<Vec<(u64, u64, GroupMessage)>>>,
 }
 
 struct Link {
@@ -172,6 +175,9 @@ struct Link {
 
 impl Transport for Link {
     fn send(&self, to: u64, messages: Vec<GroupMessage>) {
+        if let Some(sent) = self.net.sent.lock().unwrap().as_mut() {
+            sent.extend(messages.iter().map(|m| (self.from, to, m.clone())));
+        }
         let cut = self.net.cut.lock().unwrap();
         if cut.contains(&self.from) || cut.contains(&to) {
             return;
@@ -801,4 +807,176 @@ fn a_new_leader_never_hands_out_an_id_a_deposed_leader_gave() {
     wait_until("the old leader to follow", Duration::from_secs(15), || {
         (old.has("after") && !old.has("never-committed")).then_some(())
     });
+}
+
+/// A leader cut off from the others, kept believing it hears from a
+/// majority (the network delivers a follower's last answer again and
+/// again), proposes a change that never commits; another member leads a
+/// later term and commits entries at the same indexes. The old leader
+/// then learns of the new term from an append that also carries a commit
+/// index past its own entry (legal: a leader may send any suffix of its
+/// log with its commit). Deciding what of its term survives by index kept
+/// its replaced change in LMDB and skipped the new leader's entry at that
+/// index as already applied; by (index, term) it takes its change back and
+/// applies the new leader's.
+#[test]
+fn a_deposed_leader_that_learns_a_commit_past_its_replaced_entries_takes_them_back() {
+    use raft::eraftpb::{Entry, Message, MessageType};
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    *net.sent.lock().unwrap() = Some(Vec::new());
+    let members = three(dir.path(), &net);
+    let old = leader(&members, None);
+    create(&old.writer, &old.store, "before").unwrap();
+    barrier(&old.writer).unwrap();
+    // A follower's last answer to the leader, to be delivered again.
+    let echo = net
+        .sent
+        .lock()
+        .unwrap()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(from, to, m)| {
+            *to == old.id
+                && *from != old.id
+                && matches!(
+                    m.message.get_msg_type(),
+                    MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse
+                )
+        })
+        .map(|(_, _, m)| m.clone())
+        .expect("a follower answered the leader");
+    net.cut.lock().unwrap().insert(old.id);
+    let echoing = Arc::new(AtomicBool::new(true));
+    let echoer = {
+        let (inbox, echoing, echo) = (old.writer.inbox(), echoing.clone(), echo.clone());
+        std::thread::spawn(move || {
+            while echoing.load(Ordering::Relaxed) {
+                inbox.deliver(vec![echo.clone()]);
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        })
+    };
+    let lost = {
+        let (writer, store) = (old.writer.clone(), old.store.clone());
+        std::thread::spawn(move || create(&writer, &store, "uncommitted"))
+    };
+    wait_until(
+        "the change on the cut-off leader",
+        Duration::from_secs(5),
+        || old.has("uncommitted").then_some(()),
+    );
+    let new = leader(&members, Some(old.id));
+    for i in 0..5 {
+        create(&new.writer, &new.store, &format!("after{i}")).unwrap();
+    }
+    assert!(
+        old.status().serving || old.status().term < new.status().term,
+        "the old leader learnt of the new term too early for this test"
+    );
+    // The new leader's log of its term, as it sent it to the third member,
+    // and its commit index.
+    let third = members
+        .iter()
+        .find(|m| m.id != old.id && m.id != new.id)
+        .unwrap()
+        .id;
+    let term = new.status().term;
+    let sent: Vec<Message> = net
+        .sent
+        .lock()
+        .unwrap()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|(from, to, m)| *from == new.id && *to == third && m.message.get_term() == term)
+        .map(|(_, _, m)| m.message.clone())
+        .collect();
+    let appends: Vec<&Message> = sent
+        .iter()
+        .filter(|m| m.get_msg_type() == MessageType::MsgAppend)
+        .collect();
+    let first = appends.first().expect("the new leader appended");
+    let (prev_index, prev_term) = (first.get_index(), first.get_log_term());
+    let mut entries: BTreeMap<u64, Entry> = BTreeMap::new();
+    for m in &appends {
+        for e in m.get_entries() {
+            entries.insert(e.get_index(), e.clone());
+        }
+    }
+    let entries: Vec<Entry> = entries
+        .into_values()
+        .skip_while(|e| e.get_index() <= prev_index)
+        .collect();
+    assert!(
+        entries
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.get_index() == prev_index + 1 + i as u64),
+        "the new leader's entries are not contiguous"
+    );
+    let last = entries.last().unwrap().get_index();
+    let commit = sent.iter().map(|m| m.get_commit()).max().unwrap().min(last);
+    assert!(
+        commit > prev_index + 1,
+        "the new leader committed past the old leader's entry"
+    );
+    echoing.store(false, Ordering::Relaxed);
+    echoer.join().unwrap();
+    let mut append = Message::default();
+    append.set_msg_type(MessageType::MsgAppend);
+    append.set_from(new.id);
+    append.set_to(old.id);
+    append.set_term(term);
+    append.set_index(prev_index);
+    append.set_log_term(prev_term);
+    append.set_commit(commit);
+    append.set_entries(entries.into());
+    old.writer.inbox().deliver(vec![GroupMessage {
+        group: 0,
+        message: append,
+    }]);
+    let lost = lost.join().unwrap();
+    assert!(
+        matches!(lost, Err(FsError::Unavailable(_))),
+        "a change no majority had was acknowledged: {lost:?}"
+    );
+    net.cut.lock().unwrap().clear();
+    wait_until(
+        "the old leader to catch up",
+        Duration::from_secs(15),
+        || (old.has("after4") && !old.status().serving).then_some(()),
+    );
+    create(&new.writer, &new.store, "last").unwrap();
+    wait_until(
+        "every member to apply the last change",
+        Duration::from_secs(15),
+        || members.iter().all(|m| m.has("last")).then_some(()),
+    );
+    for m in &members {
+        assert!(
+            !m.has("uncommitted"),
+            "member {} kept a change its log replaced",
+            m.id
+        );
+        assert!(
+            m.has("before") && m.has("after0"),
+            "member {} lost a change",
+            m.id
+        );
+    }
+    let digest = |m: &Member| {
+        let txn = m.store.read_txn().unwrap();
+        m.store.digest(&txn).unwrap()
+    };
+    assert_eq!(
+        digest(old),
+        digest(new),
+        "the old leader's copy differs from the new leader's"
+    );
 }
