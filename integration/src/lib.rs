@@ -413,6 +413,17 @@ impl NodeProcess {
             .expect("connect to node")
     }
 
+    /// A client that reads and writes blocks on this host short-circuit or
+    /// (`false`) through the data port.
+    pub async fn client_short_circuit(&self, short_circuit: bool) -> Client {
+        Client::connect(&ClientConf {
+            short_circuit,
+            ..self.client_conf()
+        })
+        .await
+        .expect("connect to node")
+    }
+
     /// Runs `curvine-cli --cluster ADDR args...` (arguments are bytes: a
     /// path need not be UTF-8).
     pub fn cli<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Output {

@@ -32,12 +32,7 @@ fn spec(block_size: u64) -> WriteOptions {
 }
 
 async fn client(node: &NodeProcess, short_circuit: bool) -> Client {
-    Client::connect(&ClientConf {
-        short_circuit,
-        ..node.client_conf()
-    })
-    .await
-    .expect("connect")
+    node.client_short_circuit(short_circuit).await
 }
 
 /// Writes `bytes` in pieces of `piece` bytes.

@@ -157,6 +157,51 @@ os._exit(0)
     assert!(csv.starts_with(b"id,name\n0,row-0\n"));
 }
 
+/// A file written through fsspec on a node whose tier fills up: the
+/// writes that found no room raise `OSError(ENOSPC)` (never EIO), the
+/// close keeps every byte whose write went in (no byte twice), and a
+/// whole-file put that found no room raises the same.
+#[test]
+fn a_full_tier_raises_enospc_and_keeps_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!("data.tiers=[MEM:8MiB]{}", dir.path().join("mem").display());
+    let node = NodeProcess::start(&dir.path().join("n1"), &["-c", &tiers]);
+    let out = python(
+        &node,
+        r#"
+import errno
+raised = []
+try:
+    with fs.open("/big", "wb", block_size=1 << 20) as f:
+        for i in range(12):
+            try:
+                f.write(bytes([i]) * (1 << 20))
+            except OSError as e:
+                raised.append(e.errno)
+except OSError as e:
+    raised.append(e.errno)
+assert raised and all(e == errno.ENOSPC for e in raised), raised
+data = fs.cat_file("/big")
+assert len(data) >= 4 << 20 and fs.size("/big") == len(data), len(data)
+assert all(data[j] == j >> 20 for j in range(0, len(data), 1024)), "content"
+print("stored", len(data), "raised", len(raised))
+import tempfile
+with tempfile.NamedTemporaryFile(delete=False) as f:
+    f.write(os.urandom(10 << 20))
+    local = f.name
+fs.rm("/big")
+try:
+    fs.put_file(local, "/put")
+    raise SystemExit("10 MiB fit a tier of 8 MiB")
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+os.unlink(local)
+print("put refused")
+"#,
+    );
+    assert!(out.contains("put refused"), "{out}");
+}
+
 #[test]
 fn reads_of_blocks_on_this_host_are_short_circuit() {
     let dir = tempfile::tempdir().unwrap();

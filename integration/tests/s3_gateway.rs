@@ -13,17 +13,18 @@ const ACCESS: &str = "gateway-access";
 const SECRET: &str = "gateway-secret-123";
 
 fn gateway_node(dir: &Path) -> NodeProcess {
-    let node = NodeProcess::start(
-        &dir.join("n1"),
-        &[
-            "-c",
-            "s3.listen=127.0.0.1:0",
-            "-c",
-            &format!("s3.access_key={ACCESS}"),
-            "-c",
-            &format!("s3.secret_key={SECRET}"),
-        ],
+    gateway_node_with(dir, &[])
+}
+
+/// A node serving the S3 gateway with the test's keys, and `extra` arguments.
+fn gateway_node_with(dir: &Path, extra: &[&str]) -> NodeProcess {
+    let (access, secret) = (
+        format!("s3.access_key={ACCESS}"),
+        format!("s3.secret_key={SECRET}"),
     );
+    let mut args = vec!["-c", "s3.listen=127.0.0.1:0", "-c", &access, "-c", &secret];
+    args.extend_from_slice(extra);
+    let node = NodeProcess::start(&dir.join("n1"), &args);
     assert!(
         !node.s3_addr.is_empty(),
         "the ready file names the S3 gateway"
@@ -67,6 +68,36 @@ def code(f):
         addr = node.s3_addr
     );
     curvine_integration::python_script("the boto3 script", &format!("{prelude}\n{script}"))
+}
+
+/// A PUT that no tier has room for is answered 507 InsufficientStorage,
+/// as S3-compatible stores answer when their disks are full (not 500: the
+/// store is not broken), naming the tier; the object it would have
+/// replaced is kept whole.
+#[test]
+fn a_put_no_tier_has_room_for_is_507_and_keeps_the_old_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!("data.tiers=[MEM:8MiB]{}", dir.path().join("mem").display());
+    let node = gateway_node_with(dir.path(), &["-c", &tiers]);
+    let out = python(
+        &node,
+        r#"
+s3.create_bucket(Bucket="full")
+old = os.urandom(1 << 20)
+s3.put_object(Bucket="full", Key="k", Body=old)
+try:
+    s3.put_object(Bucket="full", Key="k", Body=os.urandom(12 << 20))
+    raise SystemExit("a PUT larger than the tier succeeded")
+except botocore.exceptions.ClientError as e:
+    err = e.response
+print("answer", err["Error"]["Code"], err["ResponseMetadata"]["HTTPStatusCode"])
+assert err["Error"]["Code"] == "InsufficientStorage", err
+assert err["ResponseMetadata"]["HTTPStatusCode"] == 507, err
+assert "tier MEM" in err["Error"]["Message"], err
+assert s3.get_object(Bucket="full", Key="k")["Body"].read() == old
+"#,
+    );
+    assert!(out.contains("answer InsufficientStorage 507"), "{out}");
 }
 
 #[test]

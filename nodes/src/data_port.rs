@@ -480,6 +480,26 @@ async fn reserve(
         .await
 }
 
+/// Grows the reservation of a block being written from `reserved` to hold
+/// `need` bytes: at least double (see [`next_reservation`]) where a tier
+/// has room for that, else exactly `need`. Returns the new reservation.
+async fn grow(
+    ctx: &DataContext,
+    block: u64,
+    tier: Option<curvine_messages::block::TierKind>,
+    reserved: u64,
+    need: u64,
+    cap: u64,
+) -> FsResult<u64> {
+    let more = next_reservation(reserved, need, cap);
+    match reserve(ctx, block, tier, more, None).await {
+        Err(FsError::NoSpace(_)) if more > need => {
+            reserve(ctx, block, tier, need, None).await.map(|_| need)
+        }
+        r => r.map(|_| more),
+    }
+}
+
 /// A block's record and its file, opened. A block moved between finding
 /// its record and opening its file (to another tier, or into an extent
 /// file) is found again once.
@@ -624,8 +644,9 @@ async fn write(
                 ))));
             }
             if total + n as u64 > reserved {
-                reserved = next_reservation(reserved, total + n as u64, size);
-                reserve(ctx, block, tier, reserved, None).await.map_err(Ok)?;
+                reserved = grow(ctx, block, tier, reserved, total + n as u64, size)
+                    .await
+                    .map_err(Ok)?;
             }
             last_short = !n.is_multiple_of(CHECKSUM_UNIT);
             let mut chunk_crcs = vec![0u32; units(n as u64)];

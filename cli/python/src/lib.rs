@@ -327,6 +327,18 @@ struct Writer {
 #[pymethods]
 impl Writer {
     fn write(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = self.write_some(py, rest)?;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    /// Writes as much of `data` as the cluster has room for: the number of
+    /// bytes written, short of its length when a tier filled up (an
+    /// `OSError` with ENOSPC when none went in). The bytes written stay.
+    fn write_some(&self, py: Python<'_>, data: &[u8]) -> PyResult<usize> {
         let inner = self.inner.clone();
         let data = data.to_vec();
         block(py, async move {
@@ -334,7 +346,7 @@ impl Writer {
             let w = guard
                 .as_mut()
                 .ok_or_else(|| FsError::InvalidArgument("the file is closed".into()))?;
-            w.write(&data).await
+            w.write_some(&data).await
         })
     }
 

@@ -279,7 +279,7 @@ async fn run(core: Arc<tokio::sync::Mutex<Task>>, mut rx: mpsc::UnboundedReceive
                     result
                 };
                 match result {
-                    Ok(()) => reply.written(data.len() as u32),
+                    Ok(n) => reply.written(n as u32),
                     Err(e) => reply.error(errno(&e)),
                 }
             }
@@ -554,7 +554,10 @@ impl Task {
         }
     }
 
-    async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<()> {
+    /// Applies a write; returns how many of its bytes were taken: all, or
+    /// fewer when the cluster had room for only those (a short write, as a
+    /// full disk gives; the kernel's next write of the rest gets ENOSPC).
+    async fn write(&mut self, off: u64, data: &[u8]) -> FsResult<usize> {
         if let State::Pending(created) = &self.state {
             created.writing();
         }
@@ -562,7 +565,7 @@ impl Task {
         let end = off + data.len() as u64;
         if self.hold(off, data) {
             self.applied(end);
-            return Ok(());
+            return Ok(data.len());
         }
         // A write at the position that reaches no held write streams on;
         // any other goes after what is held.
@@ -601,7 +604,7 @@ impl Task {
                     self.state = State::Stream(Box::new(w));
                     if self.hold(off, data) {
                         self.applied(end);
-                        return Ok(());
+                        return Ok(data.len());
                     }
                     if let State::Stream(w) = &mut self.state {
                         w.seek(off).await?;
@@ -614,11 +617,16 @@ impl Task {
                 }
             }
             if let State::Stream(w) = &mut self.state {
-                w.write(data).await?;
+                let n = w.write_some(data).await?;
+                if n < data.len() {
+                    self.applied(off + n as u64);
+                    return Ok(n);
+                }
             }
             if let Err(e) = self.drain(false).await {
-                self.failed = Some(e.clone());
-                return Err(e);
+                // This write is in; an earlier, acknowledged one held
+                // ahead of it is not: the next flush reports it.
+                self.failed = Some(e);
             }
         } else {
             if let State::Stream(w) = &self.state {
@@ -645,7 +653,7 @@ impl Task {
             }
         }
         self.applied(end);
-        Ok(())
+        Ok(data.len())
     }
 
     async fn read(&mut self, off: u64, size: u32) -> FsResult<Vec<u8>> {
@@ -705,11 +713,17 @@ impl Task {
                 "commit with writes held ahead"
             );
         }
-        if let Err(e) = self.drain(true).await {
+        let drained = self.drain(true).await;
+        if let Err(e) = &drained {
             self.ahead.clear();
             self.ahead_bytes = 0;
-            let _ = std::mem::replace(&mut self.state, State::Idle);
-            return Err(e);
+            // A held write the cluster had no room for is reported once
+            // what was written before it is committed; any other failure
+            // leaves the file as it was.
+            if !matches!(e, FsError::NoSpace(_)) {
+                let _ = std::mem::replace(&mut self.state, State::Idle);
+                return drained;
+            }
         }
         let state = std::mem::replace(&mut self.state, State::Idle);
         let mut held = self.times.take();
@@ -730,7 +744,7 @@ impl Task {
         };
         *self.shared.held.lock() = None;
         self.fs.committed(self.ino, attr.as_ref().ok().cloned());
-        attr.map(|_| ())
+        drained.and(attr.map(|_| ()))
     }
 
     async fn send_times(&self, set: SetAttr) -> FsResult<Attr> {

@@ -43,6 +43,9 @@ pub(crate) fn s3_err(e: FsError, subject: Subject<'_>) -> S3Error {
         (FsError::Unavailable(_) | FsError::TimedOut(_) | FsError::NodeDown(_), _) => {
             C::ServiceUnavailable
         }
+        // A full cache is not a broken one: 507, as S3-compatible stores
+        // answer when their disks are full.
+        (FsError::NoSpace(_), _) => C::Custom(INSUFFICIENT_STORAGE.into()),
         _ => C::InternalError,
     };
     let message = format!("{}: {e}", subject.name());
@@ -53,8 +56,16 @@ pub(crate) fn s3_err(e: FsError, subject: Subject<'_>) -> S3Error {
     } else {
         tracing::debug!(code = code.as_str(), "S3 request refused: {message}");
     }
-    S3Error::with_message(code, message)
+    let full = matches!(&code, C::Custom(c) if &**c == INSUFFICIENT_STORAGE);
+    let mut err = S3Error::with_message(code, message);
+    if full {
+        err.set_status_code(http::StatusCode::INSUFFICIENT_STORAGE);
+    }
+    err
 }
+
+/// The code of a request refused because no tier had room for its bytes.
+const INSUFFICIENT_STORAGE: &str = "InsufficientStorage";
 
 /// The error of a request body that could not be read.
 pub(crate) fn body_err(e: impl std::fmt::Display) -> S3Error {

@@ -97,6 +97,10 @@ impl Gateway {
                 }
                 if let Err(e) = writer.write(&chunk).await {
                     failed = Some(s3_err(e, Subject::Object(bucket, key)));
+                    // The rest of the body is read and dropped, so that the
+                    // client, still sending, reads the answer (a full tier's
+                    // 507) instead of a connection reset.
+                    while let Some(Ok(_)) = body.next().await {}
                     break;
                 }
                 written += chunk.len() as u64;

@@ -520,14 +520,17 @@ impl BlockChunks {
     }
 }
 
-/// Streams one block to a data port: chunks from `rx`, then the commit.
-pub async fn remote_block(
-    pool: DataPool,
-    grant: BlockGrant,
+/// Opens the write of one block on its node's data port: the node reserves
+/// room for it (all of `size_hint` where a tier has room for it, else a first
+/// part, [`curvine_messages::block::FIRST_RESERVATION`], grown as the bytes
+/// arrive or as the writer asks) before it answers, so a block a tier has no
+/// room for is refused here, before any of its bytes are taken.
+pub async fn open_remote_block(
+    pool: &DataPool,
+    grant: &BlockGrant,
     tier: Option<TierKind>,
     size_hint: u64,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-) -> FsResult<(u64, u32)> {
+) -> FsResult<DataConn> {
     let mut conn = pool.get(&grant.node.data_addr).await?;
     match conn
         .call(&DataRequest::Write {
@@ -537,14 +540,21 @@ pub async fn remote_block(
         })
         .await?
     {
-        DataReply::Ready => {}
-        other => {
-            return Err(FsError::Protocol(format!(
-                "unexpected reply {} to a block write",
-                other.kind_name()
-            )))
-        }
+        DataReply::Ready => Ok(conn),
+        other => Err(FsError::Protocol(format!(
+            "unexpected reply {} to a block write",
+            other.kind_name()
+        ))),
     }
+}
+
+/// Streams one block opened by [`open_remote_block`]: chunks from `rx`,
+/// then the commit.
+pub async fn stream_remote_block(
+    pool: DataPool,
+    mut conn: DataConn,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+) -> FsResult<(u64, u32)> {
     let mut header = Vec::with_capacity(4 + 4 * (MAX_CHUNK / CHECKSUM_UNIT));
     let (idle, addr) = (conn.idle, conn.addr.clone());
     let sent: FsResult<()> = async {

@@ -1,6 +1,7 @@
 """The fsspec file system over the native client (``curvinefs._native``)."""
 
 import errno
+import io
 import os
 import re
 
@@ -275,12 +276,32 @@ class CurvineFile(AbstractBufferedFile):
         if self._writer is None:
             self._initiate_upload()
         data = self.buffer.getvalue()
-        if data:
-            self._writer.write(data)
-        if final:
-            self._writer.close()
-            self._writer = None
+        if not final:
+            self._send(data)
+            return True
+        # The close commits what was written even when the last write
+        # found no room (ENOSPC, raised after it): the file keeps every
+        # byte whose write succeeded, as a full local disk does.
+        try:
+            self._send(data)
+        finally:
+            writer, self._writer = self._writer, None
+            writer.close()
         return True
+
+    def _send(self, data):
+        """Writes all of ``data``; when the cluster has room for only part
+        of it, what went in leaves the buffer before ENOSPC is raised, so
+        that a later flush does not write it twice."""
+        done = 0
+        try:
+            while done < len(data):
+                done += self._writer.write_some(data[done:])
+        finally:
+            if done < len(data):
+                self.offset += done
+                self.buffer = io.BytesIO()
+                self.buffer.write(data[done:])
 
     def discard(self):
         if self._writer is not None:

@@ -15,7 +15,7 @@ use curvine_messages::block::{
 };
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr};
-use curvine_wire::data::{io_err, remote_block, BlockSource, DataConn};
+use curvine_wire::data::{io_err, open_remote_block, stream_remote_block, BlockSource, DataConn};
 
 use super::local::{read_once, yield_sometimes};
 use super::reader::FileReader;
@@ -62,12 +62,59 @@ enum SinkKind {
         /// Room the node reserved for the block so far (more is asked for
         /// before writing past it).
         reserved: u64,
+        /// Where the block starts in `file` (an extent file holds several).
+        base: u64,
     },
     Remote {
         tx: mpsc::Sender<Vec<u8>>,
         task: JoinHandle<FsResult<(u64, u32)>>,
         buf: Vec<u8>,
+        /// As for `Local`: the node is asked for more before bytes past it
+        /// are sent, so that a tier without room refuses a write before
+        /// any of its bytes are taken, not after it was acknowledged.
+        reserved: u64,
     },
+}
+
+impl SinkKind {
+    fn reserved(&self) -> u64 {
+        match self {
+            SinkKind::Local { reserved, .. } | SinkKind::Remote { reserved, .. } => *reserved,
+        }
+    }
+}
+
+/// Why a step of a write stopped.
+enum Stop {
+    /// No room for its bytes (a tier full, ENOSPC): nothing of the step was
+    /// stored and the writer is as it was before it, so the bytes written
+    /// before stay and a later write that finds room succeeds.
+    Refused(FsError),
+    /// Anything else: the writer cannot go on.
+    Failed(FsError),
+}
+
+impl From<FsError> for Stop {
+    fn from(e: FsError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+impl Stop {
+    fn into_error(self) -> FsError {
+        match self {
+            Stop::Refused(e) | Stop::Failed(e) => e,
+        }
+    }
+}
+
+/// A refusal when the node had no room, else a failure.
+fn refused_if_full(e: FsError) -> Stop {
+    if matches!(e, FsError::NoSpace(_)) {
+        Stop::Refused(e)
+    } else {
+        Stop::Failed(e)
+    }
 }
 
 /// The new block being written.
@@ -257,7 +304,9 @@ impl FileWriter {
         Ok(out)
     }
 
-    async fn open_sink(&mut self) -> FsResult<()> {
+    /// Opens the block the position is in: its grant, room on its node,
+    /// and (copy-on-write) the bytes before the position.
+    async fn open_sink(&mut self) -> Result<(), Stop> {
         let index = (self.pos / self.bs) as u32;
         if let Some(begun) = self
             .chain
@@ -273,7 +322,8 @@ impl FileWriter {
         };
         let grant = task
             .await
-            .map_err(|e| FsError::Io(format!("block allocation task: {e}")))??;
+            .map_err(|e| FsError::Io(format!("block allocation task: {e}")))?
+            .map_err(refused_if_full)?;
         let local = self.client.io.short_circuit && self.client.data.is_local(&grant.node);
         // The block just finished, if this one continues it on its node;
         // its commit waits until this one is reserved.
@@ -281,14 +331,14 @@ impl FileWriter {
             .chain
             .take()
             .filter(|c| local && c.index + 1 == index && c.node == grant.node.node_id);
+        // The node reserves the whole block where a tier has room for it,
+        // else only a first part: the writer counts on the first part and
+        // asks for more before it passes it (a no-op for a block reserved
+        // whole).
+        let reserved = self.bs.min(FIRST_RESERVATION);
         let mut kind = None;
         if local {
             let mut conn = self.client.data.get(&grant.node.data_addr).await?;
-            // The node reserves the whole block where a tier has room for
-            // it, else only a first part: the writer counts on the first
-            // part and asks for more as it passes it (a no-op for a block
-            // reserved whole).
-            let reserved = self.bs.min(FIRST_RESERVATION);
             let reply = conn
                 .call(&DataRequest::CreateLocal {
                     token: grant.token.clone(),
@@ -298,7 +348,14 @@ impl FileWriter {
                 })
                 .await;
             drop(chain);
-            if let DataReply::Local { path, offset, .. } = reply? {
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    self.keep_grant(grant);
+                    return Err(refused_if_full(e));
+                }
+            };
+            if let DataReply::Local { path, offset, .. } = reply {
                 match open_block_file(&path, offset) {
                     Ok(file) => {
                         kind = Some(SinkKind::Local {
@@ -308,6 +365,7 @@ impl FileWriter {
                             unit_crc: Box::default(),
                             unit_fill: 0,
                             reserved,
+                            base: offset,
                         })
                     }
                     Err(e) => {
@@ -324,18 +382,24 @@ impl FileWriter {
         let kind = match kind {
             Some(k) => k,
             None => {
-                let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
                 let pool = self.client.data.clone();
-                let g = grant.clone();
-                let (tier, hint) = (self.storage, self.bs);
+                let conn = match open_remote_block(&pool, &grant, self.storage, self.bs).await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        self.keep_grant(grant);
+                        return Err(refused_if_full(e));
+                    }
+                };
+                let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
                 let task = tokio::spawn(curvine_runtime::trace::scope(
                     curvine_runtime::trace::current(),
-                    async move { remote_block(pool, g, tier, hint, rx).await },
+                    async move { stream_remote_block(pool, conn, rx).await },
                 ));
                 SinkKind::Remote {
                     tx,
                     task,
                     buf: Vec::with_capacity(MAX_CHUNK),
+                    reserved,
                 }
             }
         };
@@ -344,39 +408,129 @@ impl FileWriter {
             len: 0,
             kind,
         });
-        // Copy-on-write: the block starts with the bytes before the write position.
+        // Copy-on-write: the block starts with the bytes before the write
+        // position, and ends with those after what this writer writes:
+        // room for all of them is asked for now, so that finishing the
+        // block never needs more.
         let off = self.pos % self.bs;
+        let start = self.pos - off;
+        let old_end = (start + self.bs).min(self.size);
+        if let Err(stop) = self.reserve(old_end.saturating_sub(start)).await {
+            self.drop_sink().await;
+            return Err(stop);
+        }
         if off > 0 {
-            let start = self.pos - off;
-            let head = self.old_bytes(start, off).await?;
+            let keep = self.pos;
+            let head = match self.old_bytes(start, off).await {
+                Ok(head) => head,
+                Err(e) => {
+                    self.drop_sink().await;
+                    return Err(Stop::Failed(e));
+                }
+            };
             self.pos = start;
-            self.write_in_block(&head).await?;
+            if let Err(stop) = self.write_in_block(&head).await {
+                self.pos = keep;
+                self.drop_sink().await;
+                return Err(stop);
+            }
         }
         Ok(())
     }
 
-    /// Writes bytes that fit in the current block.
-    async fn write_in_block(&mut self, data: &[u8]) -> FsResult<()> {
+    /// Keeps the grant of a block whose reservation was refused for the
+    /// next try, while its token has a while to live.
+    fn keep_grant(&mut self, grant: BlockGrant) {
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if grant.token.expires_s > now_s + 60 {
+            let index = grant.index;
+            self.next = Some((index, tokio::spawn(async move { Ok(grant) })));
+        }
+    }
+
+    /// Gives up the block being written (its reservation is released):
+    /// after a refusal while it was being opened.
+    async fn drop_sink(&mut self) {
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        match sink.kind {
+            SinkKind::Local { mut conn, .. } => {
+                let _ = conn
+                    .call(&DataRequest::Abort {
+                        token: sink.grant.token.clone(),
+                    })
+                    .await;
+            }
+            // The node drops a block whose writer went away.
+            SinkKind::Remote { task, .. } => task.abort(),
+        }
+    }
+
+    /// Makes sure the node has room for `need` bytes of the block being
+    /// written, asking for more (at least double) when it has less.
+    async fn reserve(&mut self, need: u64) -> Result<(), Stop> {
         let Some(sink) = self.sink.as_mut() else {
-            return Err(FsError::Io("no block open".into()));
+            return Err(Stop::Failed(FsError::Io("no block open".into())));
+        };
+        if need <= sink.kind.reserved() {
+            return Ok(());
+        }
+        // At least double where a tier has room for it, else exactly what
+        // is needed.
+        let double = next_reservation(sink.kind.reserved(), need, self.bs);
+        let mut remote = None;
+        for more in [double, need] {
+            let request = DataRequest::CreateLocal {
+                token: sink.grant.token.clone(),
+                tier: self.storage,
+                size_hint: more,
+                after: None,
+            };
+            let answer = match &mut sink.kind {
+                SinkKind::Local { conn, .. } => conn.call(&request).await,
+                SinkKind::Remote { .. } => {
+                    // Its own connection streams the bytes.
+                    let conn = match remote.as_mut() {
+                        Some(conn) => conn,
+                        None => {
+                            remote.insert(self.client.data.get(&sink.grant.node.data_addr).await?)
+                        }
+                    };
+                    conn.call(&request).await
+                }
+            };
+            match answer {
+                Ok(_) => {
+                    match &mut sink.kind {
+                        SinkKind::Local { reserved, .. } | SinkKind::Remote { reserved, .. } => {
+                            *reserved = more
+                        }
+                    }
+                    if let Some(conn) = remote {
+                        self.client.data.put(conn);
+                    }
+                    return Ok(());
+                }
+                Err(FsError::NoSpace(_)) if more > need => continue,
+                Err(e) => return Err(refused_if_full(e)),
+            }
+        }
+        unreachable!("the last try asks for exactly what is needed")
+    }
+
+    /// Writes bytes that fit in the current block.
+    async fn write_in_block(&mut self, data: &[u8]) -> Result<(), Stop> {
+        let need = self.sink.as_ref().map_or(0, |s| s.len) + data.len() as u64;
+        self.reserve(need).await?;
+        let Some(sink) = self.sink.as_mut() else {
+            return Err(Stop::Failed(FsError::Io("no block open".into())));
         };
         match &mut sink.kind {
-            SinkKind::Local { conn, reserved, .. } => {
-                let need = sink.len + data.len() as u64;
-                if need > *reserved {
-                    let more = next_reservation(*reserved, need, self.bs);
-                    conn.call(&DataRequest::CreateLocal {
-                        token: sink.grant.token.clone(),
-                        tier: self.storage,
-                        size_hint: more,
-                        after: None,
-                    })
-                    .await?;
-                    *reserved = more;
-                }
-                write_local(sink, data)?
-            }
-            SinkKind::Remote { tx, buf, task } => {
+            SinkKind::Local { .. } => write_local(sink, data)?,
+            SinkKind::Remote { tx, buf, task, .. } => {
                 let mut rest = data;
                 while !rest.is_empty() {
                     let n = (MAX_CHUNK - buf.len()).min(rest.len());
@@ -386,13 +540,13 @@ impl FileWriter {
                         let full = std::mem::replace(buf, Vec::with_capacity(MAX_CHUNK));
                         if tx.send(full).await.is_err() {
                             // The block task ended: report its error.
-                            return Err(match task.await {
+                            return Err(Stop::Failed(match task.await {
                                 Ok(Err(e)) => e,
                                 _ => FsError::Io(format!(
                                     "block {:#x}: the data connection ended",
                                     sink.grant.id
                                 )),
-                            });
+                            }));
                         }
                     }
                 }
@@ -439,9 +593,13 @@ impl FileWriter {
         {
             return None;
         }
-        if let Err(e) = write_local(sink, data) {
-            self.failed = true;
-            return Some(Err(e));
+        match write_local(sink, data) {
+            Ok(()) => {}
+            Err(Stop::Refused(e)) => return Some(Err(e)),
+            Err(Stop::Failed(e)) => {
+                self.failed = true;
+                return Some(Err(e));
+            }
         }
         self.wrote(data.len());
         Some(Ok(()))
@@ -469,7 +627,8 @@ impl FileWriter {
         if self.pos < block_end {
             let tail = self.old_bytes(self.pos, block_end - self.pos).await?;
             let keep = self.pos;
-            self.write_in_block(&tail).await?;
+            // Room for these was reserved when the block was opened.
+            self.write_in_block(&tail).await.map_err(Stop::into_error)?;
             self.pos = keep;
         }
         let Some(sink) = self.sink.take() else {
@@ -543,7 +702,7 @@ impl FileWriter {
                     }
                 }))
             }
-            SinkKind::Remote { tx, task, buf } => {
+            SinkKind::Remote { tx, task, buf, .. } => {
                 let g = grant.clone();
                 tokio::spawn(async move {
                     if !buf.is_empty() {
@@ -596,34 +755,67 @@ impl FileWriter {
         Ok(())
     }
 
+    /// Writes all of `data` at the position. When a tier has no room for
+    /// part of it, the bytes before that part are written and the error is
+    /// `NoSpace` (see [`Self::write_some`]).
     pub async fn write(&mut self, mut data: &[u8]) -> FsResult<()> {
+        while !data.is_empty() {
+            let n = self.write_some(data).await?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at the position, all of it, or as much as the node had
+    /// room for: `Ok(n)` with `n` short of the length when a tier had no
+    /// room for the rest (ENOSPC), and `NoSpace` when it had none for any.
+    /// A refused write leaves the writer as it was: what was written
+    /// before stays and a later write that finds room succeeds. Any other
+    /// error fails the writer (its close then fails, and the file keeps
+    /// its previous content).
+    pub async fn write_some(&mut self, data: &[u8]) -> FsResult<usize> {
         if self.failed {
             return Err(FsError::Io(
                 "an earlier write of this file failed; reopen it".into(),
             ));
         }
-        let result: FsResult<()> = async {
-            while !data.is_empty() {
+        let mut done = 0;
+        while done < data.len() {
+            let step: Result<usize, Stop> = async {
                 if self.sink.is_none() {
                     self.collect_done().await?;
                     self.open_sink().await?;
                 }
                 let room = self.bs - self.pos % self.bs;
-                let n = (data.len() as u64).min(room) as usize;
-                self.write_in_block(&data[..n]).await?;
-                yield_sometimes(&mut self.since_yield, n).await;
-                data = &data[n..];
-                if self.pos.is_multiple_of(self.bs) {
-                    self.finish_sink().await?;
+                let n = ((data.len() - done) as u64).min(room) as usize;
+                self.write_in_block(&data[done..done + n]).await?;
+                Ok(n)
+            }
+            .await;
+            match step {
+                Ok(n) => {
+                    yield_sometimes(&mut self.since_yield, n).await;
+                    done += n;
+                    if self.pos.is_multiple_of(self.bs) {
+                        if let Err(e) = self.finish_sink().await {
+                            self.failed = true;
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(Stop::Refused(e)) => {
+                    tracing::debug!(path = self.path, pos = self.pos, error = %e, "a write refused for want of room");
+                    // The block before need not wait for this one.
+                    self.chain = None;
+                    return if done > 0 { Ok(done) } else { Err(e) };
+                }
+                Err(Stop::Failed(e)) => {
+                    self.failed = true;
+                    return Err(e);
                 }
             }
-            Ok(())
         }
-        .await;
-        if result.is_err() {
-            self.failed = true;
-        }
-        result
+        Ok(done)
     }
 
     /// Gives up: the file keeps the content it had when opened (after the
@@ -716,20 +908,38 @@ fn open_block_file(path: &str, offset: u64) -> std::io::Result<File> {
     Ok(file)
 }
 
-/// Appends bytes to a block file written directly, with its unit crcs.
-fn write_local(sink: &mut Sink, data: &[u8]) -> FsResult<()> {
+/// Appends bytes to a block file written directly, with its unit crcs. A
+/// file system without room for them (ENOSPC, EDQUOT: a DIR tier on a disk
+/// others fill) refuses them, with the file's position put back.
+fn write_local(sink: &mut Sink, data: &[u8]) -> Result<(), Stop> {
+    let len = sink.len;
     let SinkKind::Local {
         file,
         crcs,
         unit_crc,
         unit_fill,
+        base,
         ..
     } = &mut sink.kind
     else {
-        return Err(FsError::Io("the block is not written locally".into()));
+        return Err(Stop::Failed(FsError::Io(
+            "the block is not written locally".into(),
+        )));
     };
-    file.write_all(data)
-        .map_err(|e| io_err(format!("block {:#x}", sink.grant.id), e))?;
+    if let Err(e) = file.write_all(data) {
+        let what = format!("block {:#x}", sink.grant.id);
+        let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+        // What part of the bytes went in is cut off again (the block is
+        // the last thing in its file).
+        let back = file
+            .set_len(*base + len)
+            .and_then(|()| file.seek(SeekFrom::Start(*base + len)));
+        return Err(if full && back.is_ok() {
+            Stop::Refused(FsError::NoSpace(format!("{what}: {e}")))
+        } else {
+            Stop::Failed(io_err(what, e))
+        });
+    }
     let mut rest = data;
     while !rest.is_empty() {
         let n = (CHECKSUM_UNIT - *unit_fill).min(rest.len());
