@@ -73,6 +73,7 @@ mod names;
 mod passthrough;
 mod perms;
 mod replies;
+mod stage;
 mod state;
 mod write;
 mod xattrs;

@@ -13,6 +13,7 @@
 
 mod local;
 mod reader;
+mod sink;
 mod writer;
 
 /// Checksum mismatches this process detected in bytes it read.
