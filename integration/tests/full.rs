@@ -2,7 +2,7 @@
 //! (never EIO), so does every later one that still finds none, a later one
 //! that finds room succeeds, and the close keeps exactly the bytes whose
 //! writes succeeded; through the client library (short-circuit and the
-//! data port) and a FUSE mount.
+//! data port) and a FUSE mount, streamed and staged.
 
 use std::fs::File;
 use std::io::Write;
@@ -205,5 +205,55 @@ fn through_a_mount_a_full_tier_gives_enospc_and_the_file_keeps_what_was_written(
     assert!(
         len >= 16 * MIB as u64,
         "dd's file holds what it wrote: {len}"
+    );
+}
+
+/// Random writes through a mount wait in a stage file and are committed by
+/// a flush or fsync, which rewrites the blocks they touch: with no room
+/// for that, fsync fails with ENOSPC and the staged writes stay, so the
+/// fsync after a removal made room commits them.
+#[test]
+fn staged_writes_a_full_tier_refuses_stay_for_the_next_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = small_node(dir.path(), "24MiB");
+    let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    let client = runtime().block_on(node.client());
+    let base = random_bytes(8 * MIB, 4);
+    std::fs::write(mnt.dir.join("r"), &base).unwrap();
+    std::fs::write(mnt.dir.join("filler"), random_bytes(14 * MIB, 5)).unwrap();
+    // Two writes inside the file (the first not at its start): staged;
+    // their commit rewrites the file's 8 MiB block, and the tier has 2 MiB
+    // left.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.dir.join("r"))
+        .unwrap();
+    let patch = random_bytes(MIB, 6);
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&patch, 4 * MIB as u64).unwrap();
+    file.write_all_at(&patch, 0).unwrap();
+    let e = file.sync_all().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    std::fs::remove_file(mnt.dir.join("filler")).unwrap();
+    runtime().block_on(async {
+        curvine_integration::wait_for_async(
+            "room for the block",
+            Duration::from_secs(30),
+            || async {
+                let report = client.report().await.ok()?;
+                let t = &report.nodes[0].tiers[0];
+                (t.used + t.reserved <= 8 * MIB as u64).then_some(())
+            },
+        )
+        .await
+    });
+    file.sync_all().expect("fsync once room is made");
+    drop(file);
+    let mut want = base;
+    want[..MIB].copy_from_slice(&patch);
+    want[4 * MIB..5 * MIB].copy_from_slice(&patch);
+    assert!(
+        runtime().block_on(get(&client, "/r")) == want,
+        "the staged writes committed"
     );
 }

@@ -81,7 +81,14 @@ impl Stage {
     }
 
     /// Rewrites the blocks the staged ranges touch and commits the file.
-    pub(super) async fn commit(mut self, fs: &Fs, path: &str, owner: (u32, u32)) -> FsResult<Attr> {
+    /// Rewrites the blocks the staged writes touch, from the old content
+    /// and the staged bytes, and closes: all of them or (an error) none.
+    pub(super) async fn commit(
+        &mut self,
+        fs: &Fs,
+        path: &str,
+        owner: (u32, u32),
+    ) -> FsResult<Attr> {
         let options = WriteOptions {
             owner: Some(owner),
             ..Default::default()

@@ -730,7 +730,16 @@ impl Task {
             }
             // The held attributes go in the close's own commit.
             State::Stream(w) => w.close_with(held.take()).await,
-            State::Staged(s) => s.commit(&self.fs, &self.path()?, self.owner).await,
+            State::Staged(mut s) => match s.commit(&self.fs, &self.path()?, self.owner).await {
+                // No room for them now: the staged writes stay for the
+                // next commit (a flush or fsync once room is made).
+                Err(e @ FsError::NoSpace(_)) => {
+                    self.state = State::Staged(s);
+                    self.times = held;
+                    return Err(e);
+                }
+                attr => attr,
+            },
         };
         self.shared.unsettled.store(false, Ordering::SeqCst);
         let attr = match (attr, held) {
