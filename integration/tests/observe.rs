@@ -591,21 +591,27 @@ fn dashboard_charts_follow_traffic_in_chromium() {
     };
     let before = shot("idle.png");
 
-    // Traffic: 64 MiB written, then read through the data port (no
-    // short-circuit), so bytes go in and out and the cache is hit.
+    // Traffic: 64 MiB written, then read short-circuit (the reader opens
+    // the block file on this host: no byte passes the data port), so the
+    // out line moves with reads it never streamed.
     let rt = runtime();
     let bytes = random_bytes(64 << 20, 5);
     rt.block_on(async {
         let writer = node.client().await;
         curvine_integration::write_file(&writer, "/traffic.bin", &bytes, 1).await;
-        let mut conf = node.client_conf();
-        conf.short_circuit = false;
-        let reader = curvine_client::Client::connect(&conf).await.unwrap();
-        let back = curvine_integration::read_file(&reader, "/traffic.bin")
-            .await
-            .unwrap();
-        assert_eq!(back.len(), bytes.len());
     });
+    curvine_integration::assert_short_circuit(&node, 1, || {
+        rt.block_on(async {
+            let reader = node.client_short_circuit(true).await;
+            let back = curvine_integration::read_file(&reader, "/traffic.bin")
+                .await
+                .unwrap();
+            assert_eq!(back.len(), bytes.len());
+        })
+    });
+    let counter = |name| curvine_integration::node_counter(&node, name, "");
+    assert!(counter("curvine_data_bytes_local_total") >= 64 << 20);
+    assert_eq!(counter("curvine_data_bytes_sent_total"), 0);
     let what = Lazily(|| format!("the charts to show the traffic: {}", seen.borrow()));
     let busy = wait_for(what, Duration::from_secs(60), || {
         let dom = dump();
@@ -618,12 +624,37 @@ fn dashboard_charts_follow_traffic_in_chromium() {
         *seen.borrow_mut() = dom;
         None
     });
-    // Per second over a 1s sample: at least a tenth of what passed.
-    let peak_in = chart_peak(&busy, "throughput", "in").unwrap();
+    // Per second over a 1s sample: at least a tenth of what passed, in
+    // and out (what the metrics counted).
+    for line in ["in", "out"] {
+        let peak = chart_peak(&busy, "throughput", line).unwrap();
+        assert!(
+            peak >= (6 << 20) as f64,
+            "{line} at most {peak} B/s for 64 MiB"
+        );
+    }
+    // The value axis's label of a rate of megabytes a second fits the
+    // chart (it was cut at the left edge).
+    let left = busy
+        .split("id=\"chart-throughput\"")
+        .nth(1)
+        .and_then(|f| f.split('>').next())
+        .and_then(|f| f.split("data-axis-left=\"").nth(1))
+        .and_then(|v| v.split('"').next())
+        .and_then(|v| v.parse::<f64>().ok());
     assert!(
-        peak_in >= (6 << 20) as f64,
-        "in at most {peak_in} B/s for 64 MiB"
+        left.is_some_and(|l| l >= 0.0),
+        "axis label starts at {left:?}:\n{busy}"
     );
+    // Reads through the data port are out too.
+    rt.block_on(async {
+        let reader = node.client_short_circuit(false).await;
+        let back = curvine_integration::read_file(&reader, "/traffic.bin")
+            .await
+            .unwrap();
+        assert_eq!(back.len(), bytes.len());
+    });
+    assert!(counter("curvine_data_bytes_sent_total") >= 64 << 20);
     let after = shot("busy.png");
     assert!(before.starts_with(b"\x89PNG") && after.starts_with(b"\x89PNG"));
     assert_ne!(

@@ -343,6 +343,12 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             ctx.tokens.check(&token, Access::Read)?;
             let (record, path) = ctx.store.locate(token.block)?;
             ctx.store.touch(token.block);
+            ctx.metrics.add(
+                "curvine_data_bytes_local_total",
+                "Block bytes this node handed to readers on its host as block files (short-circuit and passthrough reads): a block's length each time a reader opens it, so at most what they read.",
+                &[],
+                record.len,
+            );
             Ok(DataReply::Local {
                 path: path.display().to_string(),
                 len: record.len,
@@ -576,7 +582,7 @@ async fn read(
     ctx.store.touch(block);
     ctx.metrics.add(
         "curvine_data_bytes_sent_total",
-        "Block bytes this node's data port sent to readers (short-circuit reads do not pass it).",
+        "Block bytes this node's data port sent to readers (short-circuit reads do not pass it: see curvine_data_bytes_local_total).",
         &[],
         end - start,
     );

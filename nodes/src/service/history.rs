@@ -20,6 +20,7 @@ const WINDOW: Duration = Duration::from_secs(3600);
 const SERIES: &[(&str, &str, &str)] = &[
     ("bytes_in", "curvine_block_bytes_written_total", ""),
     ("bytes_out", "curvine_data_bytes_sent_total", ""),
+    ("bytes_local", "curvine_data_bytes_local_total", ""),
     ("cache_hits", "curvine_cache_hits_total", ""),
     ("cache_misses", "curvine_cache_misses_total", ""),
     ("evictions", "curvine_evictions_total", "outcome=\"moved\""),
