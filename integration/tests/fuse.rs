@@ -2077,6 +2077,8 @@ fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
     // Only `hot` is read again, and only through passthrough handles: the
     // kernel reads its block file without asking the node.
     let passed = passthrough_opens(&m, "passthrough");
+    let local = || node_counter(&node, "curvine_data_bytes_local_total", "");
+    let local_before = local();
     for _ in 0..3 {
         assert!(fs::read(m.path("hot")).unwrap() == hot);
     }
@@ -2084,8 +2086,11 @@ fn blocks_read_only_through_passthrough_count_as_recently_used_for_eviction() {
     wait_for(
         "the mount told the node which blocks were read",
         Duration::from_secs(10),
-        || (m.counter("curvine_fuse_passthrough_touched_blocks_total", "") >= 1).then_some(()),
+        || (m.counter("curvine_fuse_passthrough_touched_blocks_total", "") >= 3).then_some(()),
     );
+    // The node counts them out (its dashboard's throughput), a block's
+    // length per open.
+    assert_eq!(local() - local_before, 3 * hot.len() as u64);
     // 8 MiB more take the tier to 14 MiB, past its high watermark: its
     // evictor demotes the least recently used blocks down to the low one,
     // never more than the 4 MiB of the files not read since (it frees

@@ -345,7 +345,7 @@ async fn handle(stream: &mut Stream, ctx: &DataContext, request: DataRequest) ->
             ctx.store.touch(token.block);
             ctx.metrics.add(
                 "curvine_data_bytes_local_total",
-                "Block bytes this node handed to readers on its host as block files (short-circuit and passthrough reads): a block's length each time a reader opens it, so at most what they read.",
+                crate::service::files::LOCAL_BYTES_HELP,
                 &[],
                 record.len,
             );

@@ -174,7 +174,9 @@ pub(super) struct Passthrough {
 
 #[derive(Default)]
 struct Touched {
-    ids: std::collections::HashSet<BlockId>,
+    /// Blocks read, with how many opens read each (the node counts the
+    /// bytes read through passthrough from them).
+    ids: std::collections::HashMap<BlockId, u32>,
     /// A request telling the node is on its way.
     scheduled: bool,
 }
@@ -534,7 +536,9 @@ impl Fs {
     /// unused since it was written.
     fn note_read(&self, blocks: &[BlockId]) {
         let mut touched = self.pt.touched.lock();
-        touched.ids.extend(blocks.iter().copied());
+        for &id in blocks {
+            *touched.ids.entry(id).or_default() += 1;
+        }
         if touched.scheduled || touched.ids.is_empty() {
             return;
         }
@@ -544,16 +548,20 @@ impl Fs {
         let client = self.client.clone();
         self.rt.spawn(async move {
             tokio::time::sleep(TOUCH_EVERY).await;
+            // An id once per open (at most 1,000 in a window).
             let ids: Vec<BlockId> = {
                 let mut t = touched.lock();
                 t.scheduled = false;
-                t.ids.drain().collect()
+                t.ids
+                    .drain()
+                    .flat_map(|(id, opens)| std::iter::repeat_n(id, opens.min(1000) as usize))
+                    .collect()
             };
             let n = ids.len();
             match client.touch_blocks(ids).await {
                 Ok(()) => curvine_runtime::stats::process().add(
                     "curvine_fuse_passthrough_touched_blocks_total",
-                    "Blocks read through passthrough handles that the node was told of (its tier evictor counts them as recently used).",
+                    "Blocks read through passthrough handles that the node was told of, once per open (its tier evictor counts them as recently used, and their bytes as out).",
                     &[],
                     n as u64,
                 ),

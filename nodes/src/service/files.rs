@@ -14,7 +14,12 @@ pub struct Files {
     blocks: Arc<BlockStore>,
     manager: BlockManagerRef,
     node_id: String,
+    metrics: curvine_actors::stats::Metrics,
 }
+
+/// What `curvine_data_bytes_local_total` counts (the data port counts
+/// short-circuit opens, this service passthrough opens).
+pub const LOCAL_BYTES_HELP: &str = "Block bytes this node handed to readers on its host as block files (short-circuit and passthrough reads): a block's length each time a reader opens it, so at most what they read.";
 
 impl Files {
     pub fn new(
@@ -22,8 +27,10 @@ impl Files {
         blocks: Arc<BlockStore>,
         manager: BlockManagerRef,
         node_id: String,
+        metrics: curvine_actors::stats::Metrics,
     ) -> Files {
         Files {
+            metrics,
             namespace,
             blocks,
             manager,
@@ -92,12 +99,24 @@ impl Files {
 
     /// Counts blocks of this node read without it (by a mount's
     /// passthrough) as recently used; others are ignored.
+    /// Blocks of this node a mount on its host read through passthrough
+    /// (the kernel reads them without asking anyone): recently used for
+    /// the evictors, and counted out as the data port counts what it
+    /// sends (an id once per open, at the block's length).
     pub fn touch_blocks(&self, ids: &[curvine_messages::block::BlockId]) {
+        let mut bytes = 0;
         for &id in ids {
-            if matches!(self.blocks.get(id), Ok(Some(_))) {
+            if let Ok(Some(record)) = self.blocks.get(id) {
                 self.blocks.touch(id);
+                bytes += record.len;
             }
         }
+        self.metrics.add(
+            "curvine_data_bytes_local_total",
+            LOCAL_BYTES_HELP,
+            &[],
+            bytes,
+        );
     }
 
     /// Where each block of a file is.

@@ -189,6 +189,7 @@ impl Subsystems {
             core.blocks.clone(),
             core.manager.clone(),
             node_id,
+            view.metrics.clone(),
         ));
         let extents = Arc::new(Extents::new(ExtentsArgs {
             files: files.clone(),
