@@ -73,6 +73,10 @@ pub struct NodeConf {
     pub cluster_listen: String,
     /// Nodes of the cluster to join (`host:port` of their cluster ports).
     pub seeds: Vec<String>,
+    /// Client connections the node serves at once (the CLI, mounts, the
+    /// client library, the S3 gateway's own); one more is refused at once
+    /// with an error naming this key.
+    pub max_connections: u32,
 }
 
 impl Default for NodeConf {
@@ -82,6 +86,7 @@ impl Default for NodeConf {
             listen: "127.0.0.1:8995".into(),
             cluster_listen: String::new(),
             seeds: Vec::new(),
+            max_connections: 8192,
         }
     }
 }

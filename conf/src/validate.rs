@@ -57,6 +57,13 @@ impl Config {
                 "expected 1 to 256",
             ));
         }
+        if self.node.max_connections == 0 {
+            return Err(invalid(
+                "node.max_connections",
+                "0".into(),
+                "expected at least 1",
+            ));
+        }
         check_addr("node.listen", &self.node.listen, source("node.listen"))?;
         if !self.node.cluster_listen.is_empty() {
             check_addr(

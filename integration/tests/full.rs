@@ -257,3 +257,68 @@ fn staged_writes_a_full_tier_refuses_stay_for_the_next_fsync() {
         "the staged writes committed"
     );
 }
+
+/// A client past `node.max_connections` is refused at once with an error
+/// naming the key (EBUSY), the node keeps serving the others, and a place
+/// freed is taken again; the node raised its open files limit at start.
+#[test]
+fn a_client_past_max_connections_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &["-c", "node.max_connections=3"]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", node.pid().unwrap())).unwrap();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        open_files[3], open_files[4],
+        "soft limit raised to the hard one: {limits}"
+    );
+    runtime().block_on(async {
+        // Clients of one connection each (client.connections).
+        let conf = curvine_conf::ClientConf {
+            connections: 1,
+            ..node.client_conf()
+        };
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(Client::connect(&conf).await.unwrap());
+        }
+        let started = Instant::now();
+        let e = Client::connect(&conf)
+            .await
+            .err()
+            .expect("a fourth client refused");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "refused after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(e.errno(), libc::EBUSY, "{e}");
+        assert!(e.to_string().contains("node.max_connections"), "{e}");
+        // The others are served.
+        for (i, c) in clients.iter().enumerate() {
+            c.mkdir(&format!("/d{i}"), false).await.unwrap();
+        }
+        // A place freed is taken again.
+        drop(clients.pop());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let again = loop {
+            match Client::connect(&conf).await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no place 10 s after a client left: {e}"),
+            }
+        };
+        again.mkdir("/again", false).await.unwrap();
+    });
+    assert!(
+        curvine_integration::node_counter(&node, "curvine_client_connections_refused_total", "")
+            >= 1
+    );
+}

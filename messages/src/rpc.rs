@@ -18,6 +18,11 @@ use crate::delegation::DirOp;
 use crate::error::{FsError, FsResult};
 use crate::types::{Ino, SetAttr, ShardStats, XattrMode};
 
+/// What the refusal of a client past the node's connection limit names (in
+/// [`HelloReply::message`]): a client takes it as "busy", not as a
+/// protocol it cannot speak.
+pub const CONNECTION_LIMIT: &str = "(node.max_connections)";
+
 /// The node's answer to a client's hello. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelloReply {

@@ -1,6 +1,7 @@
 //! The client port: accepts connections, checks the protocol version, and
 //! runs each request concurrently against the node's services.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 use curvine_actors::trace;
 use curvine_messages::codec::{from_bytes, to_bytes, Hello, PROTOCOL_VERSION};
 use curvine_messages::rpc::{
-    AuthReply, ClientAuth, HelloReply, Request, RequestFrame, ResponseFrame,
+    AuthReply, ClientAuth, HelloReply, Request, RequestFrame, ResponseFrame, CONNECTION_LIMIT,
 };
 use curvine_messages::trace::{sample, TraceCtx};
 use curvine_messages::FsError;
@@ -20,16 +21,68 @@ use curvine_wire::frame::{read_frame, write_frame};
 use crate::service::Service;
 use curvine_wire::tls::{Accepted, Tls, Transport};
 
+/// How many client connections the node serves at once
+/// (`node.max_connections`): kept across restarts of the accept loop, as
+/// the connections it counts outlive it.
+#[derive(Clone)]
+pub struct ConnectionLimit {
+    max: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl ConnectionLimit {
+    pub fn new(max: u32) -> ConnectionLimit {
+        ConnectionLimit {
+            max: max as usize,
+            live: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// A place for one more connection, or why there is none.
+    fn take(&self, node: &str) -> Result<Counted, String> {
+        let n = self.live.fetch_add(1, Ordering::SeqCst);
+        let counted = Counted(self.live.clone());
+        if n >= self.max {
+            return Err(format!(
+                "node {node} serves at most {} client connections at once and has that many open {CONNECTION_LIMIT}; \
+                 close some, or raise node.max_connections",
+                self.max
+            ));
+        }
+        Ok(counted)
+    }
+}
+
+/// A connection counted against the limit while it lives.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Accepts the client port's connections while it runs (a supervised
 /// task of the node: see `ports::accept_loop`).
-pub async fn serve(listener: TcpListener, service: Arc<Service>, tls: Option<Arc<Tls>>) {
+pub async fn serve(
+    listener: TcpListener,
+    service: Arc<Service>,
+    tls: Option<Arc<Tls>>,
+    limit: ConnectionLimit,
+) {
     loop {
         let (stream, peer) = crate::ports::next_connection(&listener, "client port").await;
         let service = service.clone();
         let tls = tls.clone();
+        // Counted from the accept, so a burst is refused at once; one
+        // past the limit is told why before its connection closes.
+        let counted = limit.take(service.node_id());
         tokio::spawn(async move {
+            if counted.is_err() {
+                service.refused_connection();
+            }
             let result = match open(stream, tls.as_deref()).await {
-                Ok(Some(transport)) => connection(transport, peer, service).await,
+                Ok(Some(transport)) => connection(transport, peer, service, counted).await,
                 Ok(None) => {
                     tracing::warn!(%peer, "refused a plain client: this node's client port requires TLS");
                     return;
@@ -81,6 +134,7 @@ async fn connection(
     stream: Transport,
     peer: std::net::SocketAddr,
     service: Arc<Service>,
+    counted: Result<Counted, String>,
 ) -> std::io::Result<()> {
     let peer = Some(peer);
     let (read, write) = stream.into_split();
@@ -96,7 +150,7 @@ async fn connection(
             "client speaks protocol version {} but this node speaks version {PROTOCOL_VERSION}; use a matching curvine release",
             h.version
         )),
-        Ok(_) => None,
+        Ok(_) => counted.as_ref().err().cloned(),
     };
     let challenge = curvine_wire::cookie::ClientKey::challenge();
     let reply = HelloReply {
@@ -111,7 +165,12 @@ async fn connection(
     write_frame(&mut writer, &bytes).await?;
     writer.flush().await?;
     if let Some(reason) = refusal {
-        tracing::warn!(peer = ?peer, reason, "refused client");
+        if counted.is_err() {
+            // A flood past the limit is not logged line by line.
+            tracing::debug!(peer = ?peer, reason, "refused client");
+        } else {
+            tracing::warn!(peer = ?peer, reason, "refused client");
+        }
         return Ok(());
     }
     // The client proves it knows the cluster cookie.

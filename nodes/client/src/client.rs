@@ -178,10 +178,12 @@ async fn open(
         let bytes = next_frame(&mut reader, addr).await?;
         let reply: HelloReply = from_bytes("hello reply", &bytes).map_err(FsError::from)?;
         if !reply.accepted {
-            return Err(FsError::Protocol(format!(
-                "node {addr} refused the connection: {}",
-                reply.message
-            )));
+            let message = format!("node {addr} refused the connection: {}", reply.message);
+            return Err(if reply.message.contains(CONNECTION_LIMIT) {
+                FsError::Busy(message)
+            } else {
+                FsError::Protocol(message)
+            });
         }
         // Prove the cluster cookie (it is never sent).
         let auth = ClientAuth {

@@ -79,6 +79,7 @@ pub struct RunningNode {
 /// supervision tree (actors, ports, background tasks) and the HTTP port,
 /// and writes the ready file.
 pub async fn start(config: &Config) -> Result<RunningNode, StartError> {
+    crate::ports::raise_open_files(config.node.max_connections);
     let tls = Tls::from_conf(&config.tls, true).map_err(|e| StartError::Tls(e.to_string()))?;
     let mut data_dir = DataDir::open(&config.data_dir(), config)?;
     let cluster_port = cluster::open(config, &data_dir, &tls).await?;
@@ -497,7 +498,12 @@ fn tree_parts(
             (Some(l), Some(t)) => Some((l.clone(), t.clone(), cluster.server.clone())),
             _ => None,
         },
-        client: (ports.client.clone(), service, tls.clone()),
+        client: (
+            ports.client.clone(),
+            service,
+            tls.clone(),
+            config.node.max_connections,
+        ),
         replicas: (s.replicas.clone(), config.cluster.rereplicate_after.0),
         history: (s.history.clone(), s.reports.clone()),
         keeper: Arc::new(ShardKeeper {

@@ -62,7 +62,13 @@ pub struct TreeParts {
         Arc<Tls>,
         ActorRef<ractor_cluster::NodeServerMessage>,
     )>,
-    pub client: (Arc<std::net::TcpListener>, Arc<Service>, Option<Arc<Tls>>),
+    /// The client port's socket, the service, TLS, and `node.max_connections`.
+    pub client: (
+        Arc<std::net::TcpListener>,
+        Arc<Service>,
+        Option<Arc<Tls>>,
+        u32,
+    ),
     pub replicas: (Arc<Replicas>, Duration),
     pub keeper: Arc<ShardKeeper>,
     /// The metrics history and what it samples.
@@ -117,13 +123,14 @@ pub fn node_supervisor(p: TreeParts) -> SupervisorArgs {
             .boxed(),
         );
     }
-    let (client_listener, service, tls) = p.client;
+    let (client_listener, service, tls, max_connections) = p.client;
+    let limit = crate::client_port::ConnectionLimit::new(max_connections);
     let (replicas, after) = p.replicas;
     let keeper = p.keeper;
     let (history, reports) = p.history;
     sup = sup.child(
         accept_loop("client-port", client_listener, move |listener| {
-            crate::client_port::serve(listener, service.clone(), tls.clone())
+            crate::client_port::serve(listener, service.clone(), tls.clone(), limit.clone())
         })
         .boxed(),
     );

@@ -285,6 +285,16 @@ impl Service {
         &self.info.node_id
     }
 
+    /// Counts a client connection refused at `node.max_connections`.
+    pub fn refused_connection(&self) {
+        self.view.metrics.add(
+            "curvine_client_connections_refused_total",
+            "Client connections refused because the node served node.max_connections already.",
+            &[],
+            1,
+        );
+    }
+
     /// Checks that clients know the cluster cookie.
     pub fn clients(&self) -> &ClientKey {
         &self.clients
