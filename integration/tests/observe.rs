@@ -600,15 +600,16 @@ fn dashboard_charts_follow_traffic_in_chromium() {
         let writer = node.client().await;
         curvine_integration::write_file(&writer, "/traffic.bin", &bytes, 1).await;
     });
-    curvine_integration::assert_short_circuit(&node, 1, || {
+    let read_back = |short_circuit| {
         rt.block_on(async {
-            let reader = node.client_short_circuit(true).await;
+            let reader = node.client_short_circuit(short_circuit).await;
             let back = curvine_integration::read_file(&reader, "/traffic.bin")
                 .await
                 .unwrap();
             assert_eq!(back.len(), bytes.len());
         })
-    });
+    };
+    curvine_integration::assert_short_circuit(&node, 1, || read_back(true));
     let counter = |name| curvine_integration::node_counter(&node, name, "");
     assert!(counter("curvine_data_bytes_local_total") >= 64 << 20);
     assert_eq!(counter("curvine_data_bytes_sent_total"), 0);
@@ -647,13 +648,7 @@ fn dashboard_charts_follow_traffic_in_chromium() {
         "axis label starts at {left:?}:\n{busy}"
     );
     // Reads through the data port are out too.
-    rt.block_on(async {
-        let reader = node.client_short_circuit(false).await;
-        let back = curvine_integration::read_file(&reader, "/traffic.bin")
-            .await
-            .unwrap();
-        assert_eq!(back.len(), bytes.len());
-    });
+    read_back(false);
     assert!(counter("curvine_data_bytes_sent_total") >= 64 << 20);
     let after = shot("busy.png");
     assert!(before.starts_with(b"\x89PNG") && after.starts_with(b"\x89PNG"));

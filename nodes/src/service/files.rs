@@ -97,12 +97,11 @@ impl Files {
         Ok(summary)
     }
 
-    /// Counts blocks of this node read without it (by a mount's
-    /// passthrough) as recently used; others are ignored.
     /// Blocks of this node a mount on its host read through passthrough
     /// (the kernel reads them without asking anyone): recently used for
     /// the evictors, and counted out as the data port counts what it
-    /// sends (an id once per open, at the block's length).
+    /// sends (an id once per open, at the block's length); others are
+    /// ignored.
     pub fn touch_blocks(&self, ids: &[curvine_messages::block::BlockId]) {
         let mut bytes = 0;
         for &id in ids {

@@ -8,12 +8,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use curvine_messages::block::{
-    next_reservation, BlockInfo, DataReply, DataRequest, FileSpec, LocalCommit, TierKind,
+    next_reservation, BlockInfo, DataReply, DataRequest, FileSpec, LocalCommit, TierKind, Token,
     CHECKSUM_UNIT, FIRST_RESERVATION, MAX_CHUNK,
 };
 use curvine_messages::rpc::{AddBlock, BlockGrant, CompleteFile, OpenFile};
 use curvine_messages::{Attr, FsError, FsResult, SetAttr};
-use curvine_wire::data::{open_remote_block, stream_remote_block, BlockSource};
+use curvine_wire::data::{open_remote_block, stream_remote_block, BlockSource, DataConn};
 
 use super::local::{read_once, yield_sometimes};
 use super::reader::FileReader;
@@ -404,47 +404,24 @@ impl FileWriter {
         if need <= sink.kind.reserved() {
             return Ok(());
         }
-        // At least double where a tier has room for it, else exactly what
-        // is needed.
         let double = next_reservation(sink.kind.reserved(), need, self.bs);
-        let mut remote = None;
-        for more in [double, need] {
-            let request = DataRequest::CreateLocal {
-                token: sink.grant.token.clone(),
-                tier: self.storage,
-                size_hint: more,
-                after: None,
-            };
-            let answer = match &mut sink.kind {
-                SinkKind::Local { conn, .. } => conn.call(&request).await,
-                SinkKind::Remote { .. } => {
-                    // Its own connection streams the bytes.
-                    let conn = match remote.as_mut() {
-                        Some(conn) => conn,
-                        None => {
-                            remote.insert(self.client.data.get(&sink.grant.node.data_addr).await?)
-                        }
-                    };
-                    conn.call(&request).await
-                }
-            };
-            match answer {
-                Ok(_) => {
-                    match &mut sink.kind {
-                        SinkKind::Local { reserved, .. } | SinkKind::Remote { reserved, .. } => {
-                            *reserved = more
-                        }
-                    }
-                    if let Some(conn) = remote {
-                        self.client.data.put(conn);
-                    }
-                    return Ok(());
-                }
-                Err(FsError::NoSpace(_)) if more > need => continue,
-                Err(e) => return Err(refused_if_full(e)),
+        let (token, tier) = (&sink.grant.token, self.storage);
+        let granted = match &mut sink.kind {
+            SinkKind::Local { conn, .. } => ask_room(conn, token, tier, double, need).await?,
+            SinkKind::Remote { .. } => {
+                // Its own connection streams the bytes.
+                let mut conn = self.client.data.get(&sink.grant.node.data_addr).await?;
+                let granted = ask_room(&mut conn, token, tier, double, need).await?;
+                self.client.data.put(conn);
+                granted
+            }
+        };
+        match &mut sink.kind {
+            SinkKind::Local { reserved, .. } | SinkKind::Remote { reserved, .. } => {
+                *reserved = granted
             }
         }
-        unreachable!("the last try asks for exactly what is needed")
+        Ok(())
     }
 
     /// Writes bytes that fit in the current block.
@@ -828,6 +805,32 @@ fn block_info(grant: &BlockGrant, len: u64, crc: u32) -> BlockInfo {
         crc,
         locs: vec![grant.node.node_id.clone()],
     }
+}
+
+/// Asks a block's node for room: `double` bytes where a tier has room for
+/// them, else exactly `need` (as the data port grows a block it is sent).
+/// Returns the room the block has now.
+async fn ask_room(
+    conn: &mut DataConn,
+    token: &Token,
+    tier: Option<TierKind>,
+    double: u64,
+    need: u64,
+) -> Result<u64, Stop> {
+    let ask = |size_hint| DataRequest::CreateLocal {
+        token: token.clone(),
+        tier,
+        size_hint,
+        after: None,
+    };
+    match conn.call(&ask(double)).await {
+        Err(FsError::NoSpace(_)) if double > need => {}
+        answer => return answer.map(|_| double).map_err(refused_if_full),
+    }
+    conn.call(&ask(need))
+        .await
+        .map(|_| need)
+        .map_err(refused_if_full)
 }
 
 /// Who writes, as a file's write lease names it: host and process.
