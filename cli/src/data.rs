@@ -293,7 +293,7 @@ async fn df(cx: &Ctx<'_>, human: bool) -> Result<(), Failure> {
             .flat_map(|n| {
                 n.tiers.iter().map(move |t| {
                     json!({"node": n.node_id, "tier": t.kind.name(), "path": t.path,
-                        "capacity": t.capacity, "used": t.used, "reserved": t.reserved,
+                        "capacity": t.capacity, "used": t.used, "reserved": t.reserved, "held": t.held,
                         "available": t.capacity.saturating_sub(t.used + t.reserved),
                         "blocks": t.blocks})
                 })
@@ -302,11 +302,12 @@ async fn df(cx: &Ctx<'_>, human: bool) -> Result<(), Failure> {
         print_json_line(&v);
     } else {
         out!(
-            "{:<14} {:<5} {:>12} {:>12} {:>12} {:>5} {:>8}  path",
+            "{:<14} {:<5} {:>12} {:>12} {:>12} {:>12} {:>5} {:>8}  path",
             "node",
             "tier",
             "capacity",
             "used",
+            "held",
             "available",
             "use%",
             "blocks"
@@ -315,11 +316,12 @@ async fn df(cx: &Ctx<'_>, human: bool) -> Result<(), Failure> {
             for t in &n.tiers {
                 let used = t.used + t.reserved;
                 out!(
-                    "{:<14} {:<5} {:>12} {:>12} {:>12} {:>4}% {:>8}  {}",
+                    "{:<14} {:<5} {:>12} {:>12} {:>12} {:>12} {:>4}% {:>8}  {}",
                     n.node_id,
                     t.kind.name(),
                     size(t.capacity, human),
                     size(used, human),
+                    size(t.held, human),
                     size(t.capacity.saturating_sub(used), human),
                     (used * 100).checked_div(t.capacity).unwrap_or(0),
                     t.blocks,

@@ -60,12 +60,20 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
             );
             for t in &node.tiers {
                 out!(
-                    "  tier {} {}: {} of {} used, {} blocks",
+                    "  tier {} {}: {} of {} used, {} blocks{}",
                     t.kind,
                     t.path,
                     curvine_messages::human_bytes(t.used + t.reserved),
                     curvine_messages::human_bytes(t.capacity),
-                    t.blocks
+                    t.blocks,
+                    if t.held > 0 {
+                        format!(
+                            " ({} freed, held open by readers)",
+                            curvine_messages::human_bytes(t.held)
+                        )
+                    } else {
+                        String::new()
+                    }
                 );
             }
             if node.checksum_errors > 0 {

@@ -174,9 +174,13 @@ pub struct DataConf {
     /// Blocks on disk that no file references are removed after this long.
     pub orphan_grace: Dur,
     /// Blocks a file no longer uses (overwritten, truncated or removed) are
-    /// removed from the nodes this long after, so a reader that opened the
-    /// file before keeps reading the version it opened meanwhile.
+    /// removed from their nodes as soon as no open reader holds them; when
+    /// a node cannot be asked whether its readers do (it is down or does
+    /// not answer), they are removed this long after instead.
     pub freed_grace: Dur,
+    /// A reader holds the blocks of the version it opened at most this
+    /// long (one that keeps a file open longer may find them gone).
+    pub read_hold_max: Dur,
     /// Fsync block files on SSD and HDD tiers before a write is acknowledged.
     pub sync_blocks: bool,
     /// How long an access token for a block stays valid.
@@ -196,6 +200,7 @@ impl Default for DataConf {
             evict_interval: Dur(std::time::Duration::from_secs(1)),
             orphan_grace: Dur(std::time::Duration::from_secs(600)),
             freed_grace: Dur(std::time::Duration::from_secs(10)),
+            read_hold_max: Dur(std::time::Duration::from_secs(3600)),
             sync_blocks: true,
             token_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
         }

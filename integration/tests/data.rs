@@ -221,7 +221,8 @@ fn overwrite_append_truncate_are_copy_on_write() {
             model[10..15].copy_from_slice(b"hello");
             assert!(get(&c, &path).await == model, "overwrite ({short_circuit})");
             // It still does after the node's sweeps of freed blocks ran
-            // (every second): the old blocks stay for data.freed_grace.
+            // (every second): the reader holds the old blocks until it
+            // closes.
             tokio::time::sleep(Duration::from_secs(3)).await;
             let mut seen = Vec::new();
             before.read_to_end(&mut seen).await.unwrap();

@@ -477,6 +477,9 @@ pub struct TierStats {
     /// Bytes reserved for blocks being written.
     pub reserved: u64,
     pub blocks: u64,
+    /// Bytes of `used` that were freed but a reader still holds: removed
+    /// block files a process keeps open (they are free when it closes them).
+    pub held: u64,
 }
 
 /// Space reserved for a block being written.
@@ -692,6 +695,11 @@ pub enum BlockMsg {
     Stats { reply: Reply<Vec<TierStats>> },
     /// Periodic work: access times, freed blocks, orphans, stale reservations.
     Tick,
+    /// Make room now, before a writer is refused: remove the freed blocks
+    /// of the shards this node serves that no reader holds, and free the
+    /// removed files their last holder closed. Replies once done (with the
+    /// bytes freed on this node).
+    Reclaim { reply: Reply<u64> },
     /// A tier's evictor failed (its supervisor restarts it): the moves
     /// in progress are undone.
     EvictorFailed { tier: u8 },
@@ -714,6 +722,7 @@ impl BlockMsg {
             BlockMsg::Free { .. } => "free",
             BlockMsg::Stats { .. } => "stats",
             BlockMsg::Tick => "tick",
+            BlockMsg::Reclaim { .. } => "reclaim",
             BlockMsg::EvictorFailed { .. } => "evictor_failed",
         }
     }

@@ -128,6 +128,12 @@ pub enum PeerMsg {
         ids: Vec<BlockId>,
         reply: RpcReplyPort<FsResult<()>>,
     },
+    /// Which of these freed blocks the open readers of this node's clients
+    /// still hold (they are removed once none does).
+    HeldBlocks {
+        ids: Vec<BlockId>,
+        reply: RpcReplyPort<FsResult<Vec<BlockId>>>,
+    },
     /// Copy a block from another node and keep it here.
     Pull {
         pull: PullBlock,
@@ -168,6 +174,7 @@ impl PeerMsg {
             PeerMsg::Report(_) => "report",
             PeerMsg::Actors(_) => "actors",
             PeerMsg::RemoveBlocks { .. } => "remove_blocks",
+            PeerMsg::HeldBlocks { .. } => "held_blocks",
             PeerMsg::Pull { .. } => "pull",
             PeerMsg::Load { .. } => "load",
             PeerMsg::Trace { .. } => "trace",
@@ -241,6 +248,11 @@ impl ractor::Message for PeerMsg {
             PeerMsg::RemoveBlocks { ids, reply } => call(
                 "remove_blocks",
                 encode_peer("remove blocks", &ids),
+                bridge_out(reply),
+            ),
+            PeerMsg::HeldBlocks { ids, reply } => call(
+                "held_blocks",
+                encode_peer("held blocks", &ids),
                 bridge_out(reply),
             ),
             PeerMsg::Pull { pull, reply } => {
@@ -344,6 +356,13 @@ impl ractor::Message for PeerMsg {
                 },
                 "remove_blocks" => match decode_peer::<Vec<BlockId>>("remove blocks", &args) {
                     Ok(ids) => PeerMsg::RemoveBlocks {
+                        ids,
+                        reply: bridge_in(reply),
+                    },
+                    Err(e) => invalid(e, Some(reply)),
+                },
+                "held_blocks" => match decode_peer::<Vec<BlockId>>("held blocks", &args) {
+                    Ok(ids) => PeerMsg::HeldBlocks {
                         ids,
                         reply: bridge_in(reply),
                     },

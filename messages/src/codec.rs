@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Serialize};
 /// The client/node protocol version. Bumped on any incompatible change to
 /// [`crate::rpc`] or to the messages between nodes ([`crate::cluster`],
 /// [`crate::shard`]); checked when a connection opens.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// The first bytes of every client connection.
 pub const MAGIC: [u8; 4] = *b"CRVN";

@@ -286,6 +286,17 @@ pub struct ReadOpen {
     /// For a file whose content is in a UFS: blocks not cached are read
     /// through this node from the object (`DataRequest::Fill`).
     pub ufs: Option<UfsRead>,
+    /// The node keeps the blocks of this version for the reader (when the
+    /// file is overwritten, truncated or removed meanwhile) until it sends
+    /// [`CloseRead`] with this id or its connection ends (0: nothing held).
+    pub hold: u64,
+}
+
+/// Client request: the reader whose open answered `hold` is done; the
+/// blocks of the version it read may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseRead {
+    pub hold: u64,
 }
 
 /// How a reader gets the blocks of a UFS file that are not cached.
@@ -646,6 +657,7 @@ calls! {
     Assemble => FileBlocks, FileBlocks;
     CopyHere => FileBlocks, FileBlocks;
     TouchBlocks => (), Done;
+    CloseRead => (), Done;
 }
 
 // ---- directory delegations (see `crate::delegation`) ----

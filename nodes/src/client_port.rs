@@ -205,6 +205,8 @@ async fn connection(
         return Ok(());
     }
 
+    // Blocks the connection's readers hold, released when it ends.
+    let holds = Arc::new(curvine_actors::blocks::ConnHolds::new(service.read_holds()));
     // Responses go through one writer task, in completion order.
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer_task = tokio::spawn(async move {
@@ -235,6 +237,7 @@ async fn connection(
         };
         let service = service.clone();
         let tx = tx.clone();
+        let holds = holds.clone();
         tokio::spawn(async move {
             // A request starts a trace when the client asks for one or when
             // it is sampled; trace queries themselves are never traced.
@@ -249,7 +252,8 @@ async fn connection(
             let ctx = span.as_ref().map(|s| s.ctx());
             // Boxed: the request future is large, and a task's future is
             // copied when spawned.
-            let result = trace::scope(ctx, Box::pin(service.handle(frame.request))).await;
+            let result =
+                trace::scope(ctx, Box::pin(service.handle_on(frame.request, &holds))).await;
             if let Some(span) = span {
                 span.end(trace::outcome_of(&result));
             }

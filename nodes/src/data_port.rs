@@ -474,16 +474,7 @@ async fn reserve(
     after: Option<(u64, u64)>,
 ) -> FsResult<curvine_messages::block::Reservation> {
     let size = size_hint.clamp(1, MAX_BLOCK_SIZE);
-    ctx.manager
-        .call(move |reply| BlockMsg::Reserve {
-            block,
-            tier,
-            size,
-            grows: true,
-            after,
-            reply,
-        })
-        .await
+    ctx.manager.reserve(block, tier, size, true, after).await
 }
 
 /// Grows the reservation of a block being written from `reserved` to hold
@@ -498,7 +489,23 @@ async fn grow(
     cap: u64,
 ) -> FsResult<u64> {
     let more = next_reservation(reserved, need, cap);
-    match reserve(ctx, block, tier, more, None).await {
+    let doubled = if more > need {
+        // Without making room: exactly `need` is asked next, making room.
+        let size = more.clamp(1, MAX_BLOCK_SIZE);
+        ctx.manager
+            .call(move |reply| BlockMsg::Reserve {
+                block,
+                tier,
+                size,
+                grows: true,
+                after: None,
+                reply,
+            })
+            .await
+    } else {
+        reserve(ctx, block, tier, more, None).await
+    };
+    match doubled {
         Err(FsError::NoSpace(_)) if more > need => {
             reserve(ctx, block, tier, need, None).await.map(|_| need)
         }

@@ -37,6 +37,8 @@ pub struct GatewayArgs {
     pub data_dir: std::path::PathBuf,
     pub recorder: RecorderRef,
     pub manager: BlockManagerRef,
+    /// What this node's readers hold (`HeldBlocks`).
+    pub read_holds: Arc<curvine_actors::blocks::ReadHolds>,
     pub reports: Arc<Reports>,
     pub replicas: Arc<Replicas>,
     pub loads: Arc<Loads>,
@@ -121,6 +123,9 @@ impl Actor for Gateway {
                         .await
                         .map(drop)
                 });
+            }
+            PeerMsg::HeldBlocks { ids, reply } => {
+                let _ = reply.send(Ok(state.read_holds.held(&ids)));
             }
             PeerMsg::Pull { pull, reply } => {
                 let replicas = state.replicas.clone();

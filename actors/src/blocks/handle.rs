@@ -58,6 +58,38 @@ impl BlockManagerRef {
         .await
     }
 
+    /// Reserves room for a block (see [`BlockMsg::Reserve`]). Where no tier
+    /// has room, the block manager makes some first (freed blocks no reader
+    /// holds, removed files closed since: [`BlockMsg::Reclaim`]) and the
+    /// reservation is asked again, so that space `rm` gave back a moment
+    /// ago serves the next write.
+    pub async fn reserve(
+        &self,
+        block: curvine_messages::block::BlockId,
+        tier: Option<curvine_messages::block::TierKind>,
+        size: u64,
+        grows: bool,
+        after: Option<(curvine_messages::block::BlockId, u64)>,
+    ) -> FsResult<curvine_messages::block::Reservation> {
+        let ask = move |reply| BlockMsg::Reserve {
+            block,
+            tier,
+            size,
+            grows,
+            after,
+            reply,
+        };
+        match self.call(ask).await {
+            Err(FsError::NoSpace(why)) => {
+                match self.call(|reply| BlockMsg::Reclaim { reply }).await {
+                    Ok(_) => self.call(ask).await,
+                    Err(_) => Err(FsError::NoSpace(why)),
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The slot its supervisor keeps pointed at the block manager.
     pub fn slot(&self) -> Slot<BlockMsg> {
         self.actor.clone()

@@ -34,9 +34,11 @@ pub struct BlockConf {
     pub low_watermark: f64,
     pub evict_interval: Duration,
     pub orphan_grace: Duration,
-    /// How long after a block is freed it is removed (readers of the
-    /// version it belonged to read it meanwhile).
+    /// How long after a block is freed it is removed when a node could not
+    /// tell whether its readers hold it (else: as soon as none does).
     pub freed_grace: Duration,
+    /// How long a reader holds the blocks of the version it opened at most.
+    pub read_hold_max: Duration,
     /// How often freed blocks are collected and orphans looked for.
     pub tick: Duration,
 }
@@ -93,8 +95,8 @@ pub struct BlockState {
     evictors: Vec<Slot<EvictMsg>>,
     /// The evictors' supervisor.
     evictor_sup: ActorCell,
-    /// A sweep of freed blocks or orphans is running.
-    sweeping: Arc<std::sync::atomic::AtomicBool>,
+    /// Held by the sweep of freed blocks or orphans that runs.
+    sweeping: Arc<tokio::sync::Mutex<()>>,
     /// When each freed block the sweeps met was first met.
     freed_seen: super::sweep::FreedSeen,
     last_orphan_check: Instant,
@@ -627,12 +629,10 @@ impl BlockState {
             );
             self.abort(id);
         }
-        if self
-            .sweeping
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
+        self.store().reclaim_held();
+        let Ok(sweeping) = self.sweeping.clone().try_lock_owned() else {
             return;
-        }
+        };
         let check_orphans =
             self.last_orphan_check.elapsed() >= (grace / 4).max(Duration::from_secs(1));
         if check_orphans {
@@ -640,14 +640,32 @@ impl BlockState {
         }
         let args = self.args.clone();
         let me = myself.clone();
-        let flag = self.sweeping.clone();
         let seen = self.freed_seen.clone();
         tokio::spawn(async move {
             sweep_freed(&args, &me, &seen).await;
             if check_orphans {
                 sweep_orphans(&args, &me).await;
             }
-            flag.store(false, std::sync::atomic::Ordering::Release);
+            drop(sweeping);
+        });
+    }
+
+    /// Makes room now (see [`BlockMsg::Reclaim`]): after the sweep that
+    /// runs, if one does, a sweep of freed blocks of its own.
+    fn reclaim(&self, myself: &ActorRef<BlockMsg>, reply: RpcReplyPort<FsResult<u64>>) {
+        let args = self.args.clone();
+        let me = myself.clone();
+        let seen = self.freed_seen.clone();
+        let sweeping = self.sweeping.clone();
+        tokio::spawn(async move {
+            let used = |store: &BlockStore| store.stats().iter().map(|t| t.used).sum::<u64>();
+            let before = used(&args.store);
+            {
+                let _sweeping = sweeping.lock().await;
+                sweep_freed(&args, &me, &seen).await;
+            }
+            args.store.reclaim_held();
+            let _ = reply.send(Ok(before.saturating_sub(used(&args.store))));
         });
     }
 }
@@ -665,6 +683,7 @@ impl Actor for BlockManager {
         let metrics = args.namespace.cluster().metrics.clone();
         let stats = metrics.actor("block-manager", false);
         metrics.started(myself.get_id(), &stats);
+        args.store.holds.set_max(args.conf.read_hold_max);
         let stale = args.store.clear_tmp() + args.store.abandon_runs();
         if stale > 0 {
             tracing::warn!(
@@ -684,7 +703,7 @@ impl Actor for BlockManager {
             assembling: HashMap::new(),
             evictors,
             evictor_sup,
-            sweeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            sweeping: Default::default(),
             freed_seen: Default::default(),
             last_orphan_check: Instant::now() - Duration::from_secs(3600 * 24 * 365),
         })
@@ -781,6 +800,7 @@ impl Actor for BlockManager {
             }
             BlockMsg::Stats { reply } => answer(reply, Ok(state.store().stats())),
             BlockMsg::Tick => state.tick(&myself),
+            BlockMsg::Reclaim { reply } => state.reclaim(&myself, reply),
             BlockMsg::EvictorFailed { tier } => {
                 // The blocks it was moving stay where they were (a move
                 // only switches after its copy).

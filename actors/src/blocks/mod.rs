@@ -27,14 +27,16 @@
 //! Modules: `store` (the block files and their index), `handle` (the
 //! node's reference to its current BlockManager), `manager` (the
 //! BlockManager actor: reservations, commits, moves, removal), `runs`
-//! (blocks written one after another into one extent file), `sweep`
-//! (freed blocks and orphans removed in the background), `evictor` (the
+//! (blocks written one after another into one extent file), `holds` (what
+//! readers still need of freed blocks), `sweep` (freed blocks removed once
+//! no reader holds them, and orphans, in the background), `evictor` (the
 //! TierEvictor of a tier) and `copy` (verified copies for moves and extent
 //! files).
 
 mod copy;
 mod evictor;
 mod handle;
+mod holds;
 mod manager;
 mod runs;
 mod store;
@@ -43,6 +45,7 @@ mod sweep;
 pub use copy::fill_extent;
 pub use evictor::{EvictArgs, EvictMsg, EvictState, TierEvictor};
 pub use handle::BlockManagerRef;
+pub use holds::{ConnHolds, ReadHolds};
 pub use manager::{BlockArgs, BlockConf, BlockManager, BlockState};
 pub use store::{BlockStore, Reconciled, TierInfo};
 

@@ -15,6 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use heed::types::Bytes;
 use heed::{Database, Env, WithoutTls};
@@ -24,6 +26,7 @@ use curvine_messages::block::{BlockId, BlockRecord, TierKind, TierStats};
 use curvine_messages::codec::{decode_versioned, encode_versioned};
 use curvine_messages::{now_ns, FsError, FsResult};
 
+use super::holds::{HeldFiles, ReadHolds};
 use super::{human, io_err};
 use crate::store::lmdb_err;
 
@@ -40,6 +43,8 @@ pub(super) struct Tier {
     pub(super) used: AtomicU64,
     pub(super) reserved: AtomicU64,
     pub(super) blocks: AtomicU64,
+    /// Bytes of removed files a process still holds open (part of `used`).
+    pub(super) held: AtomicU64,
 }
 
 impl Tier {
@@ -80,6 +85,10 @@ pub struct BlockStore {
     next_extent: AtomicU64,
     /// Blocks being written into an extent file (a run): tier and extent.
     pub(super) in_runs: Mutex<HashMap<BlockId, (usize, u64)>>,
+    /// The blocks open readers of this node's clients hold.
+    pub holds: Arc<ReadHolds>,
+    /// Removed files still open somewhere (see `holds`).
+    held_files: HeldFiles,
 }
 
 /// An extent file's size and live blocks. Its bytes count as used
@@ -167,6 +176,7 @@ impl BlockStore {
                     used: AtomicU64::new(0),
                     reserved: AtomicU64::new(0),
                     blocks: AtomicU64::new(0),
+                    held: AtomicU64::new(0),
                 })
                 .collect(),
             sync_blocks,
@@ -175,6 +185,8 @@ impl BlockStore {
             extents: Mutex::new(HashMap::new()),
             next_extent: AtomicU64::new(now_ns() as u64),
             in_runs: Mutex::new(HashMap::new()),
+            holds: Arc::new(ReadHolds::new(Duration::from_secs(3600))),
+            held_files: HeldFiles::default(),
         };
         let report = store.reconcile()?;
         Ok((store, report))
@@ -256,8 +268,7 @@ impl BlockStore {
         let t = &self.tiers[tier];
         t.blocks.fetch_sub(1, Ordering::Relaxed);
         let Some(e) = record.extent else {
-            let _ = fs::remove_file(self.block_path(tier, id));
-            t.used.fetch_sub(record.len, Ordering::Relaxed);
+            self.drop_file(tier, &self.block_path(tier, id), record.len);
             return;
         };
         let mut extents = self.extents.lock();
@@ -268,9 +279,41 @@ impl BlockStore {
         if u.live == 0 && u.writing == 0 {
             let size = u.size;
             extents.remove(&e.id);
-            let _ = fs::remove_file(self.extent_path(tier, e.id));
-            t.used.fetch_sub(size, Ordering::Relaxed);
+            drop(extents);
+            self.drop_file(tier, &self.extent_path(tier, e.id), size);
         }
+    }
+
+    /// Unlinks a block or extent file whose `size` bytes count in `tier`:
+    /// they are free at once, or, while a process still holds the file
+    /// open, once it closes it (held meanwhile; see [`Self::reclaim_held`]).
+    fn drop_file(&self, tier: usize, path: &Path, size: u64) {
+        let t = &self.tiers[tier];
+        let ours = File::open(path);
+        let _ = fs::remove_file(path);
+        if let Ok(file) = ours {
+            if self.held_files.keep_if_open(file, tier, size) {
+                t.held.fetch_add(size, Ordering::Relaxed);
+                return;
+            }
+        }
+        t.used.fetch_sub(size, Ordering::Relaxed);
+    }
+
+    /// Frees the bytes of removed files their last holder closed since;
+    /// returns how many.
+    pub fn reclaim_held(&self) -> u64 {
+        if self.held_files.is_empty() {
+            return 0;
+        }
+        let mut total = 0;
+        for (tier, size) in self.held_files.released() {
+            let t = &self.tiers[tier];
+            t.held.fetch_sub(size, Ordering::Relaxed);
+            t.used.fetch_sub(size, Ordering::Relaxed);
+            total += size;
+        }
+        total
     }
 
     pub fn tmp_path(&self, tier: usize, id: BlockId) -> PathBuf {
@@ -538,6 +581,7 @@ impl BlockStore {
                 used: t.used.load(Ordering::Relaxed),
                 reserved: t.reserved.load(Ordering::Relaxed),
                 blocks: t.blocks.load(Ordering::Relaxed),
+                held: t.held.load(Ordering::Relaxed),
             })
             .collect()
     }

@@ -2,7 +2,7 @@
 //! removed from their nodes, and blocks no shard knows (orphans) from this
 //! one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,19 +11,27 @@ use ractor::ActorRef;
 use curvine_messages::block::{BlockId, BlockMsg, BlockUse, FreedBlock};
 use curvine_messages::{now_ns, shard_of, ShardId};
 
-use super::BlockArgs;
+use super::{BlockArgs, BlockConf};
 
 /// When the sweeps first met each freed block (kept by the block manager
 /// across sweeps; a new leader of a shard starts the grace again).
 pub(super) type FreedSeen = Arc<parking_lot::Mutex<HashMap<BlockId, Instant>>>;
 
-/// Removes blocks the shards this node serves freed `data.freed_grace` ago
-/// or more, from every node that holds them, then lets the shards forget
-/// them. A block on a node that is down or does not answer is forgotten
-/// too: that node removes it as an orphan (no shard knows it) after
-/// `data.orphan_grace`.
-pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>, seen: &FreedSeen) {
+/// Removes the blocks the shards this node serves freed, from every node
+/// that holds them, as soon as no open reader holds them (every node is
+/// asked for its readers' holds), then lets the shards forget them. A
+/// block some node could not be asked about waits `data.freed_grace` from
+/// when the sweeps first met it; a held one waits for its readers, at most
+/// `data.read_hold_max`. A block on a node that is down or does not answer
+/// is forgotten too: that node removes it as an orphan (no shard knows it)
+/// after `data.orphan_grace`. Returns the blocks removed.
+pub(super) async fn sweep_freed(
+    args: &BlockArgs,
+    me: &ActorRef<BlockMsg>,
+    seen: &FreedSeen,
+) -> usize {
     let cluster = args.namespace.cluster().clone();
+    let mut total = 0;
     for shard in cluster.served_shards() {
         loop {
             let batch = match args.namespace.take_freed(shard, 512).await {
@@ -35,7 +43,9 @@ pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>, seen:
                 }
             };
             let n = batch.len();
-            let freed = ripe(batch, seen, args.conf.freed_grace);
+            let ids: Vec<BlockId> = batch.iter().map(|f| f.id).collect();
+            let holds = held_in_cluster(args, &ids).await;
+            let freed = ripe(batch, seen, &holds, &args.conf);
             if freed.is_empty() {
                 break;
             }
@@ -80,6 +90,7 @@ pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>, seen:
                     seen.remove(&f.id);
                 }
             }
+            total += freed.len();
             args.namespace
                 .forget_freed(shard, freed.into_iter().map(|f| f.id).collect());
             if n < 512 {
@@ -87,6 +98,52 @@ pub(super) async fn sweep_freed(args: &BlockArgs, me: &ActorRef<BlockMsg>, seen:
             }
         }
     }
+    total
+}
+
+/// What the nodes said of a batch of freed blocks: which their readers
+/// hold, and whether every node could be asked.
+#[derive(Debug, Default)]
+pub(super) struct Holds {
+    held: HashSet<BlockId>,
+    all_asked: bool,
+}
+
+/// Asks every member (this node directly) which of `ids` its readers hold.
+async fn held_in_cluster(args: &BlockArgs, ids: &[BlockId]) -> Holds {
+    let cluster = args.namespace.cluster().clone();
+    let mut holds = Holds {
+        held: args.store.holds.held(ids).into_iter().collect(),
+        all_asked: true,
+    };
+    let asks = cluster
+        .members()
+        .into_iter()
+        .filter(|m| m.info.node_id != cluster.node_id)
+        .map(|m| {
+            let cluster = cluster.clone();
+            let ids = ids.to_vec();
+            async move {
+                let gw = cluster.gateway(&m.info.node_id).ok()?;
+                match gw
+                    .call(
+                        |reply| curvine_messages::cluster::PeerMsg::HeldBlocks { ids, reply },
+                        Some(Duration::from_secs(2)),
+                    )
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(Ok(held))) => Some(held),
+                    _ => None,
+                }
+            }
+        });
+    for answer in futures::future::join_all(asks).await {
+        match answer {
+            Some(held) => holds.held.extend(held),
+            None => holds.all_asked = false,
+        }
+    }
+    holds
 }
 
 /// Removes blocks older than the grace period that no shard knows.
@@ -134,14 +191,28 @@ pub(super) async fn sweep_orphans(args: &BlockArgs, me: &ActorRef<BlockMsg>) {
     }
 }
 
-/// The blocks of `batch` first met `grace` ago or more (the others are
-/// noted as met now, if they were not yet).
-fn ripe(batch: Vec<FreedBlock>, seen: &FreedSeen, grace: Duration) -> Vec<FreedBlock> {
+/// The blocks of `batch` that may go now: those no reader holds when every
+/// node could be asked, else those first met `freed_grace` ago; those a
+/// reader holds once first met `read_hold_max` ago. The others are noted as
+/// met now, if they were not yet.
+fn ripe(
+    batch: Vec<FreedBlock>,
+    seen: &FreedSeen,
+    holds: &Holds,
+    conf: &BlockConf,
+) -> Vec<FreedBlock> {
     let now = Instant::now();
     let mut seen = seen.lock();
     batch
         .into_iter()
-        .filter(|f| now.duration_since(*seen.entry(f.id).or_insert(now)) >= grace)
+        .filter(|f| {
+            let age = now.duration_since(*seen.entry(f.id).or_insert(now));
+            if holds.held.contains(&f.id) {
+                age >= conf.read_hold_max
+            } else {
+                holds.all_asked || age >= conf.freed_grace
+            }
+        })
         .collect()
 }
 
@@ -149,24 +220,49 @@ fn ripe(batch: Vec<FreedBlock>, seen: &FreedSeen, grace: Duration) -> Vec<FreedB
 mod tests {
     use super::*;
 
+    fn conf(freed_grace: Duration, read_hold_max: Duration) -> BlockConf {
+        BlockConf {
+            high_watermark: 0.9,
+            low_watermark: 0.8,
+            evict_interval: Duration::from_secs(1),
+            orphan_grace: Duration::from_secs(600),
+            freed_grace,
+            read_hold_max,
+            tick: Duration::from_secs(1),
+        }
+    }
+
     #[test]
-    fn freed_blocks_ripen_after_the_grace() {
+    fn freed_blocks_go_at_once_unless_held_or_a_node_was_not_asked() {
         let seen = FreedSeen::default();
         let block = |id| FreedBlock {
             id,
             locs: Vec::new(),
         };
         let ids = |v: Vec<FreedBlock>| v.into_iter().map(|f| f.id).collect::<Vec<_>>();
-        // Met now: none ripe under a grace, all without one.
         let hour = Duration::from_secs(3600);
-        assert!(ripe(vec![block(1), block(2)], &seen, hour).is_empty());
-        assert_eq!(
-            ids(ripe(vec![block(1), block(2)], &seen, Duration::ZERO)),
-            [1, 2]
-        );
-        // Met long ago: ripe.
+        let c = conf(hour, 2 * hour);
+        // Every node asked, block 2 held: 1 goes now, 2 stays.
+        let holds = Holds {
+            held: [2].into_iter().collect(),
+            all_asked: true,
+        };
+        assert_eq!(ids(ripe(vec![block(1), block(2)], &seen, &holds, &c)), [1]);
+        // A node not asked: nothing goes before the grace.
+        let unknown = Holds::default();
+        assert!(ripe(vec![block(3)], &seen, &unknown, &c).is_empty());
+        // Met a grace ago: goes; held but met read_hold_max ago: goes too.
         seen.lock().insert(3, Instant::now() - hour);
-        assert_eq!(ids(ripe(vec![block(3), block(4)], &seen, hour)), [3]);
-        assert!(seen.lock().contains_key(&4));
+        seen.lock().insert(2, Instant::now() - 2 * hour);
+        assert_eq!(
+            ids(ripe(vec![block(2), block(3)], &seen, &holds, &c)),
+            [2, 3]
+        );
+        let held_unknown = Holds {
+            held: [3].into_iter().collect(),
+            all_asked: false,
+        };
+        assert!(ripe(vec![block(3)], &seen, &held_unknown, &c).is_empty());
+        assert!(seen.lock().contains_key(&1));
     }
 }

@@ -186,17 +186,7 @@ impl Fills {
         let file = match cache {
             Some(id) => {
                 let tier = attr.storage;
-                let reserved = self
-                    .manager
-                    .call(move |reply| BlockMsg::Reserve {
-                        block: id,
-                        tier,
-                        size: block_len,
-                        grows: false,
-                        after: None,
-                        reply,
-                    })
-                    .await;
+                let reserved = self.manager.reserve(id, tier, block_len, false, None).await;
                 match reserved.and_then(|r| {
                     OpenOptions::new()
                         .write(true)

@@ -42,7 +42,7 @@ fn tier_samples(blocks: &BlockStore) -> Vec<Sample> {
     let mut samples = Vec::new();
     for t in blocks.stats() {
         let tier = t.kind.to_string().to_lowercase();
-        let gauges: [(&'static str, &'static str, u64); 4] = [
+        let gauges: [(&'static str, &'static str, u64); 5] = [
             (
                 "curvine_tier_capacity_bytes",
                 "Capacity of a storage tier.",
@@ -57,6 +57,11 @@ fn tier_samples(blocks: &BlockStore) -> Vec<Sample> {
                 "curvine_tier_reserved_bytes",
                 "Bytes reserved for blocks being written in a storage tier.",
                 t.reserved,
+            ),
+            (
+                "curvine_tier_held_bytes",
+                "Bytes of removed block files a reader on the node's host still holds open (part of used; free once closed).",
+                t.held,
             ),
             (
                 "curvine_tier_blocks",

@@ -305,6 +305,33 @@ impl Service {
         &self.view.tracer
     }
 
+    /// The blocks this node's open readers hold.
+    pub fn read_holds(&self) -> Arc<curvine_actors::blocks::ReadHolds> {
+        self.local_blocks.0.holds.clone()
+    }
+
+    /// Handles a request of a client connection: an open for reading holds
+    /// the blocks of the version it opened until the reader closes it or
+    /// the connection (`holds`) ends.
+    pub async fn handle_on(
+        &self,
+        request: Request,
+        holds: &curvine_actors::blocks::ConnHolds,
+    ) -> FsResult<Response> {
+        match request {
+            Request::OpenRead(r) => {
+                let mut open = self.paths.open_read(&r.path).await?;
+                open.hold = holds.hold(open.blocks.iter().map(|b| b.info.id).collect());
+                Ok(Response::ReadOpen(open))
+            }
+            Request::CloseRead(r) => {
+                holds.release(r.hold);
+                Ok(Response::Done(()))
+            }
+            other => self.handle(other).await,
+        }
+    }
+
     pub async fn handle(&self, request: Request) -> FsResult<Response> {
         let (ns, paths) = (&self.namespace, &self.paths);
         Ok(match request {
@@ -357,6 +384,10 @@ impl Service {
             Request::OpenRead(r) => Response::ReadOpen(paths.open_read(&r.path).await?),
             Request::FreePath(r) => Response::Freed(self.files.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.files.file_blocks(&r.path).await?),
+            Request::CloseRead(r) => {
+                self.local_blocks.0.holds.release(r.hold);
+                Response::Done(())
+            }
             Request::TouchBlocks(r) => {
                 self.files.touch_blocks(&r.ids);
                 Response::Done(())

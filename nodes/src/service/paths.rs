@@ -531,6 +531,7 @@ impl Paths {
             blocks,
             nodes: self.placement.live_nodes(),
             ufs,
+            hold: 0,
         })
     }
 }

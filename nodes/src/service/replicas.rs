@@ -266,14 +266,7 @@ impl Replicas {
         }
         let reservation = self
             .manager
-            .call(move |reply| BlockMsg::Reserve {
-                block: id,
-                tier: None,
-                size: pull.len.max(1),
-                grows: false,
-                after: None,
-                reply,
-            })
+            .reserve(id, None, pull.len.max(1), false, None)
             .await?;
         let path = std::path::PathBuf::from(&reservation.path);
         let copied =

@@ -51,6 +51,33 @@ pub struct FileReader {
     /// readahead, out of order) run on too; after a random read, only one
     /// that continues it exactly does.
     streaming: bool,
+    /// The node holds the blocks of the version opened for this reader
+    /// until told it is closed (0: nothing held); told from the runtime
+    /// the reader was opened in.
+    hold: u64,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl Drop for FileReader {
+    fn drop(&mut self) {
+        if self.hold == 0 {
+            return;
+        }
+        // Block files first: the node counts their bytes as held while
+        // they are open.
+        self.local.clear();
+        let (client, hold) = (self.client.clone(), self.hold);
+        let closing = async move {
+            let _ = client.call(curvine_messages::rpc::CloseRead { hold }).await;
+        };
+        // With no runtime left, the hold ends with the connection.
+        if let Some(rt) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.clone())
+        {
+            drop(rt.spawn(closing));
+        }
+    }
 }
 
 /// How far ahead of a reader's position a [`FileReader::pread`] still runs
@@ -96,11 +123,27 @@ impl FileReader {
             failed: Default::default(),
             random_end: u64::MAX,
             streaming: false,
+            hold: open.hold,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
     pub fn size(&self) -> u64 {
         self.attr.size
+    }
+
+    /// Closes the reader and waits until its node knows: the blocks of the
+    /// version it read are free to go from then on (dropping a reader
+    /// tells the node too, without waiting).
+    pub async fn close(mut self) -> FsResult<()> {
+        let hold = std::mem::take(&mut self.hold);
+        self.local.clear();
+        if hold == 0 {
+            return Ok(());
+        }
+        self.client
+            .call(curvine_messages::rpc::CloseRead { hold })
+            .await
     }
 
     /// The file's attributes as of the open.
