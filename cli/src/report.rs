@@ -76,6 +76,15 @@ pub async fn report(cx: &Ctx<'_>) -> Result<(), Failure> {
                     }
                 );
             }
+            if node.persist.files > 0 {
+                let p = &node.persist;
+                out!(
+                    "  write-back: {} file(s), {} waiting for the UFS, the oldest for {}s",
+                    p.files,
+                    curvine_messages::human_bytes(p.bytes),
+                    (curvine_messages::now_ns() - p.oldest_ns).max(0) / 1_000_000_000
+                );
+            }
             if node.checksum_errors > 0 {
                 out!("  checksum errors detected: {}", node.checksum_errors);
             }

@@ -181,6 +181,12 @@ pub struct DataConf {
     /// A reader holds the blocks of the version it opened at most this
     /// long (one that keeps a file open longer may find them gone).
     pub read_hold_max: Dur,
+    /// A write that finds no room while blocks on the node wait for their
+    /// upload to the UFS (fs_mode) waits for them (they are dropped once
+    /// uploaded), until this long passes with no upload finishing: writers
+    /// slow down to the upload rate instead of failing. Keep it below
+    /// `client.request_timeout`.
+    pub upload_wait: Dur,
     /// Fsync block files on SSD and HDD tiers before a write is acknowledged.
     pub sync_blocks: bool,
     /// How long an access token for a block stays valid.
@@ -201,6 +207,7 @@ impl Default for DataConf {
             orphan_grace: Dur(std::time::Duration::from_secs(600)),
             freed_grace: Dur(std::time::Duration::from_secs(10)),
             read_hold_max: Dur(std::time::Duration::from_secs(3600)),
+            upload_wait: Dur(std::time::Duration::from_secs(45)),
             sync_blocks: true,
             token_ttl: Dur(std::time::Duration::from_secs(24 * 3600)),
         }

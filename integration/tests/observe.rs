@@ -570,7 +570,14 @@ fn dashboard_charts_follow_traffic_in_chromium() {
         *seen.borrow_mut() = dom;
         None
     });
-    for id in ["throughput", "cache", "evictions", "load", "ufs"] {
+    for id in [
+        "throughput",
+        "cache",
+        "evictions",
+        "load",
+        "writeback",
+        "ufs",
+    ] {
         assert!(
             idle.contains(&format!("id=\"chart-{id}\"")),
             "no {id} chart:\n{idle}"

@@ -784,3 +784,144 @@ fn an_fs_mode_file_closed_on_a_node_that_dies_before_its_upload_is_read_and_pers
     );
     assert!(std::fs::read(ufs_dir.join("blocker/f")).unwrap() == bytes);
 }
+
+/// A tier full of cached objects makes way for new writes: the least
+/// recently used blocks whose data the UFS holds are dropped (the objects
+/// still read, from the UFS again), and data only the cache holds is never
+/// dropped (a write that would need it gets ENOSPC, and it stays whole).
+#[test]
+fn a_tier_full_of_cached_objects_makes_room_for_new_writes() {
+    let Some(s3) = TestS3::get() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = format!("data.tiers=[MEM:32MiB]{}", dir.path().join("mem").display());
+    let node = NodeProcess::start(&dir.path().join("n"), &["-c", &tiers]);
+    let loc = s3.location("makeroom");
+    let ufs = s3.ufs(&loc);
+    let objects: Vec<Vec<u8>> = (0..3).map(|i| random_bytes(8 << 20, 40 + i)).collect();
+    runtime().block_on(async {
+        for (i, o) in objects.iter().enumerate() {
+            ufs.write_all(&format!("o{i}"), o.clone()).await.unwrap();
+        }
+    });
+    mount(&node, &s3, &loc, "/s3", &["--block-size", "1MiB"]);
+    let read = |path: &str| {
+        let out = dir.path().join("read.out");
+        node.cli_ok(&["fs", "get", path, out.to_str().unwrap()]);
+        std::fs::read(&out).unwrap()
+    };
+    for (i, o) in objects.iter().enumerate() {
+        assert!(read(&format!("/s3/o{i}")) == *o);
+        wait_blocks(&node, &format!("/s3/o{i}"), 8, Duration::from_secs(10));
+    }
+
+    // 20 MiB of new data on a tier of 32 MiB holding 24 MiB of cached objects.
+    let local = random_bytes(20 << 20, 50);
+    let src = dir.path().join("local.bin");
+    std::fs::write(&src, &local).unwrap();
+    node.cli_ok(&["fs", "put", src.to_str().unwrap(), "/local"]);
+    assert!(read("/local") == local);
+    assert!(
+        curvine_integration::node_counter(&node, "curvine_evictions_total", "outcome=\"dropped\"")
+            >= 1
+    );
+    for (i, o) in objects.iter().enumerate() {
+        assert!(read(&format!("/s3/o{i}")) == *o, "o{i} read again");
+    }
+
+    // 30 MiB more would need /local's blocks, the only copy of its data.
+    let more = dir.path().join("more.bin");
+    std::fs::write(&more, random_bytes(30 << 20, 51)).unwrap();
+    let out = node.cli(&["fs", "put", more.to_str().unwrap(), "/more"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "30 MiB fit beside 20 MiB in 32 MiB");
+    assert!(err.contains("No space") || err.contains("no room"), "{err}");
+    assert!(read("/local") == local, "the only copy was kept");
+}
+
+/// Write-back under pressure: when the tier is full of fs_mode data not
+/// yet uploaded, a writer waits for uploads (uploaded blocks are dropped to
+/// make room) instead of failing, and gets ENOSPC naming the uploads only
+/// when none finishes for `data.upload_wait`. `report` and `/metrics` show
+/// what waits.
+#[test]
+fn write_back_under_pressure_slows_writers_instead_of_failing() {
+    // A local directory as the UFS, so the test can hold uploads back: a
+    // file where the upload needs a directory.
+    let dir = tempfile::tempdir().unwrap();
+    let ufs_dir = dir.path().join("ufs");
+    std::fs::create_dir_all(&ufs_dir).unwrap();
+    let tiers = format!("data.tiers=[MEM:24MiB]{}", dir.path().join("mem").display());
+    let mut args = vec!["-c", &tiers, "-c", "data.upload_wait=5s"];
+    args.extend(FAST_PERSIST);
+    let node = NodeProcess::start(&dir.path().join("n"), &args);
+    let loc = format!("file://{}", ufs_dir.display());
+    node.cli_ok(&["mount", &loc, "/wb", "--write-type", "fs_mode"]);
+    std::fs::write(ufs_dir.join("held"), b"not a directory").unwrap();
+    node.cli_ok(&["fs", "mkdir", "/wb/held"]);
+    let put = |name: &str, mib: usize, seed: u64| {
+        let content = random_bytes(mib << 20, seed);
+        let src = dir.path().join(name.replace('/', "-"));
+        std::fs::write(&src, &content).unwrap();
+        let out = node.cli(&["fs", "put", src.to_str().unwrap(), &format!("/wb/{name}")]);
+        (out, content)
+    };
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        let name = format!("held/f{i}");
+        let (out, content) = put(&name, 6, 60 + i);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        waiting.push((name, content));
+    }
+    let seen = RefCell::new(String::new());
+    let what = Lazily(|| format!("report to show 3 files waiting: {}", seen.borrow()));
+    wait_for(what, Duration::from_secs(20), || {
+        let r = node.cli_ok(&["--json", "report"]);
+        let v: serde_json::Value = serde_json::from_str(r.trim()).unwrap();
+        let p = v["nodes"][0]["persist"].clone();
+        *seen.borrow_mut() = p.to_string();
+        (p["files"] == 3 && p["bytes"] == 18u64 << 20).then_some(())
+    });
+    assert!(node.cli_ok(&["report"]).contains("write-back: 3 file(s)"));
+    assert!(
+        curvine_integration::node_counter(&node, "curvine_persist_waiting_bytes", "") == 18 << 20
+    );
+
+    // No upload finishes: refused after data.upload_wait, naming why.
+    let (out, _) = put("refused", 12, 70);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "12 MiB fit beside 18 MiB in 24 MiB");
+    assert!(err.contains("upload"), "{err}");
+
+    // Uploads resume while a writer waits: it goes on.
+    let blocker = ufs_dir.join("held");
+    let unblock = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        std::fs::remove_file(blocker).unwrap();
+    });
+    let (out, content) = put("next", 12, 71);
+    unblock.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        curvine_integration::node_counter(&node, "curvine_writes_waited_for_upload_total", "") >= 1
+    );
+    let got = dir.path().join("got");
+    node.cli_ok(&["fs", "get", "/wb/next", got.to_str().unwrap()]);
+    assert!(std::fs::read(&got).unwrap() == content);
+    for (name, content) in &waiting {
+        wait_state(
+            &node,
+            &format!("/wb/{name}"),
+            "persisted",
+            Duration::from_secs(20),
+        );
+        assert!(std::fs::read(ufs_dir.join(name)).unwrap() == *content);
+    }
+}

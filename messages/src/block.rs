@@ -207,6 +207,9 @@ pub enum CopyDrop {
     Refetch,
     /// The only copy of data nobody else holds: kept.
     OnlyCopy,
+    /// The only copy until its upload to the UFS (fs_mode) is done: kept
+    /// for now, droppable once uploaded.
+    Uploading,
     /// No file uses the block on that node (already replaced or freed).
     Unused,
 }
@@ -482,6 +485,16 @@ pub struct TierStats {
     pub held: u64,
 }
 
+/// What a [`BlockMsg::Reclaim`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Bytes freed on this node.
+    pub freed: u64,
+    /// Bytes of blocks on this node that will be droppable once their
+    /// upload to the UFS is done (what a writer may wait for).
+    pub uploading: u64,
+}
+
 /// Space reserved for a block being written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
@@ -695,11 +708,21 @@ pub enum BlockMsg {
     Stats { reply: Reply<Vec<TierStats>> },
     /// Periodic work: access times, freed blocks, orphans, stale reservations.
     Tick,
-    /// Make room now, before a writer is refused: remove the freed blocks
-    /// of the shards this node serves that no reader holds, and free the
-    /// removed files their last holder closed. Replies once done (with the
-    /// bytes freed on this node).
-    Reclaim { reply: Reply<u64> },
+    /// Make room for `need` bytes in `tier` (or any tier) now, before a
+    /// writer is refused: remove the freed blocks of the shards this node
+    /// serves that no reader holds, free the removed files their last
+    /// holder closed, then drop the least recently used blocks whose data
+    /// is whole elsewhere (another copy, or the UFS object of a persisted
+    /// or cache_mode file) until a tier has room. Replies once done (with
+    /// the bytes freed on this node).
+    Reclaim {
+        /// The reservation asked for (block, size, grows) that found no
+        /// room: `need` is what it lacks.
+        room_for: Option<(BlockId, u64, bool)>,
+        need: u64,
+        tier: Option<TierKind>,
+        reply: Reply<Reclaimed>,
+    },
     /// A tier's evictor failed (its supervisor restarts it): the moves
     /// in progress are undone.
     EvictorFailed { tier: u8 },

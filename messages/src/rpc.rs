@@ -505,6 +505,18 @@ pub struct NodeReport {
     /// `up`, `down`, `left`, or `unreachable` (up but not answering).
     pub state: String,
     pub state_since_ns: i64,
+    /// fs_mode files waiting for their upload to the UFS (counted by the
+    /// node that drives uploads, the one serving shard 0; zero elsewhere).
+    pub persist: PersistLag,
+}
+
+/// What write-back has not yet uploaded to the UFS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistLag {
+    pub files: u64,
+    pub bytes: u64,
+    /// When the oldest waiting change was made (Unix ns; 0: none waits).
+    pub oldest_ns: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -121,7 +121,7 @@ impl TierEvictor {
             let labels = [("tier", kind.as_str()), ("outcome", outcome)];
             a.metrics.add(
                 "curvine_evictions_total",
-                "Blocks the tier evictor demoted to a lower tier (or failed to).",
+                "Blocks the tier evictor demoted to a lower tier (outcome moved or failed), or dropped to make room for a write where their data is whole elsewhere (outcome dropped).",
                 &labels,
                 1,
             );

@@ -60,9 +60,10 @@ impl BlockManagerRef {
 
     /// Reserves room for a block (see [`BlockMsg::Reserve`]). Where no tier
     /// has room, the block manager makes some first (freed blocks no reader
-    /// holds, removed files closed since: [`BlockMsg::Reclaim`]) and the
-    /// reservation is asked again, so that space `rm` gave back a moment
-    /// ago serves the next write.
+    /// holds, removed files closed since, clean cached blocks:
+    /// [`BlockMsg::Reclaim`]) and the reservation is asked again, so that
+    /// space `rm` gave back a moment ago serves the next write, and a cache
+    /// full of data the UFS holds too makes way for new data.
     pub async fn reserve(
         &self,
         block: curvine_messages::block::BlockId,
@@ -81,8 +82,20 @@ impl BlockManagerRef {
         };
         match self.call(ask).await {
             Err(FsError::NoSpace(why)) => {
-                match self.call(|reply| BlockMsg::Reclaim { reply }).await {
-                    Ok(_) => self.call(ask).await,
+                let reclaim = move |reply| BlockMsg::Reclaim {
+                    room_for: Some((block, size, grows)),
+                    need: size,
+                    tier,
+                    reply,
+                };
+                match self.call(reclaim).await {
+                    Ok(r) => match self.call(ask).await {
+                        Err(FsError::NoSpace(why)) if r.uploading > 0 => Err(FsError::NoSpace(format!(
+                            "{why}; {} of blocks here wait for their upload to the UFS (waited data.upload_wait without progress)",
+                            curvine_messages::human_bytes(r.uploading)
+                        ))),
+                        other => other,
+                    },
                     Err(_) => Err(FsError::NoSpace(why)),
                 }
             }

@@ -15,7 +15,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 
 use curvine_messages::block::{
     block_crc, units, AssemblePart, AssemblePlan, BlockId, BlockMsg, BlockRecord, ExtentRef,
-    FreeSummary, MovePlan, Reservation, TierKind, FIRST_RESERVATION,
+    FreeSummary, MovePlan, Reclaimed, Reservation, TierKind, FIRST_RESERVATION,
 };
 use curvine_messages::{now_ns, FsError, FsResult};
 
@@ -39,6 +39,9 @@ pub struct BlockConf {
     pub freed_grace: Duration,
     /// How long a reader holds the blocks of the version it opened at most.
     pub read_hold_max: Duration,
+    /// How long a write that finds no room waits for uploads to the UFS
+    /// without progress before it is refused.
+    pub upload_wait: Duration,
     /// How often freed blocks are collected and orphans looked for.
     pub tick: Duration,
 }
@@ -650,9 +653,18 @@ impl BlockState {
         });
     }
 
-    /// Makes room now (see [`BlockMsg::Reclaim`]): after the sweep that
-    /// runs, if one does, a sweep of freed blocks of its own.
-    fn reclaim(&self, myself: &ActorRef<BlockMsg>, reply: RpcReplyPort<FsResult<u64>>) {
+    /// Makes room now (see [`BlockMsg::Reclaim`]), one reclaim or sweep
+    /// at a time. While blocks on this node wait for their upload to the
+    /// UFS, it waits for them (they are dropped once uploaded), for at
+    /// most `data.upload_wait` without any progress: writers slow down to
+    /// the upload rate instead of failing.
+    fn reclaim(
+        &self,
+        myself: &ActorRef<BlockMsg>,
+        need: u64,
+        want: Option<TierKind>,
+        reply: RpcReplyPort<FsResult<Reclaimed>>,
+    ) {
         let args = self.args.clone();
         let me = myself.clone();
         let seen = self.freed_seen.clone();
@@ -660,12 +672,42 @@ impl BlockState {
         tokio::spawn(async move {
             let used = |store: &BlockStore| store.stats().iter().map(|t| t.used).sum::<u64>();
             let before = used(&args.store);
-            {
-                let _sweeping = sweeping.lock().await;
-                sweep_freed(&args, &me, &seen).await;
-            }
-            args.store.reclaim_held();
-            let _ = reply.send(Ok(before.saturating_sub(used(&args.store))));
+            let mut progress = Instant::now();
+            let mut last_uploading = u64::MAX;
+            let mut waited = false;
+            let uploading = loop {
+                let (dropped, uploading) = {
+                    let _sweeping = sweeping.lock().await;
+                    sweep_freed(&args, &me, &seen).await;
+                    args.store.reclaim_held();
+                    super::room::drop_clean(&args, &me, need, want).await
+                };
+                if super::room::has_room(&args, need, want) || uploading == 0 {
+                    break uploading;
+                }
+                if dropped > 0 || uploading < last_uploading {
+                    progress = Instant::now();
+                }
+                last_uploading = uploading;
+                if progress.elapsed() >= args.conf.upload_wait {
+                    break uploading;
+                }
+                if !waited {
+                    waited = true;
+                    tracing::debug!(need, uploading, "a write waits for uploads to make room");
+                    args.namespace.cluster().metrics.add(
+                        "curvine_writes_waited_for_upload_total",
+                        "Writes that found no room and waited for blocks being uploaded to the UFS (fs_mode) to become droppable.",
+                        &[],
+                        1,
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            let _ = reply.send(Ok(Reclaimed {
+                freed: before.saturating_sub(used(&args.store)),
+                uploading,
+            }));
         });
     }
 }
@@ -800,7 +842,23 @@ impl Actor for BlockManager {
             }
             BlockMsg::Stats { reply } => answer(reply, Ok(state.store().stats())),
             BlockMsg::Tick => state.tick(&myself),
-            BlockMsg::Reclaim { reply } => state.reclaim(&myself, reply),
+            BlockMsg::Reclaim {
+                room_for,
+                need,
+                tier,
+                reply,
+            } => {
+                let need = match room_for {
+                    // What a reservation lacks: its growth, or its first part.
+                    Some((block, size, grows)) => match state.reservations.get(&block) {
+                        Some(r) => size.saturating_sub(r.size),
+                        None if grows => size.min(FIRST_RESERVATION),
+                        None => size,
+                    },
+                    None => need,
+                };
+                state.reclaim(&myself, need, tier, reply)
+            }
             BlockMsg::EvictorFailed { tier } => {
                 // The blocks it was moving stay where they were (a move
                 // only switches after its copy).

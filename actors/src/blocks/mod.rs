@@ -28,7 +28,8 @@
 //! node's reference to its current BlockManager), `manager` (the
 //! BlockManager actor: reservations, commits, moves, removal), `runs`
 //! (blocks written one after another into one extent file), `holds` (what
-//! readers still need of freed blocks), `sweep` (freed blocks removed once
+//! readers still need of freed blocks), `room` (clean cached blocks dropped
+//! for a writer that finds no room), `sweep` (freed blocks removed once
 //! no reader holds them, and orphans, in the background), `evictor` (the
 //! TierEvictor of a tier) and `copy` (verified copies for moves and extent
 //! files).
@@ -38,6 +39,7 @@ mod evictor;
 mod handle;
 mod holds;
 mod manager;
+mod room;
 mod runs;
 mod store;
 mod sweep;

@@ -228,6 +228,7 @@ mod tests {
             orphan_grace: Duration::from_secs(600),
             freed_grace,
             read_hold_max,
+            upload_wait: Duration::from_secs(45),
             tick: Duration::from_secs(1),
         }
     }

@@ -563,10 +563,19 @@ impl ShardStore {
                 left: info.locs.len() as u32,
             });
         }
-        let mirrors = self.inode(wtxn, owner.ino)?.is_some_and(|a| {
-            a.writing.is_none() && a.ufs.as_ref().is_some_and(|u| u.persist == Persist::Synced)
-        });
-        if !mirrors {
+        let attr = self.inode(wtxn, owner.ino)?;
+        let closed_in_ufs = |synced: bool| {
+            attr.as_ref().is_some_and(|a| {
+                a.writing.is_none()
+                    && a.ufs
+                        .as_ref()
+                        .is_some_and(|u| (u.persist == Persist::Synced) == synced)
+            })
+        };
+        if closed_in_ufs(false) {
+            return Ok(CopyDrop::Uploading);
+        }
+        if !closed_in_ufs(true) {
             return Ok(CopyDrop::OnlyCopy);
         }
         if apply {

@@ -438,6 +438,7 @@ fn tree_parts(
                 orphan_grace: config.data.orphan_grace.0,
                 freed_grace: config.data.freed_grace.0,
                 read_hold_max: config.data.read_hold_max.0,
+                upload_wait: config.data.upload_wait.0,
                 tick: Duration::from_secs(1),
             },
             policy: RestartPolicy::from(&config.supervisor),

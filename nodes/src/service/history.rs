@@ -46,6 +46,7 @@ const SERIES: &[(&str, &str, &str)] = &[
         "progress=\"total\"",
     ),
     ("tier_used", "curvine_tier_used_bytes", ""),
+    ("persist_bytes", "curvine_persist_waiting_bytes", ""),
     ("tier_capacity", "curvine_tier_capacity_bytes", ""),
 ];
 

@@ -12,8 +12,37 @@ use curvine_runtime::stats::Sample;
 use super::loads::Loads;
 
 /// This node's metrics in the Prometheus text format.
-pub async fn node_metrics(view: &ClusterView, blocks: &BlockStore, loads: &Loads) -> String {
+pub async fn node_metrics(
+    view: &ClusterView,
+    blocks: &BlockStore,
+    loads: &Loads,
+    lag: curvine_messages::rpc::PersistLag,
+) -> String {
     let mut samples = tier_samples(blocks);
+    let oldest = if lag.oldest_ns > 0 {
+        (curvine_messages::now_ns() - lag.oldest_ns).max(0) as f64 / 1e9
+    } else {
+        0.0
+    };
+    for (name, help, v) in [
+        (
+            "curvine_persist_waiting_files",
+            "fs_mode files waiting for their upload to the UFS (on the node that drives uploads).",
+            lag.files as f64,
+        ),
+        (
+            "curvine_persist_waiting_bytes",
+            "Bytes of fs_mode files waiting for their upload to the UFS.",
+            lag.bytes as f64,
+        ),
+        (
+            "curvine_persist_oldest_seconds",
+            "Age of the oldest change waiting for the UFS.",
+            oldest,
+        ),
+    ] {
+        samples.push(Sample::gauge(name, help, v));
+    }
     let checksum_errors = blocks
         .checksum_errors
         .load(std::sync::atomic::Ordering::Relaxed)

@@ -209,6 +209,7 @@ impl Subsystems {
             recorder: core.recorder.clone(),
             scrub: scrub.clone(),
             loads: loads.clone(),
+            persist: persist.clone(),
             root: core.root.clone(),
         }));
         Subsystems {

@@ -14,6 +14,7 @@ use curvine_actors::cluster::ClusterView;
 use curvine_actors::mounts::Mounts;
 use curvine_actors::namespace::Namespace;
 use curvine_messages::mount::{MountInfo, Persist, UfsOp, UfsState, WriteType};
+use curvine_messages::rpc::PersistLag;
 use curvine_messages::shard::ShardMsg;
 use curvine_messages::trace::TraceCtx;
 use curvine_messages::{now_ns, shard_of, FileKind, FsError, FsResult, Ino};
@@ -30,6 +31,12 @@ pub struct Persistence {
     mounts: Arc<Mounts>,
     fills: Arc<Fills>,
     journal: Arc<Journal>,
+    /// What waits for the UFS, as the last pass found it, less what it
+    /// uploaded since.
+    lag: parking_lot::Mutex<PersistLag>,
+    /// Files whose upload failed, waiting for another try: size and when
+    /// they were changed.
+    failed: parking_lot::Mutex<std::collections::HashMap<Ino, (u64, i64)>>,
 }
 
 impl Persistence {
@@ -46,16 +53,60 @@ impl Persistence {
             mounts,
             fills,
             journal,
+            lag: Default::default(),
+            failed: Default::default(),
         }
     }
 
+    /// What waits for the UFS (on the node serving shard 0; zero elsewhere).
+    pub fn lag(&self) -> PersistLag {
+        if !self.journal.served_here() {
+            return PersistLag::default();
+        }
+        let mut lag = *self.lag.lock();
+        for &(size, since) in self.failed.lock().values() {
+            lag.files += 1;
+            lag.bytes += size;
+            if lag.oldest_ns == 0 || since < lag.oldest_ns {
+                lag.oldest_ns = since;
+            }
+        }
+        lag
+    }
+
+    /// Counts what `entries` (a journal batch) leave waiting.
+    async fn note_lag(&self, entries: &[curvine_messages::mount::JournalEntry]) -> Vec<u64> {
+        let mut sizes = Vec::with_capacity(entries.len());
+        let mut lag = PersistLag {
+            oldest_ns: entries.first().map(|e| e.at_ns).unwrap_or(0),
+            ..Default::default()
+        };
+        for e in entries {
+            let size = match &e.op {
+                UfsOp::Put { ino, .. } => {
+                    lag.files += 1;
+                    self.namespace
+                        .getattr(*ino)
+                        .await
+                        .map(|a| a.size)
+                        .unwrap_or(0)
+                }
+                _ => 0,
+            };
+            lag.bytes += size;
+            sizes.push(size);
+        }
+        *self.lag.lock() = lag;
+        sizes
+    }
+
     /// Persists a file in a task of `uploads` once one of `slots` is free,
-    /// as a span of `trace`.
+    /// as a span of `trace` (`size`: its bytes counted in the lag).
     async fn spawn_persist(
         self: &Arc<Self>,
         uploads: &mut JoinSet<()>,
         slots: &Arc<Semaphore>,
-        (path, ino): (String, Ino),
+        (path, ino, size): (String, Ino, Option<u64>),
         retry: (Duration, Duration),
         trace: Option<TraceCtx>,
     ) {
@@ -72,6 +123,13 @@ impl Persistence {
                     this.persist_file(&path, ino, retry),
                 )
                 .await;
+            // A journal record's upload leaves the lag (a sweep's was
+            // not counted in it); one that failed waits among the failed.
+            if let Some(size) = size {
+                let mut lag = this.lag.lock();
+                lag.files = lag.files.saturating_sub(1);
+                lag.bytes = lag.bytes.saturating_sub(size);
+            }
             drop(permit);
         });
     }
@@ -86,6 +144,7 @@ impl Persistence {
             return Ok(0);
         }
         let entries = self.journal.read().await?;
+        let sizes = self.note_lag(&entries).await;
         if entries.is_empty() {
             return Ok(0);
         }
@@ -94,7 +153,7 @@ impl Persistence {
         let mut applied = 0u64;
         let mut count = 0;
         let mut stopped: Option<FsError> = None;
-        for entry in entries {
+        for (entry, size) in entries.into_iter().zip(sizes) {
             let Some(mount) = self.mounts.table().by_id(entry.mount).cloned() else {
                 applied = entry.seq; // the mount is gone: nothing to replay
                 continue;
@@ -103,7 +162,7 @@ impl Persistence {
                 // The replay joins the trace of the change, if it had one.
                 UfsOp::Put { path, ino } => {
                     let trace = entry.trace.or_else(|| self.view.tracer.sampled_root());
-                    self.spawn_persist(&mut uploads, &slots, (path, ino), retry, trace)
+                    self.spawn_persist(&mut uploads, &slots, (path, ino, Some(size)), retry, trace)
                         .await;
                 }
                 op => {
@@ -267,6 +326,11 @@ impl Persistence {
         if let Err(e) = &stored {
             tracing::warn!(path, error = %e, "recording a file's persistence failed");
         }
+        if outcome.is_ok() {
+            self.failed.lock().remove(&ino);
+        } else {
+            self.failed.lock().insert(ino, (attr.size, since));
+        }
         outcome.and(stored).map(drop)
     }
 
@@ -370,7 +434,7 @@ impl Persistence {
             for (path, attr) in due {
                 found += 1;
                 let trace = self.view.tracer.sampled_root();
-                self.spawn_persist(&mut uploads, &slots, (path, attr.ino), retry, trace)
+                self.spawn_persist(&mut uploads, &slots, (path, attr.ino, None), retry, trace)
                     .await;
             }
         }

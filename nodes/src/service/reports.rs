@@ -39,6 +39,7 @@ pub struct Reports {
     recorder: RecorderRef,
     scrub: Arc<Scrub>,
     loads: Arc<Loads>,
+    persist: Arc<super::persist::Persistence>,
     /// The registered name of the root of the node's supervision tree.
     root: String,
 }
@@ -52,6 +53,7 @@ pub struct ReportsArgs {
     pub recorder: RecorderRef,
     pub scrub: Arc<Scrub>,
     pub loads: Arc<Loads>,
+    pub persist: Arc<super::persist::Persistence>,
     pub root: String,
 }
 
@@ -65,13 +67,15 @@ impl Reports {
             recorder: a.recorder,
             scrub: a.scrub,
             loads: a.loads,
+            persist: a.persist,
             root: a.root,
         }
     }
 
     /// This node's metrics in the Prometheus text format.
     pub async fn metrics_text(&self) -> String {
-        super::metrics::node_metrics(&self.view, &self.blocks, &self.loads).await
+        super::metrics::node_metrics(&self.view, &self.blocks, &self.loads, self.persist.lag())
+            .await
     }
 
     /// The actor tree of this node.
@@ -99,6 +103,7 @@ impl Reports {
                 .load(std::sync::atomic::Ordering::Relaxed),
             state: MemberState::Up.to_string(),
             state_since_ns: self.info.started_ns,
+            persist: self.persist.lag(),
         })
     }
 
@@ -127,6 +132,7 @@ impl Reports {
                 shards: Vec::new(),
                 tiers: m.info.tiers.clone(),
                 checksum_errors: 0,
+                persist: Default::default(),
                 state: if m.state == MemberState::Up {
                     "unreachable".into()
                 } else {

@@ -107,6 +107,7 @@ fn said(drop: &CopyDrop) -> String {
         }
         CopyDrop::Refetch => "the file reads it from its UFS object again".into(),
         CopyDrop::OnlyCopy => "the only copy of this data".into(),
+        CopyDrop::Uploading => "the only copy until its upload to the UFS is done".into(),
         CopyDrop::Unused => "no file uses it on this node".into(),
     }
 }
@@ -184,7 +185,9 @@ impl Scrub {
             .await;
         let (recoverable, action) = match outcome {
             Err(e) => (false, format!("could not ask the block's shard: {e}")),
-            Ok(CopyDrop::OnlyCopy) => (false, "kept: the only copy of this data".into()),
+            Ok(drop @ (CopyDrop::OnlyCopy | CopyDrop::Uploading)) => {
+                (false, format!("kept: {}", said(&drop)))
+            }
             Ok(drop) if !repair => (
                 true,
                 format!("--repair would drop this copy; {}", said(&drop)),
