@@ -343,6 +343,9 @@ fn space_freed_by_rm_or_truncation_serves_the_next_write_at_once() {
     let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
     let at = |name: &str| mnt.dir.join(name);
     dd(&at("a"), 48).unwrap();
+    // Read back first: the reader's close reaches the node a moment after
+    // the program's.
+    assert_eq!(std::fs::read(at("a")).unwrap().len(), 48 * MIB);
     std::fs::remove_file(at("a")).unwrap();
     dd(&at("b"), 48).expect("a write right after rm");
     File::options()

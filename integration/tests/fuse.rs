@@ -2505,8 +2505,17 @@ fn a_file_of_other_nodes_blocks_opened_twice_is_copied_here_and_passes_through()
     let blocks = here.cli_ok(&["fs", "blocks", "/far"]);
     assert!(blocks.contains("laid out in one extent file"), "{blocks}");
     // The copies are replicas like the others: removing the file removes
-    // them (and their extent file) too.
+    // them (and their extent file) too, once no reader holds the version
+    // removed (the O_DIRECT reader above still reads it whole).
     fs::remove_file(m.path("far")).unwrap();
+    let mut at = 0;
+    while at < data.len() {
+        assert!(
+            read_direct(&direct, at as u64, 1 << 20) == data[at..(at + (1 << 20)).min(data.len())]
+        );
+        at += 1 << 20;
+    }
+    drop(direct);
     wait_for(
         "the copies removed with the file",
         Duration::from_secs(30),

@@ -78,6 +78,10 @@ impl Reserved {
 
 pub struct BlockManager;
 
+/// How long a write that finds no room waits for readers that hold freed
+/// blocks to close (a close reaches the node a moment after the program's).
+const HELD_WAIT: Duration = Duration::from_millis(500);
+
 /// An extent file being filled: its tier, the bytes reserved there, and
 /// what was planned.
 struct Assembling {
@@ -672,17 +676,28 @@ impl BlockState {
         tokio::spawn(async move {
             let used = |store: &BlockStore| store.stats().iter().map(|t| t.used).sum::<u64>();
             let before = used(&args.store);
-            let mut progress = Instant::now();
+            let started = Instant::now();
+            let mut progress = started;
             let mut last_uploading = u64::MAX;
             let mut waited = false;
             let uploading = loop {
-                let (dropped, uploading) = {
+                let (held, (dropped, uploading)) = {
                     let _sweeping = sweeping.lock().await;
-                    sweep_freed(&args, &me, &seen).await;
+                    let held = sweep_freed(&args, &me, &seen).await;
                     args.store.reclaim_held();
-                    super::room::drop_clean(&args, &me, need, want).await
+                    (held, super::room::drop_clean(&args, &me, need, want).await)
                 };
-                if super::room::has_room(&args, need, want) || uploading == 0 {
+                if super::room::has_room(&args, need, want) {
+                    break uploading;
+                }
+                if uploading == 0 {
+                    // A reader that closed a moment ago may not have told
+                    // its node yet (its close goes on after the program's):
+                    // freed blocks still held get a moment.
+                    if held > 0 && started.elapsed() < HELD_WAIT {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
                     break uploading;
                 }
                 if dropped > 0 || uploading < last_uploading {

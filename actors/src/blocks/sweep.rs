@@ -24,14 +24,15 @@ pub(super) type FreedSeen = Arc<parking_lot::Mutex<HashMap<BlockId, Instant>>>;
 /// when the sweeps first met it; a held one waits for its readers, at most
 /// `data.read_hold_max`. A block on a node that is down or does not answer
 /// is forgotten too: that node removes it as an orphan (no shard knows it)
-/// after `data.orphan_grace`. Returns the blocks removed.
+/// after `data.orphan_grace`. Returns how many blocks it left because a
+/// reader holds them.
 pub(super) async fn sweep_freed(
     args: &BlockArgs,
     me: &ActorRef<BlockMsg>,
     seen: &FreedSeen,
 ) -> usize {
     let cluster = args.namespace.cluster().clone();
-    let mut total = 0;
+    let mut held = 0;
     for shard in cluster.served_shards() {
         loop {
             let batch = match args.namespace.take_freed(shard, 512).await {
@@ -46,6 +47,7 @@ pub(super) async fn sweep_freed(
             let ids: Vec<BlockId> = batch.iter().map(|f| f.id).collect();
             let holds = held_in_cluster(args, &ids).await;
             let freed = ripe(batch, seen, &holds, &args.conf);
+            held += holds.held.len();
             if freed.is_empty() {
                 break;
             }
@@ -90,7 +92,6 @@ pub(super) async fn sweep_freed(
                     seen.remove(&f.id);
                 }
             }
-            total += freed.len();
             args.namespace
                 .forget_freed(shard, freed.into_iter().map(|f| f.id).collect());
             if n < 512 {
@@ -98,7 +99,7 @@ pub(super) async fn sweep_freed(
             }
         }
     }
-    total
+    held
 }
 
 /// What the nodes said of a batch of freed blocks: which their readers
