@@ -759,6 +759,60 @@ def targets_section(r):
     return out
 
 
+def load_section(r, rows, meta):
+    r.p("## Load: one node under heavy load", "")
+    r.p(r.run_line(meta, "run-load.sh") + "; raw figures (with RSS and descriptors every 2 s) "
+        "in `results/load.jsonl`", "")
+    r.p("| workload | errors | throughput | latency, p99 | RSS, max | descriptors, max |",
+        "|---|---|---|---|---|---|")
+    res = {x["workload"]: x for x in rows if x.get("action") == "load.resources"}
+    conns = {x["phase"]: x for x in rows if x.get("action") == "load.conns"}
+    mib = lambda kib: f"{kib / 1024:.0f} MiB"
+    idle, loaded = conns.get("idle"), conns.get("loaded")
+    if idle and loaded:
+        ratio = loaded["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else float("inf")
+        rr = res.get("conns", {})
+        r.p(f"| {loaded['connections']} client connections at once, each creating, stating and "
+            f"removing a file of its own for {loaded['seconds']:.0f} s (node) | "
+            f"{loaded['errors']} | {loaded['calls_per_sec']:.0f} calls/s (1 connection alone: "
+            f"{idle['calls_per_sec']:.0f}) | {loaded['p99_ms']:.2f} ms ({ratio:.1f}x the "
+            f"{idle['p99_ms']:.2f} ms of one connection alone) | {mib(rr.get('max_rss_kib', 0))} | "
+            f"{rr.get('max_fds', 0)} |")
+        r.target("Load", f"{loaded['connections']} connections: errors; p99 against one alone",
+                 "0; <= 10x", f"{loaded['errors']}; {ratio:.1f}x",
+                 loaded["errors"] == 0 and ratio <= 10,
+                 "each connection's calls wait in the node's queue behind the others' "
+                 "(2 cores): the ratio grows with the connections")
+    of = next((x for x in rows if x.get("action") == "load.open_files"), None)
+    if of:
+        rr = res.get("open-files", {})
+        r.p(f"| {of['files']} files held open through one mount, each read once | 0 | "
+            f"opened in {of['open_seconds']:.1f} s | - | node and mount: {mib(rr.get('max_rss_kib', 0))}"
+            f" ({of['kib_per_file']:.2f} KiB per open file) | {rr.get('max_fds', 0)} |")
+        r.target("Load", f"{of['files']} open files: node and mount RSS added per open file",
+                 "<= 4 KiB", f"{of['kib_per_file']:.2f} KiB", of["kib_per_file"] <= 4,
+                 "a mount keeps a handle and the reader's block list per open file")
+    mo = res.get("mounts")
+    if mo:
+        r.p(f"| {int(mo['mounts'])} FUSE mounts of the node, each reading a 64 MiB file over and "
+            f"over ({int(mo['reads'])} reads) | 0 | - | - | mounts together: "
+            f"{mib(mo['max_rss_kib'])} | {mo['max_fds']} |")
+        r.target("Load", f"{int(mo['mounts'])} mounts together: RSS", "<= 2 GiB",
+                 mib(mo["max_rss_kib"]), mo["max_rss_kib"] <= 2 << 20,
+                 "each mount's readers keep what they streamed last (client.read_buffer_budget)")
+    jb = next((x for x in rows if x.get("action") == "load.jobs"), None)
+    if jb:
+        rr = res.get("load-jobs", {})
+        r.p(f"| {jb['jobs']} load jobs at once, {jb['files']} objects from the test S3 server | "
+            f"{jb['failed']} | {jb['files'] / jb['seconds']:.0f} files/s, "
+            f"{jb['bytes'] / 1e6 / jb['seconds']:.0f} MB/s, all done in {jb['seconds']:.1f} s | - | "
+            f"{mib(rr.get('max_rss_kib', 0))} | {rr.get('max_fds', 0)} |")
+        r.target("Load", f"{jb['jobs']} load jobs at once: files failed", "0",
+                 str(jb["failed"]), jb["failed"] == 0 and jb["states"] == ["Done"],
+                 "jobs share the node's loaders")
+    r.p("")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -771,7 +825,7 @@ def main():
     for name, section in (("data", data_section), ("fuse", fuse_section), ("ufs", ufs_section),
                           ("meta", meta_section), ("ingest", ingest_section),
                           ("cluster", cluster_section), ("dlio", dlio_section),
-                          ("nemesis", nemesis_section)):
+                          ("nemesis", nemesis_section), ("load", load_section)):
         rows, meta = r.load(name)
         if rows:
             section(r, rows, meta)

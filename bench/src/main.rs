@@ -9,9 +9,11 @@
 //! Each phase prints `<action> ops, cost, speed` like the seed's tool.
 //!
 //! Data actions (`fs.write`, `fs.read`, `local.write`, `local.read`) measure
-//! large-file throughput; see [`data`].
+//! large-file throughput; see [`data`]. `load.conns` holds many client
+//! connections doing metadata calls at once; see [`load`].
 
 mod data;
+mod load;
 mod small;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +95,9 @@ struct Args {
     /// Random reads of the warm phase of fs.small-read and local.small-read.
     #[arg(long, default_value_t = 20_000)]
     reads: u64,
+    /// How long the loaded phase of load.conns runs.
+    #[arg(long, default_value_t = 180)]
+    seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +337,26 @@ async fn connect_with(
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    if args.action == "load.conns" {
+        let setup = connect(&args).await?;
+        let (conf, cluster) = (args.conf.clone(), args.cluster.clone());
+        let mut overrides = args.overrides.clone();
+        // A client of one connection each.
+        overrides.push("client.connections=1".into());
+        let connect_one = move || {
+            let (conf, cluster, overrides) = (conf.clone(), cluster.clone(), overrides.clone());
+            Box::pin(
+                async move { connect_with(conf.as_deref(), cluster.as_deref(), &overrides).await },
+            ) as futures::future::BoxFuture<'static, Result<Client, String>>
+        };
+        let params = load::Params {
+            dir: args.dir.clone(),
+            connections: args.client_threads,
+            seconds: args.seconds,
+            label: args.label.clone(),
+        };
+        return load::run(params, setup, connect_one).await;
+    }
     if small::is_small_action(&args.action) {
         let (props, overrides): (Vec<String>, Vec<String>) = args
             .overrides
