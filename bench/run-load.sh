@@ -164,7 +164,7 @@ sample "$work/jobs.samples" "$node_pid" & sampler=$!
 t0=$(date +%s.%N)
 ids=()
 for j in $(seq "$jobs"); do
-  ids+=("$(cli load "/jobs/j$j" | tail -1)")
+  ids+=("$(cli --json load "/jobs/j$j" | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')")
 done
 for id in "${ids[@]}"; do
   until cli --json load-status "$id" | python3 -c '

@@ -379,6 +379,8 @@ fn mount(conf: &ConfArgs<'_>, args: &MountArgs) -> Result<(), String> {
         return daemonize(&mnt, args);
     }
     init_logging(&config);
+    // A file passed through to its block file holds a descriptor while open.
+    curvine_runtime::limits::raise_open_files();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -272,18 +272,34 @@ fn staged_writes_a_full_tier_refuses_stay_for_the_next_fsync() {
 #[test]
 fn a_client_past_max_connections_is_refused_naming_the_limit() {
     let dir = tempfile::tempdir().unwrap();
+    // Started with a soft limit of open files below the hard one (as most
+    // service managers start processes), the node and a mount raise it.
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    let hard = r.rlim_max;
+    assert!(hard > 1024, "a hard limit of open files above 1024 here");
+    r.rlim_cur = 1024;
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
     let node = NodeProcess::start(&dir.path().join("n"), &["-c", "node.max_connections=3"]);
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", node.pid().unwrap())).unwrap();
-    let open_files: Vec<&str> = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        open_files[3], open_files[4],
-        "soft limit raised to the hard one: {limits}"
-    );
+    let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
+    for pid in [node.pid().unwrap(), mnt.pid().unwrap()] {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let open_files: Vec<&str> = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            open_files[3],
+            hard.to_string(),
+            "soft limit raised to the hard one: {limits}"
+        );
+    }
+    drop(mnt);
     runtime().block_on(async {
         // Clients of one connection each (client.connections).
         let conf = curvine_conf::ClientConf {

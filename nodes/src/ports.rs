@@ -56,37 +56,13 @@ where
 /// one), and warns when that is short of what `max_connections` client
 /// connections and the node's own files need. Returns the limit now.
 pub fn raise_open_files(max_connections: u32) -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+    let Some((_, now, hard)) = curvine_runtime::limits::raise_open_files() else {
         return 0;
-    }
-    // An unlimited hard limit still stops at the kernel's nr_open.
-    let target = if r.rlim_max == libc::RLIM_INFINITY {
-        std::fs::read_to_string("/proc/sys/fs/nr_open")
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(1 << 20)
-    } else {
-        r.rlim_max
     };
-    if r.rlim_cur < target {
-        let raised = libc::rlimit {
-            rlim_cur: target,
-            rlim_max: r.rlim_max,
-        };
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            tracing::info!(
-                from = r.rlim_cur,
-                to = target,
-                "raised the open files limit (RLIMIT_NOFILE)"
-            );
-            r = raised;
-        }
-    }
+    let r = libc::rlimit {
+        rlim_cur: now,
+        rlim_max: hard,
+    };
     let need = max_connections as u64 + 1024;
     if r.rlim_cur < need {
         tracing::warn!(
