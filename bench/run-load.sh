@@ -3,8 +3,9 @@
 # minutes, sampling the node's (and the mounts') resident memory and open
 # descriptors every few seconds:
 #   conns      1,000 client connections at once (a client each), every one
-#              creating, stating and removing a file of its own over and
-#              over; the same calls from one connection alone first (idle)
+#              creating, stating and removing a file of its own, 10 calls
+#              a second each, then as fast as answered; the same calls from
+#              one connection alone first (idle)
 #   open-files 10,000 files held open at once through one FUSE mount, each
 #              read once, then held: memory added per open file
 #   mounts     20 FUSE mounts of the node, each reading a 64 MiB file and
@@ -75,12 +76,17 @@ print(json.dumps({"action": "load.resources", "workload": workload,
 PY
 }
 
-echo "== conns: $conns connections for ${secs}s" >&2
-sample "$work/conns.samples" "$node_pid" & sampler=$!
-"$bin/curvine-bench" --cluster "$addr" --action load.conns --dir /conns \
-  --client-threads "$conns" --seconds "$secs" --json --label conns | record
-kill "$sampler"; wait "$sampler" 2>/dev/null || true
-resources conns "$work/conns.samples"
+# Paced (10 calls a second each: the node's latency with that many
+# connections), then one call after another (its throughput; latency is
+# then the connections over the throughput).
+for rate in 10 0; do
+  echo "== conns: $conns connections for ${secs}s, $rate calls/s each (0: unpaced)" >&2
+  sample "$work/conns-$rate.samples" "$node_pid" & sampler=$!
+  "$bin/curvine-bench" --cluster "$addr" --action load.conns --dir "/conns-$rate" \
+    --client-threads "$conns" --seconds "$secs" --rate "$rate" --json --label "conns-$rate" | record
+  kill "$sampler"; wait "$sampler" 2>/dev/null || true
+  resources "conns-$rate" "$work/conns-$rate.samples"
+done
 
 echo "== open-files: $open_files files held open through one mount" >&2
 mnt=$work/mnt

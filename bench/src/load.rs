@@ -5,7 +5,8 @@
 //! is otherwise idle), then `--client-threads` connections at once, each a
 //! client of its own (one TCP connection each), for `--seconds`: every
 //! connection creates a file of its own, stats it and removes it, over and
-//! over. Each phase prints one JSON object: calls, errors (and the first),
+//! over, `--rate` calls a second each (0: one call after another, which
+//! saturates the node: latency is then the connections over throughput). Each phase prints one JSON object: calls, errors (and the first),
 //! calls per second over the run and each second of it, and the latency
 //! percentiles of every call.
 
@@ -21,6 +22,9 @@ pub struct Params {
     pub dir: String,
     pub connections: usize,
     pub seconds: u64,
+    /// Calls per second of each connection (0: one after another, as fast
+    /// as the node answers).
+    pub rate: f64,
     pub label: String,
 }
 
@@ -29,6 +33,8 @@ struct PhaseResult {
     action: &'static str,
     phase: &'static str,
     connections: usize,
+    /// Calls per second of each connection (0: as fast as answered).
+    rate: f64,
     seconds: f64,
     calls: u64,
     errors: u64,
@@ -54,11 +60,29 @@ struct Shared {
     first_error: parking_lot::Mutex<Option<String>>,
 }
 
-/// One connection's loop: create, stat, remove its file; latencies in µs.
-async fn calls(client: Client, path: String, shared: Arc<Shared>) -> Vec<u32> {
+/// One connection's loop: create, stat, remove its file, `rate` calls a
+/// second (or one after another); latencies in µs.
+async fn calls(
+    client: Client,
+    path: String,
+    shared: Arc<Shared>,
+    rate: f64,
+    phase: f64,
+) -> Vec<u32> {
     let mut lat = Vec::new();
     let mut step = 0u64;
+    let every = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
+    let mut next =
+        tokio::time::Instant::now() + every.map(|e| e.mul_f64(phase)).unwrap_or_default();
     while !shared.stop.load(Ordering::Relaxed) {
+        if let Some(every) = every {
+            // Paced: a call each period, never a burst to catch up.
+            tokio::time::sleep_until(next).await;
+            next = (next + every).max(tokio::time::Instant::now());
+            if shared.stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
         let t = Instant::now();
         let result = match step % 3 {
             0 => client.create(&path).await.map(drop),
@@ -99,6 +123,7 @@ async fn phase(
     name: &'static str,
     connections: usize,
     seconds: u64,
+    rate: f64,
 ) -> Result<PhaseResult, String> {
     let t = Instant::now();
     let mut clients = Vec::with_capacity(connections);
@@ -123,7 +148,9 @@ async fn phase(
         .enumerate()
         .map(|(i, c)| {
             let path = format!("{}/{name}-c{i}", p.dir.trim_end_matches('/'));
-            tokio::spawn(calls(c, path, shared.clone()))
+            // Connections spread their calls over the period.
+            let phase = i as f64 / connections as f64;
+            tokio::spawn(calls(c, path, shared.clone(), rate, phase))
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -142,6 +169,7 @@ async fn phase(
         action: "load.conns",
         phase: name,
         connections,
+        rate,
         seconds: elapsed,
         calls: lat.len() as u64,
         errors: shared.errors.load(Ordering::Relaxed),
@@ -176,11 +204,11 @@ pub async fn run(
         .await
         .map_err(|e| format!("mkdir {}: {e}", p.dir))?;
     let idle_seconds = (p.seconds / 6).clamp(3, 30);
-    for (name, n, secs) in [
-        ("idle", 1, idle_seconds),
-        ("loaded", p.connections, p.seconds),
+    for (name, n, secs, rate) in [
+        ("idle", 1, idle_seconds, 0.0),
+        ("loaded", p.connections, p.seconds, p.rate),
     ] {
-        let r = phase(&connect, &p, name, n, secs).await?;
+        let r = phase(&connect, &p, name, n, secs, rate).await?;
         println!("{}", serde_json::to_string(&r).unwrap_or_default());
     }
     Ok(())

@@ -98,6 +98,10 @@ struct Args {
     /// How long the loaded phase of load.conns runs.
     #[arg(long, default_value_t = 180)]
     seconds: u64,
+    /// Calls per second of each connection of load.conns (0: as fast as
+    /// answered).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +357,7 @@ async fn run(args: Args) -> Result<(), String> {
             dir: args.dir.clone(),
             connections: args.client_threads,
             seconds: args.seconds,
+            rate: args.rate,
             label: args.label.clone(),
         };
         return load::run(params, setup, connect_one).await;

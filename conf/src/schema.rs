@@ -231,6 +231,11 @@ pub struct ClientConf {
     pub short_circuit: bool,
     /// Blocks a sequential reader fetches ahead of the one it reads.
     pub read_ahead: u32,
+    /// Memory the readers of one client (a mount, a program) keep of what they streamed last
+    /// (for reads that arrive out of order, as the kernel's readahead
+    /// sends them), together: past it each reader keeps only its last
+    /// chunk. At most 16MiB per reader below it.
+    pub read_buffer_budget: ByteSize,
     /// The cluster's cookie, which the client proves to the node it
     /// connects to. Empty: `cluster.cookie`, else the cookie of the node
     /// whose data directory is `node.data_dir`, when readable.
@@ -250,6 +255,7 @@ impl Default for ClientConf {
             connections: 2,
             short_circuit: true,
             read_ahead: 1,
+            read_buffer_budget: ByteSize(256 << 20),
             cookie: String::new(),
             tls: TlsConf::default(),
         }

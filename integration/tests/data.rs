@@ -991,3 +991,56 @@ fn raw_write(addr: &str, token: curvine_messages::block::Token, bytes: &[u8]) {
     assert!(matches!(reply(&mut s), DataReply::Ready));
     assert!(matches!(reply(&mut s), DataReply::Committed { len: 5, .. }));
 }
+
+/// The readers of one client keep at most `client.read_buffer_budget` of
+/// what they streamed last together (one chunk each past it), and nothing
+/// once closed; under the default budget one reader keeps up to 16 MiB.
+#[test]
+fn readers_keep_what_they_streamed_within_the_clients_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("n"), &[]);
+    curvine_integration::runtime().block_on(async {
+        let bytes = data(24 << 20, 90);
+        let writer = client(&node, false).await;
+        put(&writer, "/big", &bytes, &spec(8 << 20), 1 << 20).await;
+        let read_all = |c: Client, bytes: Vec<u8>| async move {
+            let mut readers = Vec::new();
+            let mut most = 0;
+            for _ in 0..3 {
+                let mut r = FileReader::open(&c, "/big").await.unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                let mut seen = Vec::new();
+                loop {
+                    let n = r.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    most = most.max(c.read_buffers());
+                }
+                assert!(seen == bytes);
+                readers.push(r);
+            }
+            drop(readers);
+            (most, c.read_buffers())
+        };
+        let budget = 4 << 20;
+        let small = Client::connect(&ClientConf {
+            short_circuit: false,
+            read_buffer_budget: curvine_conf::ByteSize(budget as u64),
+            ..node.client_conf()
+        })
+        .await
+        .unwrap();
+        let (most, left) = read_all(small, bytes.clone()).await;
+        assert!(most <= budget + 3 * MAX_CHUNK, "kept {most} bytes");
+        assert_eq!(left, 0, "closed readers keep nothing");
+        let default = client(&node, false).await;
+        let (most, left) = read_all(default, bytes.clone()).await;
+        assert!(
+            most > budget + 3 * MAX_CHUNK,
+            "the default keeps more: {most}"
+        );
+        assert_eq!(left, 0);
+    });
+}

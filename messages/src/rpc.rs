@@ -292,11 +292,11 @@ pub struct ReadOpen {
     pub hold: u64,
 }
 
-/// Client request: the reader whose open answered `hold` is done; the
-/// blocks of the version it read may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Client request: the readers whose opens answered `holds` are done; the
+/// blocks of the versions they read may go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloseRead {
-    pub hold: u64,
+    pub holds: Vec<u64>,
 }
 
 /// How a reader gets the blocks of a UFS file that are not cached.

@@ -106,6 +106,8 @@ pub struct BlockState {
     sweeping: Arc<tokio::sync::Mutex<()>>,
     /// When each freed block the sweeps met was first met.
     freed_seen: super::sweep::FreedSeen,
+    /// Blocks the shards kept when asked to drop them for room.
+    kept: super::room::Kept,
     last_orphan_check: Instant,
 }
 
@@ -673,6 +675,7 @@ impl BlockState {
         let me = myself.clone();
         let seen = self.freed_seen.clone();
         let sweeping = self.sweeping.clone();
+        let kept = self.kept.clone();
         tokio::spawn(async move {
             let used = |store: &BlockStore| store.stats().iter().map(|t| t.used).sum::<u64>();
             let before = used(&args.store);
@@ -685,7 +688,8 @@ impl BlockState {
                     let _sweeping = sweeping.lock().await;
                     let held = sweep_freed(&args, &me, &seen).await;
                     args.store.reclaim_held();
-                    (held, super::room::drop_clean(&args, &me, need, want).await)
+                    let room = super::room::drop_clean(&args, &me, &kept, (need, want)).await;
+                    (held, room)
                 };
                 if super::room::has_room(&args, need, want) {
                     break uploading;
@@ -717,7 +721,7 @@ impl BlockState {
                         1,
                     );
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
             };
             let _ = reply.send(Ok(Reclaimed {
                 freed: before.saturating_sub(used(&args.store)),
@@ -762,6 +766,7 @@ impl Actor for BlockManager {
             evictor_sup,
             sweeping: Default::default(),
             freed_seen: Default::default(),
+            kept: Default::default(),
             last_orphan_check: Instant::now() - Duration::from_secs(3600 * 24 * 365),
         })
     }

@@ -5,6 +5,11 @@
 //! this copy only when the data is whole elsewhere, so the only copy of
 //! data (unpersisted writes, a writer's blocks) is never dropped.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 use ractor::ActorRef;
 
 use curvine_messages::block::{BlockId, BlockMsg, CopyDrop, TierKind};
@@ -16,6 +21,15 @@ use super::BlockArgs;
 /// Most blocks one reclaim asks shards about (each drop is a change of
 /// the shard).
 const MOST_ASKED: usize = 1024;
+
+/// How long a block found waiting for its upload is not asked about again.
+const UPLOADING_KNOWN: Duration = Duration::from_secs(2);
+/// How long a block found the only copy of its data is not asked about again.
+const ONLY_COPY_KNOWN: Duration = Duration::from_secs(30);
+
+/// Blocks the shards kept when asked to drop them: whether they wait for
+/// their upload (else they are the only copy), and when they were asked.
+pub(super) type Kept = Arc<Mutex<HashMap<BlockId, (bool, Instant)>>>;
 
 /// Whether a tier of kind `want` (any, without one) has `need` bytes free.
 pub(super) fn has_room(args: &BlockArgs, need: u64, want: Option<TierKind>) -> bool {
@@ -31,8 +45,8 @@ pub(super) fn has_room(args: &BlockArgs, need: u64, want: Option<TierKind>) -> b
 pub(super) async fn drop_clean(
     args: &BlockArgs,
     me: &ActorRef<BlockMsg>,
-    need: u64,
-    want: Option<TierKind>,
+    kept: &Kept,
+    (need, want): (u64, Option<TierKind>),
 ) -> (u64, u64) {
     let store = &args.store;
     let tiers: Vec<usize> = (0..store.tier_count())
@@ -58,10 +72,22 @@ pub(super) async fn drop_clean(
         let mut dropped: Vec<BlockId> = Vec::new();
         let mut freed = 0;
         let lack = need.saturating_sub(store.tiers[tier].free());
-        for (id, len) in coldest.into_iter().take(MOST_ASKED) {
-            if freed >= lack {
+        let mut asked = 0;
+        for (id, len) in coldest {
+            if freed >= lack || asked >= MOST_ASKED {
                 break;
             }
+            // Each question is a change of the shard's log: a block kept
+            // a moment ago is not asked about again at once.
+            match kept.lock().get(&id) {
+                Some((true, at)) if at.elapsed() < UPLOADING_KNOWN => {
+                    uploading += len;
+                    continue;
+                }
+                Some((false, at)) if at.elapsed() < ONLY_COPY_KNOWN => continue,
+                _ => {}
+            }
+            asked += 1;
             let node = node.clone();
             let said = args
                 .namespace
@@ -77,10 +103,18 @@ pub(super) async fn drop_clean(
                     dropped.push(id);
                     freed += len;
                 }
-                Ok(CopyDrop::Uploading) => uploading += len,
+                Ok(CopyDrop::Uploading) => {
+                    uploading += len;
+                    kept.lock().insert(id, (true, Instant::now()));
+                }
+                Ok(CopyDrop::OnlyCopy) => {
+                    kept.lock().insert(id, (false, Instant::now()));
+                }
                 _ => {}
             }
         }
+        kept.lock()
+            .retain(|_, (_, at)| at.elapsed() < ONLY_COPY_KNOWN);
         if dropped.is_empty() {
             continue;
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ractor::ActorRef;
 
 use curvine_messages::block::{BlockId, BlockMsg, BlockUse, FreedBlock};
+use curvine_messages::members::MemberState;
 use curvine_messages::{now_ns, shard_of, ShardId};
 
 use super::{BlockArgs, BlockConf};
@@ -120,7 +121,10 @@ async fn held_in_cluster(args: &BlockArgs, ids: &[BlockId]) -> Holds {
     let asks = cluster
         .members()
         .into_iter()
-        .filter(|m| m.info.node_id != cluster.node_id)
+        // A node that left the cluster has no readers; one that is down
+        // may (cut off, not dead): it is asked, and not answering makes the
+        // blocks wait the grace.
+        .filter(|m| m.info.node_id != cluster.node_id && m.state != MemberState::Left)
         .map(|m| {
             let cluster = cluster.clone();
             let ids = ids.to_vec();

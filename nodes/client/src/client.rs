@@ -49,6 +49,11 @@ pub fn client_conf(config: &curvine_conf::Config) -> ClientConf {
 pub struct IoConf {
     pub short_circuit: bool,
     pub read_ahead: u32,
+    /// `client.read_buffer_budget`.
+    pub read_buffer_budget: usize,
+    /// What this client's readers keep of what they streamed last,
+    /// together (held to `read_buffer_budget`).
+    pub recent: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl From<&ClientConf> for IoConf {
@@ -56,6 +61,8 @@ impl From<&ClientConf> for IoConf {
         IoConf {
             short_circuit: c.short_circuit,
             read_ahead: c.read_ahead,
+            read_buffer_budget: c.read_buffer_budget.0 as usize,
+            recent: Default::default(),
         }
     }
 }
@@ -100,6 +107,9 @@ struct Rpc {
     conf: ClientConf,
     /// The loaded `[tls]` settings, when TLS is on.
     tls: Option<Arc<Tls>>,
+    /// Holds of readers closed in the last moment, told to the node
+    /// together (see [`Client::close_read`]).
+    closing: Mutex<Vec<u64>>,
 }
 
 /// A connection to a cluster. Cheap to clone: clones share connections.
@@ -113,6 +123,10 @@ pub struct Client {
     /// The trace every request of this client joins (a traced command).
     trace: Option<TraceCtx>,
 }
+
+/// How long the closes of readers gather before the node is told of them
+/// (a write that finds no room waits longer for them).
+const CLOSE_BATCH: Duration = Duration::from_millis(20);
 
 /// Requests that change nothing, so retrying one on another node is safe.
 fn read_only(request: &Request) -> bool {
@@ -267,6 +281,40 @@ impl Client {
         }
     }
 
+    /// Tells the node that the reader holding `hold` closed, in one
+    /// request with the others closed within [`CLOSE_BATCH`] (a program
+    /// reading many small files closes one after another), from runtime
+    /// `rt`.
+    pub(crate) fn close_read(&self, hold: u64, rt: &tokio::runtime::Handle) {
+        let first = {
+            let mut closing = self.rpc.closing.lock();
+            closing.push(hold);
+            closing.len() == 1
+        };
+        if first {
+            let client = self.clone();
+            drop(rt.spawn(async move {
+                tokio::time::sleep(CLOSE_BATCH).await;
+                client.flush_closed().await;
+            }));
+        }
+    }
+
+    /// Tells the node of every reader closed so far.
+    pub(crate) async fn flush_closed(&self) {
+        let holds = std::mem::take(&mut *self.rpc.closing.lock());
+        if !holds.is_empty() {
+            let _ = self.call(CloseRead { holds }).await;
+        }
+    }
+
+    /// Bytes this client's readers keep of what they streamed last,
+    /// together (at most `client.read_buffer_budget`, and one chunk per
+    /// reader past it).
+    pub fn read_buffers(&self) -> usize {
+        self.io.recent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The trace this client's requests join, if any.
     pub fn trace(&self) -> Option<TraceCtx> {
         self.trace
@@ -315,6 +363,7 @@ impl Client {
                 failover: tokio::sync::Mutex::new(()),
                 conf: conf.clone(),
                 tls: tls.clone(),
+                closing: Mutex::new(Vec::new()),
             }),
             data: curvine_wire::data::DataPool::new(
                 conf.connect_timeout.0,

@@ -326,7 +326,9 @@ impl Service {
                 Ok(Response::ReadOpen(open))
             }
             Request::CloseRead(r) => {
-                holds.release(r.hold);
+                for hold in r.holds {
+                    holds.release(hold);
+                }
                 Ok(Response::Done(()))
             }
             other => self.handle(other).await,
@@ -386,7 +388,9 @@ impl Service {
             Request::FreePath(r) => Response::Freed(self.files.free_path(&r.path).await?),
             Request::Blocks(r) => Response::FileBlocks(self.files.file_blocks(&r.path).await?),
             Request::CloseRead(r) => {
-                self.local_blocks.0.holds.release(r.hold);
+                for hold in r.holds {
+                    self.local_blocks.0.holds.release(hold);
+                }
                 Response::Done(())
             }
             Request::TouchBlocks(r) => {

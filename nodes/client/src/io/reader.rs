@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use curvine_messages::block::{DataNode, ReadBlock};
+use curvine_messages::block::{DataNode, ReadBlock, MAX_CHUNK};
 use curvine_messages::rpc::{OpenRead, ReadOpen};
 use curvine_messages::{Attr, FsError, FsResult};
 use curvine_wire::data::{start_stream, BlockSource, BlockStream};
@@ -60,22 +60,22 @@ pub struct FileReader {
 
 impl Drop for FileReader {
     fn drop(&mut self) {
+        self.client
+            .io
+            .recent
+            .fetch_sub(self.recent_bytes, std::sync::atomic::Ordering::Relaxed);
         if self.hold == 0 {
             return;
         }
         // Block files first: the node counts their bytes as held while
         // they are open.
         self.local.clear();
-        let (client, hold) = (self.client.clone(), self.hold);
-        let closing = async move {
-            let _ = client.call(curvine_messages::rpc::CloseRead { hold }).await;
-        };
         // With no runtime left, the hold ends with the connection.
         if let Some(rt) = tokio::runtime::Handle::try_current()
             .ok()
             .or_else(|| self.runtime.clone())
         {
-            drop(rt.spawn(closing));
+            self.client.close_read(self.hold, &rt);
         }
     }
 }
@@ -138,12 +138,12 @@ impl FileReader {
     pub async fn close(mut self) -> FsResult<()> {
         let hold = std::mem::take(&mut self.hold);
         self.local.clear();
-        if hold == 0 {
-            return Ok(());
+        if hold != 0 {
+            self.client
+                .close_read(hold, &tokio::runtime::Handle::current());
         }
-        self.client
-            .call(curvine_messages::rpc::CloseRead { hold })
-            .await
+        self.client.flush_closed().await;
+        Ok(())
     }
 
     /// The file's attributes as of the open.
@@ -338,6 +338,38 @@ impl FileReader {
     /// one chunk holds them all (no copy: the mount answers the kernel from
     /// it), else from a buffer `pread` filled.
     pub async fn pread_with<R>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
+        let read = self.pread_kept(offset, len, f).await;
+        if read.is_ok() && offset.saturating_add(len as u64) >= self.attr.size {
+            self.let_go_if_small();
+        }
+        read
+    }
+
+    /// A small file (one chunk) read to its end keeps nothing of what was
+    /// streamed: a reader held open long after (a program keeping many
+    /// files open) costs its state alone, and the kernel keeps the pages
+    /// it read.
+    fn let_go_if_small(&mut self) {
+        if self.attr.size > MAX_CHUNK as u64 {
+            return;
+        }
+        self.client
+            .io
+            .recent
+            .fetch_sub(self.recent_bytes, std::sync::atomic::Ordering::Relaxed);
+        self.recent = VecDeque::new();
+        self.recent_bytes = 0;
+        self.stream = None;
+        self.ahead = VecDeque::new();
+        self.scratch = Vec::new();
+    }
+
+    async fn pread_kept<R>(
         &mut self,
         offset: u64,
         len: usize,
@@ -597,15 +629,23 @@ impl FileReader {
     }
 
     /// Keeps a streamed chunk, handing the oldest back for reuse beyond
-    /// [`RECENT_BYTES`].
+    /// [`RECENT_BYTES`], or while the client's readers keep more than
+    /// `client.read_buffer_budget` together.
     fn keep_recent(&mut self, index: u32, start: u64, data: Vec<u8>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let total = self.client.io.recent.clone();
         self.recent_bytes += data.len();
+        total.fetch_add(data.len(), Relaxed);
         self.recent.push_back((index, start, data));
-        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
+        let budget = self.client.io.read_buffer_budget;
+        while (self.recent_bytes > RECENT_BYTES || total.load(Relaxed) > budget)
+            && self.recent.len() > 1
+        {
             let Some((_, _, old)) = self.recent.pop_front() else {
                 break;
             };
             self.recent_bytes -= old.len();
+            total.fetch_sub(old.len(), Relaxed);
             if let Some(s) = &self.stream {
                 let _ = s.recycle.send(old);
             }
