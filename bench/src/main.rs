@@ -340,27 +340,31 @@ async fn connect_with(
         .map_err(|e| format!("connect: {e}"))
 }
 
+/// `load.conns`: many clients of one connection each (see [`load`]).
+async fn load_conns(args: &Args) -> Result<(), String> {
+    let setup = connect(args).await?;
+    let (conf, cluster) = (args.conf.clone(), args.cluster.clone());
+    let mut overrides = args.overrides.clone();
+    // A client of one connection each.
+    overrides.push("client.connections=1".into());
+    let connect_one = move || {
+        let (conf, cluster, overrides) = (conf.clone(), cluster.clone(), overrides.clone());
+        Box::pin(async move { connect_with(conf.as_deref(), cluster.as_deref(), &overrides).await })
+            as futures::future::BoxFuture<'static, Result<Client, String>>
+    };
+    let params = load::Params {
+        dir: args.dir.clone(),
+        connections: args.client_threads,
+        seconds: args.seconds,
+        rate: args.rate,
+        label: args.label.clone(),
+    };
+    load::run(params, setup, connect_one).await
+}
+
 async fn run(args: Args) -> Result<(), String> {
     if args.action == "load.conns" {
-        let setup = connect(&args).await?;
-        let (conf, cluster) = (args.conf.clone(), args.cluster.clone());
-        let mut overrides = args.overrides.clone();
-        // A client of one connection each.
-        overrides.push("client.connections=1".into());
-        let connect_one = move || {
-            let (conf, cluster, overrides) = (conf.clone(), cluster.clone(), overrides.clone());
-            Box::pin(
-                async move { connect_with(conf.as_deref(), cluster.as_deref(), &overrides).await },
-            ) as futures::future::BoxFuture<'static, Result<Client, String>>
-        };
-        let params = load::Params {
-            dir: args.dir.clone(),
-            connections: args.client_threads,
-            seconds: args.seconds,
-            rate: args.rate,
-            label: args.label.clone(),
-        };
-        return load::run(params, setup, connect_one).await;
+        return load_conns(&args).await;
     }
     if small::is_small_action(&args.action) {
         let (props, overrides): (Vec<String>, Vec<String>) = args
