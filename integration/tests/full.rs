@@ -355,7 +355,9 @@ fn a_client_past_max_connections_is_refused_naming_the_limit() {
 #[test]
 fn space_freed_by_rm_or_truncation_serves_the_next_write_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let node = small_node(dir.path(), "64MiB");
+    // Room for 48 MiB and the writers' reservations, which run up to
+    // twice what they wrote; not for 48 MiB more while freed space waits.
+    let node = small_node(dir.path(), "80MiB");
     let mnt = FuseMount::start(&node, &dir.path().join("mnt"), &[]);
     let at = |name: &str| mnt.dir.join(name);
     dd(&at("a"), 48).unwrap();

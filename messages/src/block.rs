@@ -721,6 +721,9 @@ pub enum BlockMsg {
         room_for: Option<(BlockId, u64, bool)>,
         need: u64,
         tier: Option<TierKind>,
+        /// Drop clean cached blocks too (not for a load job's blocks: a
+        /// load of more than the cache would drop what it loaded).
+        drop_clean: bool,
         reply: Reply<Reclaimed>,
     },
     /// A tier's evictor failed (its supervisor restarts it): the moves

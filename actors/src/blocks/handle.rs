@@ -72,6 +72,21 @@ impl BlockManagerRef {
         grows: bool,
         after: Option<(curvine_messages::block::BlockId, u64)>,
     ) -> FsResult<curvine_messages::block::Reservation> {
+        self.reserve_with(block, tier, (size, grows), after, true)
+            .await
+    }
+
+    /// As [`Self::reserve`], dropping clean cached blocks for room only
+    /// with `drop_clean` (a load job's blocks do not: a load of more than
+    /// the cache would drop what it loaded, and report it loaded).
+    pub async fn reserve_with(
+        &self,
+        block: curvine_messages::block::BlockId,
+        tier: Option<curvine_messages::block::TierKind>,
+        (size, grows): (u64, bool),
+        after: Option<(curvine_messages::block::BlockId, u64)>,
+        drop_clean: bool,
+    ) -> FsResult<curvine_messages::block::Reservation> {
         let ask = move |reply| BlockMsg::Reserve {
             block,
             tier,
@@ -86,6 +101,7 @@ impl BlockManagerRef {
                     room_for: Some((block, size, grows)),
                     need: size,
                     tier,
+                    drop_clean,
                     reply,
                 };
                 match self.call(reclaim).await {

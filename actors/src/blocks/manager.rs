@@ -667,8 +667,7 @@ impl BlockState {
     fn reclaim(
         &self,
         myself: &ActorRef<BlockMsg>,
-        need: u64,
-        want: Option<TierKind>,
+        (need, want, drop_clean): (u64, Option<TierKind>, bool),
         reply: RpcReplyPort<FsResult<Reclaimed>>,
     ) {
         let args = self.args.clone();
@@ -688,7 +687,11 @@ impl BlockState {
                     let _sweeping = sweeping.lock().await;
                     let held = sweep_freed(&args, &me, &seen).await;
                     args.store.reclaim_held();
-                    let room = super::room::drop_clean(&args, &me, &kept, (need, want)).await;
+                    let room = if drop_clean {
+                        super::room::drop_clean(&args, &me, &kept, (need, want)).await
+                    } else {
+                        (0, 0)
+                    };
                     (held, room)
                 };
                 if super::room::has_room(&args, need, want) {
@@ -866,6 +869,7 @@ impl Actor for BlockManager {
                 room_for,
                 need,
                 tier,
+                drop_clean,
                 reply,
             } => {
                 let need = match room_for {
@@ -877,7 +881,7 @@ impl Actor for BlockManager {
                     },
                     None => need,
                 };
-                state.reclaim(&myself, need, tier, reply)
+                state.reclaim(&myself, (need, tier, drop_clean), reply)
             }
             BlockMsg::EvictorFailed { tier } => {
                 // The blocks it was moving stay where they were (a move

@@ -107,9 +107,6 @@ struct Rpc {
     conf: ClientConf,
     /// The loaded `[tls]` settings, when TLS is on.
     tls: Option<Arc<Tls>>,
-    /// Holds of readers closed in the last moment, told to the node
-    /// together (see [`Client::close_read`]).
-    closing: Mutex<Vec<u64>>,
 }
 
 /// A connection to a cluster. Cheap to clone: clones share connections.
@@ -123,10 +120,6 @@ pub struct Client {
     /// The trace every request of this client joins (a traced command).
     trace: Option<TraceCtx>,
 }
-
-/// How long the closes of readers gather before the node is told of them
-/// (a write that finds no room waits longer for them).
-const CLOSE_BATCH: Duration = Duration::from_millis(20);
 
 /// Requests that change nothing, so retrying one on another node is safe.
 fn read_only(request: &Request) -> bool {
@@ -281,31 +274,13 @@ impl Client {
         }
     }
 
-    /// Tells the node that the reader holding `hold` closed, in one
-    /// request with the others closed within [`CLOSE_BATCH`] (a program
-    /// reading many small files closes one after another), from runtime
-    /// `rt`.
+    /// Tells the node that the reader holding `hold` closed, from runtime
+    /// `rt` (not waiting for the answer).
     pub(crate) fn close_read(&self, hold: u64, rt: &tokio::runtime::Handle) {
-        let first = {
-            let mut closing = self.rpc.closing.lock();
-            closing.push(hold);
-            closing.len() == 1
-        };
-        if first {
-            let client = self.clone();
-            drop(rt.spawn(async move {
-                tokio::time::sleep(CLOSE_BATCH).await;
-                client.flush_closed().await;
-            }));
-        }
-    }
-
-    /// Tells the node of every reader closed so far.
-    pub(crate) async fn flush_closed(&self) {
-        let holds = std::mem::take(&mut *self.rpc.closing.lock());
-        if !holds.is_empty() {
-            let _ = self.call(CloseRead { holds }).await;
-        }
+        let client = self.clone();
+        drop(rt.spawn(async move {
+            let _ = client.call(CloseRead { holds: vec![hold] }).await;
+        }));
     }
 
     /// Bytes this client's readers keep of what they streamed last,
@@ -363,7 +338,6 @@ impl Client {
                 failover: tokio::sync::Mutex::new(()),
                 conf: conf.clone(),
                 tls: tls.clone(),
-                closing: Mutex::new(Vec::new()),
             }),
             data: curvine_wire::data::DataPool::new(
                 conf.connect_timeout.0,

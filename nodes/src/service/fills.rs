@@ -186,7 +186,12 @@ impl Fills {
         let file = match cache {
             Some(id) => {
                 let tier = attr.storage;
-                let reserved = self.manager.reserve(id, tier, block_len, false, None).await;
+                // A reader's fill makes room as a cache does; a load job's
+                // (always_cache) does not drop cached blocks for it.
+                let reserved = self
+                    .manager
+                    .reserve_with(id, tier, (block_len, false), None, !always_cache)
+                    .await;
                 match reserved.and_then(|r| {
                     OpenOptions::new()
                         .write(true)

@@ -138,12 +138,12 @@ impl FileReader {
     pub async fn close(mut self) -> FsResult<()> {
         let hold = std::mem::take(&mut self.hold);
         self.local.clear();
-        if hold != 0 {
-            self.client
-                .close_read(hold, &tokio::runtime::Handle::current());
+        if hold == 0 {
+            return Ok(());
         }
-        self.client.flush_closed().await;
-        Ok(())
+        self.client
+            .call(curvine_messages::rpc::CloseRead { holds: vec![hold] })
+            .await
     }
 
     /// The file's attributes as of the open.
