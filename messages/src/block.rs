@@ -708,18 +708,18 @@ pub enum BlockMsg {
     Stats { reply: Reply<Vec<TierStats>> },
     /// Periodic work: access times, freed blocks, orphans, stale reservations.
     Tick,
-    /// Make room for `need` bytes in `tier` (or any tier) now, before a
-    /// writer is refused: remove the freed blocks of the shards this node
+    /// Make room for the reservation of `block` (to `size`, growing as the
+    /// writer writes when `grows`, as [`BlockMsg::Reserve`] asks) in
+    /// `tier` (or any tier) now, before a writer is refused: remove the freed blocks of the shards this node
     /// serves that no reader holds, free the removed files their last
     /// holder closed, then drop the least recently used blocks whose data
     /// is whole elsewhere (another copy, or the UFS object of a persisted
     /// or cache_mode file) until a tier has room. Replies once done (with
     /// the bytes freed on this node).
     Reclaim {
-        /// The reservation asked for (block, size, grows) that found no
-        /// room: `need` is what it lacks.
-        room_for: Option<(BlockId, u64, bool)>,
-        need: u64,
+        block: BlockId,
+        size: u64,
+        grows: bool,
         tier: Option<TierKind>,
         /// Drop clean cached blocks too (not for a load job's blocks: a
         /// load of more than the cache would drop what it loaded).

@@ -98,8 +98,9 @@ impl BlockManagerRef {
         match self.call(ask).await {
             Err(FsError::NoSpace(why)) => {
                 let reclaim = move |reply| BlockMsg::Reclaim {
-                    room_for: Some((block, size, grows)),
-                    need: size,
+                    block,
+                    size,
+                    grows,
                     tier,
                     drop_clean,
                     reply,

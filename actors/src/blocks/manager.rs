@@ -156,9 +156,7 @@ impl BlockState {
             return Ok(r);
         }
         let store = &self.args.store;
-        let candidates: Vec<usize> = (0..store.tier_count())
-            .filter(|&t| want.is_none_or(|k| store.tiers[t].info.kind == k))
-            .collect();
+        let candidates = store.tiers_of(want);
         if candidates.is_empty() {
             return Err(FsError::InvalidArgument(format!(
                 "this node has no {} tier",
@@ -866,20 +864,18 @@ impl Actor for BlockManager {
             BlockMsg::Stats { reply } => answer(reply, Ok(state.store().stats())),
             BlockMsg::Tick => state.tick(&myself),
             BlockMsg::Reclaim {
-                room_for,
-                need,
+                block,
+                size,
+                grows,
                 tier,
                 drop_clean,
                 reply,
             } => {
-                let need = match room_for {
-                    // What a reservation lacks: its growth, or its first part.
-                    Some((block, size, grows)) => match state.reservations.get(&block) {
-                        Some(r) => size.saturating_sub(r.size),
-                        None if grows => size.min(FIRST_RESERVATION),
-                        None => size,
-                    },
-                    None => need,
+                // What the reservation lacks: its growth, or its first part.
+                let need = match state.reservations.get(&block) {
+                    Some(r) => size.saturating_sub(r.size),
+                    None if grows => size.min(FIRST_RESERVATION),
+                    None => size,
                 };
                 state.reclaim(&myself, (need, tier, drop_clean), reply)
             }

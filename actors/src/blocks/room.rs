@@ -34,8 +34,9 @@ pub(super) type Kept = Arc<Mutex<HashMap<BlockId, (bool, Instant)>>>;
 /// Whether a tier of kind `want` (any, without one) has `need` bytes free.
 pub(super) fn has_room(args: &BlockArgs, need: u64, want: Option<TierKind>) -> bool {
     let store = &args.store;
-    (0..store.tier_count())
-        .filter(|&t| want.is_none_or(|k| store.tiers[t].info.kind == k))
+    store
+        .tiers_of(want)
+        .into_iter()
         .any(|t| store.tiers[t].free() >= need)
 }
 
@@ -49,9 +50,7 @@ pub(super) async fn drop_clean(
     (need, want): (u64, Option<TierKind>),
 ) -> (u64, u64) {
     let store = &args.store;
-    let tiers: Vec<usize> = (0..store.tier_count())
-        .filter(|&t| want.is_none_or(|k| store.tiers[t].info.kind == k))
-        .collect();
+    let tiers = store.tiers_of(want);
     if need == 0 || has_room(args, need, want) {
         return (0, 0);
     }

@@ -192,6 +192,13 @@ impl BlockStore {
         Ok((store, report))
     }
 
+    /// The tiers of kind `want` (every tier without one), fastest first.
+    pub(super) fn tiers_of(&self, want: Option<TierKind>) -> Vec<usize> {
+        (0..self.tiers.len())
+            .filter(|&t| want.is_none_or(|k| self.tiers[t].info.kind == k))
+            .collect()
+    }
+
     pub fn tier_count(&self) -> usize {
         self.tiers.len()
     }
