@@ -493,14 +493,7 @@ async fn grow(
         // Without making room: exactly `need` is asked next, making room.
         let size = more.clamp(1, MAX_BLOCK_SIZE);
         ctx.manager
-            .call(move |reply| BlockMsg::Reserve {
-                block,
-                tier,
-                size,
-                grows: true,
-                after: None,
-                reply,
-            })
+            .reserve_now(block, tier, (size, true), None)
             .await
     } else {
         reserve(ctx, block, tier, more, None).await

@@ -87,15 +87,7 @@ impl BlockManagerRef {
         after: Option<(curvine_messages::block::BlockId, u64)>,
         drop_clean: bool,
     ) -> FsResult<curvine_messages::block::Reservation> {
-        let ask = move |reply| BlockMsg::Reserve {
-            block,
-            tier,
-            size,
-            grows,
-            after,
-            reply,
-        };
-        match self.call(ask).await {
+        match self.reserve_now(block, tier, (size, grows), after).await {
             Err(FsError::NoSpace(why)) => {
                 let reclaim = move |reply| BlockMsg::Reclaim {
                     block,
@@ -106,7 +98,7 @@ impl BlockManagerRef {
                     reply,
                 };
                 match self.call(reclaim).await {
-                    Ok(r) => match self.call(ask).await {
+                    Ok(r) => match self.reserve_now(block, tier, (size, grows), after).await {
                         Err(FsError::NoSpace(why)) if r.uploading > 0 => Err(FsError::NoSpace(format!(
                             "{why}; {} of blocks here wait for their upload to the UFS (waited data.upload_wait without progress)",
                             curvine_messages::human_bytes(r.uploading)
@@ -118,6 +110,26 @@ impl BlockManagerRef {
             }
             other => other,
         }
+    }
+
+    /// Reserves room for a block as it is now, making none
+    /// ([`BlockMsg::Reserve`]).
+    pub async fn reserve_now(
+        &self,
+        block: curvine_messages::block::BlockId,
+        tier: Option<curvine_messages::block::TierKind>,
+        (size, grows): (u64, bool),
+        after: Option<(curvine_messages::block::BlockId, u64)>,
+    ) -> FsResult<curvine_messages::block::Reservation> {
+        self.call(move |reply| BlockMsg::Reserve {
+            block,
+            tier,
+            size,
+            grows,
+            after,
+            reply,
+        })
+        .await
     }
 
     /// The slot its supervisor keeps pointed at the block manager.

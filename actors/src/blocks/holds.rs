@@ -125,34 +125,34 @@ impl ReadHolds {
 /// The holds taken on one client connection: ended with it.
 pub struct ConnHolds {
     holds: Arc<ReadHolds>,
-    mine: Mutex<Vec<u64>>,
+    mine: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl ConnHolds {
     pub fn new(holds: Arc<ReadHolds>) -> ConnHolds {
         ConnHolds {
             holds,
-            mine: Mutex::new(Vec::new()),
+            mine: Default::default(),
         }
     }
 
     pub fn hold(&self, blocks: Vec<BlockId>) -> u64 {
         let id = self.holds.hold(blocks);
         if id != 0 {
-            self.mine.lock().push(id);
+            self.mine.lock().insert(id);
         }
         id
     }
 
     pub fn release(&self, hold: u64) {
-        self.mine.lock().retain(|h| *h != hold);
+        self.mine.lock().remove(&hold);
         self.holds.release(hold);
     }
 }
 
 impl Drop for ConnHolds {
     fn drop(&mut self) {
-        for hold in self.mine.get_mut().drain(..) {
+        for hold in self.mine.get_mut().drain() {
             self.holds.release(hold);
         }
     }

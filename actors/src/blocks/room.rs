@@ -13,8 +13,6 @@ use parking_lot::Mutex;
 use ractor::ActorRef;
 
 use curvine_messages::block::{BlockId, BlockMsg, CopyDrop, TierKind};
-use curvine_messages::shard::ShardMsg;
-use curvine_messages::shard_of;
 
 use super::BlockArgs;
 
@@ -87,16 +85,7 @@ pub(super) async fn drop_clean(
                 _ => {}
             }
             asked += 1;
-            let node = node.clone();
-            let said = args
-                .namespace
-                .call_shard(shard_of(id), move |reply| ShardMsg::DropCopy {
-                    id,
-                    node: node.clone(),
-                    apply: true,
-                    reply,
-                })
-                .await;
+            let said = args.namespace.drop_copy(id, &node, true).await;
             match said {
                 Ok(CopyDrop::Dropped { .. } | CopyDrop::Refetch) => {
                     dropped.push(id);

@@ -206,6 +206,24 @@ impl Namespace {
         self.call(shard, build).await
     }
 
+    /// Asks block `id`'s shard to forget `node`'s copy of it where the data
+    /// is whole elsewhere (only says what it would do without `apply`).
+    pub async fn drop_copy(
+        &self,
+        id: curvine_messages::block::BlockId,
+        node: &str,
+        apply: bool,
+    ) -> FsResult<curvine_messages::block::CopyDrop> {
+        let node = node.to_string();
+        self.call(shard_of(id), move |reply| ShardMsg::DropCopy {
+            id,
+            node: node.clone(),
+            apply,
+            reply,
+        })
+        .await
+    }
+
     /// A request-scoped call: retries until the request timeout.
     pub(crate) async fn call<T: Send + 'static>(
         &self,

@@ -14,8 +14,7 @@ use curvine_actors::blocks::{BlockManagerRef, BlockStore};
 use curvine_actors::namespace::Namespace;
 use curvine_messages::block::{crc32c, BlockId, BlockMsg, BlockRecord, CopyDrop, CHECKSUM_UNIT};
 use curvine_messages::rpc::{NodeScrub, ScrubProblem};
-use curvine_messages::shard::ShardMsg;
-use curvine_messages::{shard_of, FsError, FsResult};
+use curvine_messages::{FsError, FsResult};
 
 /// What reading a block found.
 enum Verdict {
@@ -174,15 +173,7 @@ impl Scrub {
     /// drops it where the data is whole elsewhere.
     async fn settle_problem(&self, p: &mut ScrubProblem, repair: bool) {
         let (id, node) = (p.block, self.node_id.clone());
-        let outcome = self
-            .namespace
-            .call_shard(shard_of(id), move |reply| ShardMsg::DropCopy {
-                id,
-                node: node.clone(),
-                apply: repair,
-                reply,
-            })
-            .await;
+        let outcome = self.namespace.drop_copy(id, &node, repair).await;
         let (recoverable, action) = match outcome {
             Err(e) => (false, format!("could not ask the block's shard: {e}")),
             Ok(drop @ (CopyDrop::OnlyCopy | CopyDrop::Uploading)) => {
