@@ -46,10 +46,21 @@ struct PhaseResult {
     p99_ms: f64,
     p999_ms: f64,
     max_ms: f64,
+    /// p50 and p99 of each kind of call: create, stat, remove.
+    by_call: Vec<CallPercentiles>,
     /// Seconds to open every connection.
     connect_seconds: f64,
     label: String,
 }
+
+#[derive(Serialize)]
+struct CallPercentiles {
+    call: &'static str,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+const CALLS: [&str; 3] = ["create", "stat", "remove"];
 
 /// What the connections of a phase share.
 struct Shared {
@@ -61,15 +72,15 @@ struct Shared {
 }
 
 /// One connection's loop: create, stat, remove its file, `rate` calls a
-/// second (or one after another); latencies in µs.
+/// second (or one after another); latencies in µs, by kind of call.
 async fn calls(
     client: Client,
     path: String,
     shared: Arc<Shared>,
     rate: f64,
     phase: f64,
-) -> Vec<u32> {
-    let mut lat = Vec::new();
+) -> [Vec<u32>; 3] {
+    let mut lat: [Vec<u32>; 3] = Default::default();
     let mut step = 0u64;
     let every = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
     let mut next =
@@ -84,13 +95,14 @@ async fn calls(
             }
         }
         let t = Instant::now();
-        let result = match step % 3 {
+        let kind = (step % 3) as usize;
+        let result = match kind {
             0 => client.create(&path).await.map(drop),
             1 => client.stat(&path).await.map(drop),
             _ => client.remove(&path, false).await.map(drop),
         };
         step += 1;
-        lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        lat[kind].push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
         let sec = shared.started.elapsed().as_secs() as usize;
         if let Some(c) = shared.per_second.get(sec) {
             c.fetch_add(1, Ordering::Relaxed);
@@ -155,13 +167,28 @@ async fn phase(
         .collect();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     shared.stop.store(true, Ordering::Relaxed);
-    let mut lat = Vec::new();
+    let mut by_kind: [Vec<u32>; 3] = Default::default();
     for t in tasks {
-        lat.extend(
-            t.await
-                .map_err(|e| format!("a connection's task failed: {e}"))?,
-        );
+        let done = t
+            .await
+            .map_err(|e| format!("a connection's task failed: {e}"))?;
+        for (all, one) in by_kind.iter_mut().zip(done) {
+            all.extend(one);
+        }
     }
+    let by_call = by_kind
+        .iter_mut()
+        .zip(CALLS)
+        .map(|(l, call)| {
+            l.sort_unstable();
+            CallPercentiles {
+                call,
+                p50_ms: pct(l, 0.50),
+                p99_ms: pct(l, 0.99),
+            }
+        })
+        .collect();
+    let mut lat = by_kind.concat();
     let elapsed = shared.started.elapsed().as_secs_f64();
     let first_error = shared.first_error.lock().clone();
     lat.sort_unstable();
@@ -185,6 +212,7 @@ async fn phase(
         p99_ms: pct(&lat, 0.99),
         p999_ms: pct(&lat, 0.999),
         max_ms: lat.last().map(|m| *m as f64 / 1000.0).unwrap_or(0.0),
+        by_call,
         connect_seconds,
         label: p.label.clone(),
     })
