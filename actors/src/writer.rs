@@ -406,8 +406,14 @@ fn run(
             continue;
         }
         last_batch = jobs.len();
+        let pass_started = Instant::now();
         if let Err(e) = commit_batch(env, &wal, &mut groups, jobs, others) {
             crash(env, &e);
+        }
+        if let Some(wal) = &wal {
+            wal.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add_busy(pass_started.elapsed());
         }
         space.keep_ahead();
     }
