@@ -778,17 +778,20 @@ def load_section(r, rows, meta):
         pace = f"{rate:.0f} calls/s each" if rate else "one call after another"
         ratio = loaded["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else float("inf")
         rr = res.get(label, res.get("conns", {}))
+        by_call = "".join(f"; {c['call']} {c['p99_ms']:.2f}" for c in loaded.get("by_call", []))
         r.p(f"| {loaded['connections']} client connections at once, each creating, stating and "
             f"removing a file of its own, {pace}, for {loaded['seconds']:.0f} s (node) | "
             f"{loaded['errors']} | {loaded['calls_per_sec']:.0f} calls/s (1 connection alone: "
             f"{idle['calls_per_sec']:.0f}) | {loaded['p99_ms']:.2f} ms ({ratio:.1f}x the "
-            f"{idle['p99_ms']:.2f} ms of one connection alone) | {mib(rr.get('max_rss_kib', 0))} | "
-            f"{rr.get('max_fds', 0)} |")
+            f"{idle['p99_ms']:.2f} ms of one connection alone{by_call}) | "
+            f"{mib(rr.get('max_rss_kib', 0))} | {rr.get('max_fds', 0)} |")
         if rate:
             r.target("Load", f"{loaded['connections']} connections, {pace}: errors; p99 "
                      "against one alone", "0; <= 10x", f"{loaded['errors']}; {ratio:.1f}x",
                      loaded["errors"] == 0 and ratio <= 10,
-                     "calls of many connections queue behind each other on 2 cores")
+                     "the clients, the node and loopback TCP share 2 cores: where they take both, "
+                     "calls queue for CPU (measured 4.1x on a faster host, notes-meta.md); the "
+                     "flush of each checkpoint is mostly done ahead while the writer has time")
         else:
             r.target("Load", f"{loaded['connections']} connections, unpaced: errors", "0",
                      str(loaded["errors"]), loaded["errors"] == 0,
