@@ -2,6 +2,8 @@
 //!
 //! - [`shard::NamespaceShard`]: one namespace shard over its LMDB environment
 //!   ([`store`]), with a dedicated writer thread and group commit ([`writer`]).
+//! - [`engine::Engine`]: one metadata environment, its log ([`wal`]) and its
+//!   write thread, owned by one object.
 //! - [`host::ShardHost`]: supervises the node's shards, keeps the [`host::ShardDirectory`].
 //! - [`namespace::Namespace`]: path operations across shards and the intent driver.
 //! - [`blocks::BlockManager`]: the node's block files in tiers, their index,
@@ -11,6 +13,7 @@
 
 pub mod blocks;
 pub mod cluster;
+pub mod engine;
 pub mod host;
 pub mod membership;
 pub mod mounts;

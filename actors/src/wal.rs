@@ -47,7 +47,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use heed::{Env, RoTxn, WithoutTls};
@@ -90,7 +90,7 @@ pub struct WalOptions {
 /// The log of one environment, shared by its writer thread and the
 /// writes made while the node starts.
 pub struct Wal {
-    env: &'static Env<WithoutTls>,
+    env: Env<WithoutTls>,
     opts: WalOptions,
     log: File,
     data: File,
@@ -129,20 +129,6 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> FsError {
 
 fn lmdb(e: heed::Error) -> FsError {
     crate::txn::lmdb_err(e)
-}
-
-fn logs() -> &'static Mutex<HashMap<PathBuf, Arc<Mutex<Wal>>>> {
-    static LOGS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<Wal>>>>> = OnceLock::new();
-    LOGS.get_or_init(Default::default)
-}
-
-/// The log of `env`, if it has one.
-pub fn of(env: &'static Env<WithoutTls>) -> Option<Arc<Mutex<Wal>>> {
-    logs()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(env.path())
-        .cloned()
 }
 
 /// What recovery found in a log: the epoch whose records are to be applied.
@@ -309,11 +295,12 @@ fn read_records(log: &File, path: &Path, epoch: u64, v1: bool) -> FsResult<Vec<R
 /// The named databases of `env` by table number (a record only names
 /// tables that existed at its checkpoint, so opening them writes nothing;
 /// one that names a table the environment lacks is refused when applied).
-fn databases(env: &'static Env<WithoutTls>) -> FsResult<Vec<Db>> {
+fn databases(env: &Env<WithoutTls>) -> FsResult<Vec<Db>> {
     let rtxn = env.read_txn().map_err(lmdb)?;
     let opened = env
         .open_databases_and_commit(rtxn, |opener, rtxn| -> Result<_, heed::Error> {
-            let mut dbs: [Option<Db>; TABLE_NAMES.len()] = [None; TABLE_NAMES.len()];
+            let mut dbs: [Option<heed::Database<heed::types::Bytes, heed::types::Bytes>>;
+                TABLE_NAMES.len()] = [None; TABLE_NAMES.len()];
             for (n, name) in TABLE_NAMES.iter().enumerate() {
                 dbs[n] = opener.open_database(rtxn, Some(name))?;
             }
@@ -344,12 +331,12 @@ fn databases(env: &'static Env<WithoutTls>) -> FsResult<Vec<Db>> {
 impl Wal {
     /// After `env` at `dir` is opened: applies what `recovery` found, then
     /// starts the log with a checkpoint (`opts` `None`: the log is removed
-    /// once applied, and LMDB syncs its own commits).
+    /// once applied, and LMDB syncs its own commits: no log is returned).
     pub fn open(
-        env: &'static Env<WithoutTls>,
+        env: &Env<WithoutTls>,
         recovery: Option<Recovery>,
         opts: Option<WalOptions>,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Wal>> {
         let dir = env.path().to_path_buf();
         let path = dir.join(LOG_NAME);
         if let Some(rec) = recovery {
@@ -368,7 +355,7 @@ impl Wal {
             if path.exists() {
                 std::fs::remove_file(&path).map_err(|e| io("remove", &path, e))?;
             }
-            return Ok(());
+            return Ok(None);
         };
         let page_size = env.unnamed_database_stat().page_size.max(512) as usize;
         if page_size > MAX_PAGE {
@@ -395,7 +382,7 @@ impl Wal {
         let data = File::open(&data_path).map_err(|e| io("open", &data_path, e))?;
         let preflush = preflush::PreFlush::start(&data, &data_path.display().to_string());
         let mut wal = Wal {
-            env,
+            env: env.clone(),
             opts,
             log,
             data,
@@ -426,11 +413,7 @@ impl Wal {
             ),
         };
         wal.checkpoint()?;
-        logs()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(dir, Arc::new(Mutex::new(wal)));
-        Ok(())
+        Ok(Some(wal))
     }
 
     fn path(&self) -> PathBuf {
@@ -624,7 +607,7 @@ impl Wal {
         self.busy_share = self.busy.as_secs_f64() / self.base_at.elapsed().as_secs_f64().max(1e-9);
         self.busy = Duration::ZERO;
         let synced = started.elapsed();
-        let pin = self.env.read_txn().map_err(lmdb)?;
+        let pin = self.env.clone().static_read_txn().map_err(lmdb)?;
         let mut metas = vec![0u8; 2 * self.page_size];
         let data_path = self.env.path().join("data.mdb");
         self.data
@@ -674,7 +657,7 @@ impl Wal {
 /// checkpoint, in one transaction: it cannot reuse a page of the restored
 /// snapshot, so a crash before the next checkpoint finds that snapshot
 /// intact again. Returns how many records and changes it applied.
-fn apply_records(env: &'static Env<WithoutTls>, records: &[Record]) -> FsResult<(usize, usize)> {
+fn apply_records(env: &Env<WithoutTls>, records: &[Record]) -> FsResult<(usize, usize)> {
     let dbs = databases(env)?;
     if dbs.is_empty() {
         return Err(FsError::Corrupt(format!(
@@ -750,20 +733,13 @@ fn fill_zeros(file: &File, from: u64, to: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Ends every log of this process with a checkpoint (a clean stop leaves
-/// nothing to apply at the next start).
-pub fn checkpoint_all() {
-    let all: Vec<Arc<Mutex<Wal>>> = logs()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for wal in all {
-        let mut wal = wal.lock().unwrap_or_else(|p| p.into_inner());
-        if wal.offset > RECORDS_AT {
-            if let Err(e) = wal.checkpoint() {
-                tracing::warn!(env = %wal.env.path().display(), error = %e, "final metadata checkpoint failed");
+impl Wal {
+    /// Ends the log with a checkpoint when it holds records (a clean stop
+    /// leaves nothing to apply at the next start).
+    pub fn close(&mut self) {
+        if self.offset > RECORDS_AT {
+            if let Err(e) = self.checkpoint() {
+                tracing::warn!(env = %self.env.path().display(), error = %e, "final metadata checkpoint failed");
             }
         }
     }
@@ -775,13 +751,12 @@ mod tests {
 
     use super::*;
 
-    fn env_with(tables: &[&str]) -> (tempfile::TempDir, &'static Env<WithoutTls>) {
+    fn env_with(tables: &[&str]) -> (tempfile::TempDir, Env<WithoutTls>) {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = heed::EnvOpenOptions::new().read_txn_without_tls();
         opts.max_dbs(16);
         // SAFETY: a fresh directory, opened once.
-        let env: &'static Env<WithoutTls> =
-            Box::leak(Box::new(unsafe { opts.open(dir.path()) }.unwrap()));
+        let env = unsafe { opts.open(dir.path()) }.unwrap();
         let wtxn = env.write_txn().unwrap();
         env.create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
             for name in tables {
@@ -796,9 +771,9 @@ mod tests {
     #[test]
     fn an_environment_of_a_release_before_a_new_table_is_recovered() {
         let (_dir, env) = env_with(&TABLE_NAMES[..TABLE_NAMES.len() - 1]);
-        assert_eq!(databases(env).unwrap().len(), TABLE_NAMES.len() - 1);
+        assert_eq!(databases(&env).unwrap().len(), TABLE_NAMES.len() - 1);
         let (_dir, env) = env_with(&TABLE_NAMES);
-        assert_eq!(databases(env).unwrap().len(), TABLE_NAMES.len());
+        assert_eq!(databases(&env).unwrap().len(), TABLE_NAMES.len());
     }
 
     #[test]
@@ -806,7 +781,7 @@ mod tests {
         let mut names = TABLE_NAMES.to_vec();
         names.remove(2);
         let (_dir, env) = env_with(&names);
-        let err = databases(env).unwrap_err().to_string();
+        let err = databases(&env).unwrap_err().to_string();
         assert!(err.contains("lacks dentries"), "{err}");
     }
 }

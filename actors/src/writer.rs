@@ -18,12 +18,11 @@
 //! fdatasync, while one that extends the file costs an ext4 journal commit
 //! as well (measured here: 2.5k against 4.0k fdatasync/s).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
-use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heed::{Env, WithoutTls};
@@ -71,7 +70,7 @@ enum Input {
     Transfer(ShardId, u64, Done),
 }
 
-struct Inner {
+pub(crate) struct Inner {
     tx: mpsc::Sender<Input>,
     status: StatusBoard,
 }
@@ -100,11 +99,6 @@ pub struct Writer {
     shard: ShardId,
 }
 
-fn running() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
-    static RUNNING: OnceLock<Mutex<HashMap<PathBuf, Weak<Inner>>>> = OnceLock::new();
-    RUNNING.get_or_init(Default::default)
-}
-
 impl Writer {
     /// The write thread of `store`'s environment, started on first use and
     /// shared by every shard whose databases live in that environment.
@@ -121,15 +115,18 @@ impl Writer {
         transport: Option<Arc<dyn Transport>>,
         may_found: Option<MayFound>,
     ) -> Writer {
-        let env = store.env();
+        let engine = store.engine();
         let shard = store.shard;
-        let mut map = running()
+        let mut running = engine
+            .writer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let path = env.path().to_path_buf();
-        if let Some(inner) = map.get(&path).and_then(Weak::upgrade) {
+        if let Some(inner) = running.upgrade() {
             return Writer { inner, shard };
         }
+        let env = engine.env().clone();
+        let wal = engine.wal().cloned();
+        let path = engine.path().to_path_buf();
         let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
         let groups = Groups::new(store.replica_id, store.tables(), copy, transport, may_found);
         let status = groups.status();
@@ -141,10 +138,20 @@ impl Writer {
         );
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(env, groups, answers, rx, group_max.max(1), commit_delay))
+            .spawn(move || {
+                run(
+                    env,
+                    wal,
+                    groups,
+                    answers,
+                    rx,
+                    group_max.max(1),
+                    commit_delay,
+                )
+            })
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx, status });
-        map.insert(path, Arc::downgrade(&inner));
+        *running = Arc::downgrade(&inner);
         Writer { inner, shard }
     }
 
@@ -284,7 +291,7 @@ struct Copies(ShardStore);
 
 impl ShardCopy for Copies {
     fn read_txn(&self) -> FsResult<heed::RoTxn<'static, WithoutTls>> {
-        self.0.env().read_txn().map_err(lmdb_err)
+        self.0.read_txn()
     }
 
     fn export(
@@ -312,15 +319,15 @@ impl ShardCopy for Copies {
 }
 
 fn run(
-    env: &'static Env<WithoutTls>,
+    env: Env<WithoutTls>,
+    wal: Option<Arc<Mutex<crate::wal::Wal>>>,
     mut groups: Groups,
     answers: crate::txn::Db,
     rx: mpsc::Receiver<Input>,
     group_max: usize,
     commit_delay: Duration,
 ) {
-    let mut space = Headroom::new(env);
-    let wal = crate::wal::of(env);
+    let mut space = Headroom::new(&env);
     groups.set_logged(wal.is_some());
     if let Err(e) = env
         .read_txn()
@@ -385,7 +392,7 @@ fn run(
         }
         if Instant::now() >= next_expiry {
             next_expiry = Instant::now() + ANSWER_EXPIRY_EVERY;
-            if let Err(e) = expire_answers(env, answers) {
+            if let Err(e) = expire_answers(&env, answers) {
                 tracing::warn!(env = %env.path().display(), error = %e, "cannot delete expired answers of calls");
             }
         }
@@ -407,8 +414,8 @@ fn run(
         }
         last_batch = jobs.len();
         let pass_started = Instant::now();
-        if let Err(e) = commit_batch(env, &wal, &mut groups, jobs, others) {
-            crash(env, &e);
+        if let Err(e) = commit_batch(&env, &wal, &mut groups, jobs, others) {
+            crash(&env, &e);
         }
         if let Some(wal) = &wal {
             wal.lock()
@@ -431,7 +438,7 @@ pub const FAILED_PASS_EXIT: i32 = 74;
 /// LMDB and the groups from the log alone. A leader that stayed up would
 /// answer every call with the error while its heartbeats kept the other
 /// members from electing another.
-fn crash(env: &'static Env<WithoutTls>, e: &FsError) -> ! {
+fn crash(env: &Env<WithoutTls>, e: &FsError) -> ! {
     tracing::error!(
         env = %env.path().display(),
         error = %e,
@@ -492,7 +499,7 @@ impl Pass {
 /// how to take it back, and each job's completion.
 #[allow(clippy::type_complexity)]
 fn run_jobs(
-    env: &'static Env<WithoutTls>,
+    env: &Env<WithoutTls>,
     txn: &mut heed::RwTxn<'_>,
     groups: &mut Groups,
     jobs: Vec<Job>,
@@ -539,7 +546,7 @@ fn run_jobs(
 /// of the log (or, without a log, with LMDB's own synced commit), commits
 /// LMDB, and answers each job once its shard committed what the job saw.
 fn commit_batch(
-    env: &'static Env<WithoutTls>,
+    env: &Env<WithoutTls>,
     wal: &Option<Arc<Mutex<crate::wal::Wal>>>,
     groups: &mut Groups,
     jobs: Vec<Job>,
@@ -686,7 +693,7 @@ fn answer_all(early: &mut Vec<Completion>, result: FsResult<()>) {
 
 /// Zero-filled space kept ahead of LMDB's last page.
 struct Headroom {
-    env: &'static Env<WithoutTls>,
+    env: Env<WithoutTls>,
     page_size: u64,
     file: Option<std::fs::File>,
     /// Whether the last try to preallocate failed (warned once, not at
@@ -698,14 +705,14 @@ impl Headroom {
     const MIN_STEP: u64 = 4 << 20;
     const MAX_STEP: u64 = 256 << 20;
 
-    fn new(env: &'static Env<WithoutTls>) -> Headroom {
+    fn new(env: &Env<WithoutTls>) -> Headroom {
         let page_size = env.unnamed_database_stat().page_size.max(512) as u64;
         let file = OpenOptions::new()
             .write(true)
             .open(env.path().join("data.mdb"))
             .ok();
         Headroom {
-            env,
+            env: env.clone(),
             page_size,
             file,
             failing: false,

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_actors::engine::Engine;
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
 use curvine_actors::namespace::Namespace;
 use curvine_actors::shard::ShardArgs;
@@ -31,6 +32,7 @@ async fn start(dir: &std::path::Path) -> (Arc<Namespace>, ShardDirectory) {
         checkpoint_interval: Duration::from_millis(500),
         replica_id: 1,
     };
+    let engine = Engine::open(&dir.join("meta"), &options).unwrap();
     let metrics = Metrics::new();
     let shards = (0..SHARDS)
         .map(|shard| {
@@ -40,7 +42,7 @@ async fn start(dir: &std::path::Path) -> (Arc<Namespace>, ShardDirectory) {
                 shard_count: SHARDS as u32,
             };
             ShardArgs {
-                store: Arc::new(ShardStore::open(&dir.join("meta"), &id, &options).unwrap()),
+                store: Arc::new(ShardStore::open(&engine, &id).unwrap()),
                 group_commit_max: 64,
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),

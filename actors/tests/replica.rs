@@ -16,6 +16,7 @@ use curvine_actors::writer::Inbox;
 
 use curvine_messages::{now_ns, FileKind, NewInode, ROOT_INO};
 
+use curvine_actors::engine::Engine;
 use curvine_actors::replica::{member_id, read_group_state, write_group_state};
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_actors::writer::Writer;
@@ -50,7 +51,7 @@ fn open_with(
         shard,
         shard_count: 4,
     };
-    ShardStore::open(dir, &identity, &options).unwrap()
+    ShardStore::open(&Engine::open(dir, &options).unwrap(), &identity).unwrap()
 }
 
 fn create(writer: &Writer, store: &std::sync::Arc<ShardStore>, name: &str) -> FsResult<()> {
@@ -256,12 +257,7 @@ fn some_of_three(
             // The founding members are durable before the group runs (a
             // node's groups get theirs through Raft; this is the test's
             // shortcut, made durable by a checkpoint).
-            curvine_actors::wal::of(store.env())
-                .unwrap()
-                .lock()
-                .unwrap()
-                .checkpoint()
-                .unwrap();
+            store.checkpoint().unwrap();
             let link: Arc<dyn Transport> = Arc::new(Link {
                 from: id,
                 net: net.clone(),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use curvine_actors::engine::Engine;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions, MAX_LINKS};
 use curvine_actors::txn::WriteTxn;
 use curvine_actors::writer::Writer;
@@ -44,14 +45,14 @@ fn identity(shard: u16) -> ShardIdentity {
 
 fn fixture(shared: bool) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
+    let shared_engine = shared.then(|| Engine::open(&dir.path().join("meta"), &options()).unwrap());
     let shards = (0..2u16)
         .map(|s| {
-            let path = if shared {
-                dir.path().join("meta")
-            } else {
-                dir.path().join(format!("s{s}"))
+            let engine = match &shared_engine {
+                Some(engine) => engine.clone(),
+                None => Engine::open(&dir.path().join(format!("s{s}")), &options()).unwrap(),
             };
-            Arc::new(ShardStore::open(&path, &identity(s), &options()).unwrap())
+            Arc::new(ShardStore::open(&engine, &identity(s)).unwrap())
         })
         .collect();
     Fixture { _dir: dir, shards }
@@ -139,8 +140,8 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
     assert_eq!(shard_of(a.ino), 0);
     // Reopening the same path (as a restarted shard does) sees the same data
     // and allocates fresh ids.
-    let path = f.shards[0].env().path().to_path_buf();
-    let again = ShardStore::open(&path, &identity(0), &options()).unwrap();
+    let engine = f.shards[0].engine().clone();
+    let again = ShardStore::open(&engine, &identity(0)).unwrap();
     let txn = again.read_txn().unwrap();
     assert_eq!(again.lookup(&txn, ROOT_INO, "a").unwrap().ino, a.ino);
     drop(txn);
@@ -153,10 +154,7 @@ fn formats_root_and_keeps_counters_across_reopen(f: Fixture) {
         cluster_id: "c2".into(),
         ..identity(0)
     };
-    let err = ShardStore::open(&path, &other, &options())
-        .err()
-        .unwrap()
-        .to_string();
+    let err = ShardStore::open(&engine, &other).err().unwrap().to_string();
     assert!(
         err.contains("cluster c1") && err.contains("cluster c2"),
         "{err}"

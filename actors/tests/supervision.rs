@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use curvine_actors::engine::Engine;
 use curvine_actors::host::{HostArgs, ShardDirectory, ShardHost};
 use curvine_actors::namespace::Namespace;
 use curvine_actors::shard::ShardArgs;
@@ -23,6 +24,7 @@ fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
         checkpoint_interval: std::time::Duration::from_millis(500),
         replica_id: 1,
     };
+    let engine = Engine::open(&dir.join("meta"), &options).unwrap();
     (0..2u16)
         .map(|shard| {
             let id = ShardIdentity {
@@ -31,7 +33,7 @@ fn start_stores(dir: &std::path::Path, metrics: &Metrics) -> Vec<ShardArgs> {
                 shard_count: 2,
             };
             ShardArgs {
-                store: Arc::new(ShardStore::open(&dir.join("meta"), &id, &options).unwrap()),
+                store: Arc::new(ShardStore::open(&engine, &id).unwrap()),
                 group_commit_max: 64,
                 commit_delay: Duration::ZERO,
                 op_record_ttl: Duration::from_secs(3600),

@@ -608,7 +608,7 @@ impl BlockStore {
 /// One LMDB environment of block records, committed with sync.
 struct Index {
     dir: PathBuf,
-    env: &'static Env<WithoutTls>,
+    env: Env<WithoutTls>,
     db: Database<'static, Bytes, Bytes>,
     /// Which store the index belongs to (`STORE_KEY`).
     meta: Database<'static, Bytes, Bytes>,
@@ -633,7 +633,7 @@ impl Index {
             max_readers: 254,
             sync_commit: true,
         };
-        let env = crate::store::open_env(dir, &options)?;
+        let (env, _) = crate::engine::open_env(dir, &options)?;
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let (db, meta) = match env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
@@ -957,6 +957,8 @@ mod tests {
         store.indexes[1].put(6, &from).unwrap();
         let to = block(&store, 1, 6, 30);
         store.indexes[0].put(6, &to).unwrap();
+        // Opened again as a restarted node opens it (the old one closed).
+        drop(store);
         let (store, report) = open(dir.path());
         assert_eq!((report.blocks, report.unindexed), (2, 1), "{report:?}");
         assert_eq!(store.indexes[1].all().unwrap(), vec![(5, old.clone())]);
@@ -973,6 +975,7 @@ mod tests {
         let (store, _) = BlockStore::open(&dir.path().join("a"), tiers(dir.path()), true).unwrap();
         let mem = block(&store, 0, 3, 10);
         store.put(3, &mem).unwrap();
+        drop(store);
         // The same tiers under a new data directory (the old one was lost):
         // the MEM tier's blocks belong to no file of the new store.
         let (store, report) =

@@ -149,7 +149,8 @@ mod tests {
             checkpoint_interval: std::time::Duration::ZERO,
             replica_id: 1,
         };
-        ShardStore::open(&dir.join(format!("s{shard}")), &identity, &options).unwrap()
+        let engine = crate::engine::Engine::open(&dir.join(format!("s{shard}")), &options).unwrap();
+        ShardStore::open(&engine, &identity).unwrap()
     }
 
     fn is_busy<T: std::fmt::Debug>(r: FsResult<T>, message: &str) -> bool {

@@ -1,13 +1,10 @@
-//! Opening a shard: the process-wide registry of LMDB environments (one
-//! per path), a shard's databases and their format, and making what was
-//! committed durable.
+//! Opening a shard in its environment's engine: its databases and their
+//! format, and making what was committed durable.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Arc;
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Env, EnvOpenOptions, WithoutTls};
+use heed::CommitOrAbort;
 
 use crate::txn::{Table, WriteTxn, TABLE_NAMES};
 
@@ -16,65 +13,15 @@ use curvine_messages::shard::ShardMeta;
 use curvine_messages::{now_ns, Attr, FileKind, FsError, FsResult, ROOT_INO};
 
 use super::keys::meta_key;
-use super::{decode, lmdb_err, ShardIdentity, ShardStore, StoreOptions};
-
-/// Environments opened by this process, by path. LMDB allows one per path per
-/// process, and a restarted shard actor must find the one it had.
-fn opened() -> &'static Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>> {
-    static OPENED: OnceLock<Mutex<HashMap<PathBuf, &'static Env<WithoutTls>>>> = OnceLock::new();
-    OPENED.get_or_init(Default::default)
-}
-
-pub(crate) fn open_env(path: &Path, options: &StoreOptions) -> FsResult<&'static Env<WithoutTls>> {
-    let mut map = opened()
-        .lock()
-        .map_err(|_| FsError::Io("environment registry poisoned".into()))?;
-    if let Some(env) = map.get(path) {
-        return Ok(env);
-    }
-    std::fs::create_dir_all(path)
-        .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
-    // A log left by the last run puts LMDB back on its last checkpoint
-    // first; its records are applied once the environment is open.
-    let recovery = crate::wal::restore_base(path)?;
-    let mut opts = EnvOpenOptions::new().read_txn_without_tls();
-    opts.map_size(options.map_size as usize)
-        // One more reader: the log's hold on its checkpoint.
-        .max_dbs(16)
-        .max_readers(options.max_readers + 1);
-    if options.wal || !options.sync_commit {
-        // With the log, LMDB commits without sync and is flushed at
-        // checkpoints (see `wal`). Without it, NO_SYNC alone keeps the
-        // database intact only until a machine crash. WRITE_MAP is never
-        // used.
-        unsafe {
-            opts.flags(heed::EnvFlags::NO_SYNC);
-        }
-    }
-    // SAFETY: the path is opened once per process (the map above), and no other
-    // process opens a node's data directory (the node holds a lock file).
-    let env = unsafe { opts.open(path) }.map_err(lmdb_err)?;
-    let env: &'static Env<WithoutTls> = Box::leak(Box::new(env));
-    let wal = options.wal.then_some(crate::wal::WalOptions {
-        sync: options.sync_commit,
-        size: options.wal_size,
-        checkpoint_interval: options.checkpoint_interval,
-    });
-    crate::wal::Wal::open(env, recovery, wal)?;
-    map.insert(path.to_path_buf(), env);
-    Ok(env)
-}
+use super::{decode, lmdb_err, ShardIdentity, ShardStore};
+use crate::engine::Engine;
 
 impl ShardStore {
     /// Opens (and on first use formats) the shard's databases in the
-    /// environment at `path`, which may hold other shards' databases too. A
-    /// shard formatted for another cluster or shard count is refused.
-    pub fn open(
-        path: &Path,
-        identity: &ShardIdentity,
-        options: &StoreOptions,
-    ) -> FsResult<ShardStore> {
-        let env = open_env(path, options)?;
+    /// environment of `engine`, which may hold other shards' databases too.
+    /// A shard formatted for another cluster or shard count is refused.
+    pub fn open(engine: &Arc<Engine>, identity: &ShardIdentity) -> FsResult<ShardStore> {
+        let env = engine.env();
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let dbs = env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
@@ -109,8 +56,8 @@ impl ShardStore {
             meta_key: meta_key(identity.shard),
             shard_count: identity.shard_count,
             cluster_id: identity.cluster_id.clone(),
-            replica_id: options.replica_id,
-            env,
+            replica_id: engine.options().replica_id,
+            engine: engine.clone(),
             meta: Table::new(dbs[0], 0),
             inodes: Table::new(dbs[1], 1),
             dentries: Table::new(dbs[2], 2),
@@ -134,10 +81,7 @@ impl ShardStore {
     /// Makes everything committed so far durable: a checkpoint of the
     /// environment's log (without one, LMDB synced its commits itself).
     pub fn checkpoint(&self) -> FsResult<()> {
-        match crate::wal::of(self.env) {
-            Some(wal) => wal.lock().unwrap_or_else(|p| p.into_inner()).checkpoint(),
-            None => Ok(()),
-        }
+        self.engine.checkpoint()
     }
 
     /// Runs `f` in a write transaction of its own and makes it durable
@@ -147,7 +91,7 @@ impl ShardStore {
         &self,
         f: impl FnOnce(&ShardStore, &mut WriteTxn) -> FsResult<T>,
     ) -> FsResult<T> {
-        let mut wtxn = WriteTxn::new(self.env.write_txn().map_err(lmdb_err)?);
+        let mut wtxn = WriteTxn::new(self.env().write_txn().map_err(lmdb_err)?);
         match f(self, &mut wtxn) {
             Ok(v) => {
                 wtxn.commit().map_err(lmdb_err)?;
@@ -162,7 +106,7 @@ impl ShardStore {
     }
 
     fn format_or_check(&self, identity: &ShardIdentity) -> FsResult<()> {
-        let mut wtxn = WriteTxn::new(self.env.write_txn().map_err(lmdb_err)?);
+        let mut wtxn = WriteTxn::new(self.env().write_txn().map_err(lmdb_err)?);
         match self.meta.get(&wtxn, &self.meta_key).map_err(lmdb_err)? {
             Some(bytes) => {
                 let meta: ShardMeta = decode(bytes)?;
@@ -172,7 +116,7 @@ impl ShardStore {
                 {
                     return Err(FsError::Corrupt(format!(
                         "shard store at {} belongs to cluster {} shard {}/{}, not cluster {} shard {}/{}",
-                        self.env.path().display(),
+                        self.env().path().display(),
                         meta.cluster_id,
                         meta.shard,
                         meta.shard_count,

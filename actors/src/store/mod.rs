@@ -32,8 +32,8 @@
 //! [`FreedBlock`]: curvine_messages::block::FreedBlock
 //! [`DelegationRecord`]: curvine_messages::delegation::DelegationRecord
 //!
-//! The code is split by record kind: `env` (the environment registry,
-//! opening and formatting a shard), `keys` (key encoding), `inodes`
+//! The code is split by record kind: `env` (opening and formatting a
+//! shard in its [`Engine`](crate::engine::Engine)), `keys` (key encoding), `inodes`
 //! (inodes and directory entries), `blocks` (a file's blocks and write
 //! lease), `xattrs`, `intents` (cross-shard operations, name locks, step
 //! records), `requests` (answers of mutations, for calls made again),
@@ -54,7 +54,6 @@ mod requests;
 mod ufs;
 mod xattrs;
 
-pub(crate) use env::open_env;
 pub use inodes::{check_rename_kinds, MAX_LINKS};
 pub use intents::StepRecord;
 pub use requests::{
@@ -117,7 +116,7 @@ pub struct ShardStore {
     pub cluster_id: String,
     /// This node's member id in the shard's Raft group.
     pub replica_id: u64,
-    env: &'static Env<WithoutTls>,
+    engine: std::sync::Arc<crate::engine::Engine>,
     meta: Table,
     inodes: Table,
     dentries: Table,
@@ -168,7 +167,7 @@ impl ShardStore {
             shard_count: self.shard_count,
             cluster_id: self.cluster_id.clone(),
             replica_id: self.replica_id,
-            env: self.env,
+            engine: self.engine.clone(),
             meta: self.meta,
             inodes: self.inodes,
             dentries: self.dentries,
@@ -185,17 +184,22 @@ impl ShardStore {
         }
     }
 
-    pub fn env(&self) -> &'static Env<WithoutTls> {
-        self.env
+    pub fn env(&self) -> &Env<WithoutTls> {
+        self.engine.env()
+    }
+
+    /// The engine of the store's environment.
+    pub fn engine(&self) -> &std::sync::Arc<crate::engine::Engine> {
+        &self.engine
     }
 
     /// Whether two stores share one environment.
     pub fn same_env(&self, other: &ShardStore) -> bool {
-        std::ptr::eq(self.env, other.env)
+        std::sync::Arc::ptr_eq(&self.engine, &other.engine)
     }
 
     pub fn read_txn(&self) -> FsResult<RoTxn<'static, WithoutTls>> {
-        self.env.read_txn().map_err(lmdb_err)
+        self.env().clone().static_read_txn().map_err(lmdb_err)
     }
 
     fn is_local(&self, ino: Ino) -> bool {
@@ -270,8 +274,8 @@ impl ShardStore {
             dentries: self.count_own(self.dentries, txn)?,
             intents: self.count_own(self.intents, txn)?,
             locks: self.count_own(self.locks, txn)?,
-            env: self.env.path().display().to_string(),
-            env_bytes: self.env.real_disk_size().unwrap_or(0),
+            env: self.env().path().display().to_string(),
+            env_bytes: self.env().real_disk_size().unwrap_or(0),
             group: None,
         })
     }

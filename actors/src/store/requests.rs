@@ -314,7 +314,7 @@ impl ShardStore {
     /// environment (what each member's writer does every
     /// [`ANSWER_EXPIRY_EVERY`]).
     pub fn expire_answers(&self) -> FsResult<usize> {
-        expire_answers(self.env, self.answers_db())
+        expire_answers(self.env(), self.answers_db())
     }
 
     /// The environment's table of answers (expired by its writer).

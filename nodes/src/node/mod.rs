@@ -72,6 +72,8 @@ pub struct RunningNode {
     /// The S3 gateway's address; empty when `s3.listen = "off"`.
     pub s3_addr: String,
     cluster_server: ActorRef<ractor_cluster::NodeServerMessage>,
+    /// The metadata environments, closed with a checkpoint at a clean stop.
+    engines: Vec<Arc<curvine_actors::engine::Engine>>,
 }
 
 /// Starts a node with `config`: opens (or formats) the data directory, joins
@@ -249,6 +251,7 @@ async fn start_with(
         history_interval: config.http.history_interval.0,
     };
     let raft = start_writers(config, &meta.stores, &core.view);
+    let engines = meta.engines.clone();
     let subsystems = Subsystems::build(&core);
     let service = Arc::new(Service::new(&core, &subsystems));
     let parts = tree_parts(
@@ -285,6 +288,7 @@ async fn start_with(
         http: None,
         s3_addr: ports.s3_addr.clone(),
         cluster_server: cluster.server,
+        engines,
     };
     // What fails from here stops what started.
     let finished =
@@ -621,6 +625,7 @@ impl RunningNode {
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
             .await;
         // A clean stop leaves no metadata log to apply at the next start.
-        let _ = tokio::task::spawn_blocking(curvine_actors::wal::checkpoint_all).await;
+        let engines = self.engines;
+        let _ = tokio::task::spawn_blocking(move || engines.iter().for_each(|e| e.close())).await;
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use curvine_actors::blocks::{BlockStore, TierInfo};
+use curvine_actors::engine::Engine;
 use curvine_actors::membership::read_members_file;
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
 use curvine_conf::Config;
@@ -15,8 +16,10 @@ use curvine_messages::ShardId;
 use super::error::StartError;
 use crate::identity::DataDir;
 
-/// The shard stores of a node and the cluster map it starts with.
+/// The metadata engines of a node (one per environment), its shard stores
+/// and the cluster map it starts with.
 pub struct MetaStores {
+    pub engines: Vec<Arc<Engine>>,
     pub stores: Vec<Arc<ShardStore>>,
     pub map: ClusterMap,
 }
@@ -55,14 +58,23 @@ pub async fn open_meta(
     let (_, saved_map) = read_members_file(&data_dir.members_file());
     let founder_map = (identity.founder && saved_map.is_none())
         .then(|| ClusterMap::single(&identity.node_id, identity.shard_count));
-    let (stores, stored_map) = tokio::task::spawn_blocking(move || {
-        let stores = identities
-            .iter()
-            .zip(paths)
-            .map(|(id, path)| ShardStore::open(&path, id, &options).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
+    let (engines, stores, stored_map) = tokio::task::spawn_blocking(move || {
+        // Shards of the `meta` layout share one environment.
+        let mut engines: Vec<Arc<Engine>> = Vec::new();
+        let mut stores = Vec::with_capacity(identities.len());
+        for (id, path) in identities.iter().zip(paths) {
+            let engine = match engines.iter().find(|e| e.path() == path) {
+                Some(engine) => engine.clone(),
+                None => {
+                    let engine = Engine::open(&path, &options)?;
+                    engines.push(engine.clone());
+                    engine
+                }
+            };
+            stores.push(Arc::new(ShardStore::open(&engine, id)?));
+        }
         let stored = stores[0].init_cluster_map(founder_map.as_ref())?;
-        Ok::<_, curvine_messages::FsError>((stores, stored))
+        Ok::<_, curvine_messages::FsError>((engines, stores, stored))
     })
     .await
     .map_err(|e| StartError::Actors(e.to_string()))?
@@ -77,7 +89,11 @@ pub async fn open_meta(
             shards: vec![String::new(); identity.shard_count as usize],
             followers: Vec::new(),
         });
-    Ok(MetaStores { stores, map })
+    Ok(MetaStores {
+        engines,
+        stores,
+        map,
+    })
 }
 
 /// Opens the block store in the node's tiers: index and files agree after

@@ -1,0 +1,148 @@
+//! The storage engine of one metadata environment: the LMDB environment,
+//! its write-ahead log ([`crate::wal`]) and its write thread
+//! ([`crate::writer`]), owned by one object.
+//!
+//! Whoever opens an environment holds its [`Engine`] and hands it to the
+//! shard stores that live in it ([`crate::store::ShardStore::open`]); no
+//! registry of the process finds it by path. Dropping the last handle
+//! (the engine, its stores, the writers and the log's pinned snapshot)
+//! closes the environment, so a test can open an environment, drop it
+//! without a clean stop (a crash of the process, as LMDB's pages already
+//! handed to the kernel survive one) and open it again in the same
+//! process, which recovers it from its log. [`Engine::close`] is the clean
+//! stop: a last checkpoint, after which nothing is left to apply.
+//!
+//! LMDB allows one environment per path per process: opening a path whose
+//! engine is still alive is refused with an error naming it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use heed::{Env, EnvOpenOptions, WithoutTls};
+
+use curvine_messages::{FsError, FsResult};
+
+use crate::store::StoreOptions;
+use crate::wal::{Wal, WalOptions};
+
+/// One metadata environment, its log and its write thread.
+pub struct Engine {
+    env: Env<WithoutTls>,
+    path: PathBuf,
+    options: StoreOptions,
+    wal: Option<Arc<Mutex<Wal>>>,
+    /// The write thread, while a [`crate::writer::Writer`] of it lives.
+    pub(crate) writer: Mutex<Weak<crate::writer::Inner>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("path", &self.path).finish()
+    }
+}
+
+impl Engine {
+    /// Opens (creating it when missing) the environment at `path`: a log
+    /// left by the last run is applied first (see [`crate::wal`]).
+    pub fn open(path: &Path, options: &StoreOptions) -> FsResult<Arc<Engine>> {
+        let (env, wal) = open_env(path, options)?;
+        Ok(Arc::new(Engine {
+            env,
+            path: path.to_path_buf(),
+            options: options.clone(),
+            wal: wal.map(|w| Arc::new(Mutex::new(w))),
+            writer: Mutex::new(Weak::new()),
+        }))
+    }
+
+    pub fn env(&self) -> &Env<WithoutTls> {
+        &self.env
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    /// An event set once the environment is closed: once the engine, its
+    /// stores, its writers and its log are all dropped (tests reopening
+    /// an environment in the same process wait for it).
+    pub fn closing(&self) -> heed::EnvClosingEvent {
+        self.env.clone().prepare_for_closing()
+    }
+
+    /// The environment's log, when it has one (`meta.wal`).
+    pub fn wal(&self) -> Option<&Arc<Mutex<Wal>>> {
+        self.wal.as_ref()
+    }
+
+    fn lock_wal(wal: &Mutex<Wal>) -> MutexGuard<'_, Wal> {
+        wal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes everything committed so far durable: a checkpoint of the log
+    /// (without one, LMDB synced its commits itself).
+    pub fn checkpoint(&self) -> FsResult<()> {
+        match &self.wal {
+            Some(wal) => Self::lock_wal(wal).checkpoint(),
+            None => Ok(()),
+        }
+    }
+
+    /// A clean stop: ends the log with a checkpoint, so the next open has
+    /// nothing to apply. Commits made after it are still logged.
+    pub fn close(&self) {
+        if let Some(wal) = &self.wal {
+            Self::lock_wal(wal).close();
+        }
+    }
+}
+
+/// Opens the LMDB environment at `path` and recovers it from its log.
+pub(crate) fn open_env(
+    path: &Path,
+    options: &StoreOptions,
+) -> FsResult<(Env<WithoutTls>, Option<Wal>)> {
+    std::fs::create_dir_all(path)
+        .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
+    // A log left by the last run puts LMDB back on its last checkpoint
+    // first; its records are applied once the environment is open.
+    let recovery = crate::wal::restore_base(path)?;
+    let mut opts = EnvOpenOptions::new().read_txn_without_tls();
+    opts.map_size(options.map_size as usize)
+        .max_dbs(16)
+        // One more reader: the log's hold on its checkpoint.
+        .max_readers(options.max_readers + 1);
+    if options.wal || !options.sync_commit {
+        // With the log, LMDB commits without sync and is flushed at
+        // checkpoints (see `wal`). Without it, NO_SYNC alone keeps the
+        // database intact only until a machine crash. WRITE_MAP is never
+        // used.
+        unsafe {
+            opts.flags(heed::EnvFlags::NO_SYNC);
+        }
+    }
+    // SAFETY: heed refuses a second open of a path in this process
+    // (`EnvAlreadyOpened`), and no other process opens a node's data
+    // directory (the node holds a lock file).
+    let env = match unsafe { opts.open(path) } {
+        Ok(env) => env,
+        Err(heed::Error::EnvAlreadyOpened) => {
+            return Err(FsError::Io(format!(
+                "the metadata environment {} is already open in this process",
+                path.display()
+            )))
+        }
+        Err(e) => return Err(crate::txn::lmdb_err(e)),
+    };
+    let wal = options.wal.then_some(WalOptions {
+        sync: options.sync_commit,
+        size: options.wal_size,
+        checkpoint_interval: options.checkpoint_interval,
+    });
+    let wal = Wal::open(&env, recovery, wal)?;
+    Ok((env, wal))
+}
