@@ -152,7 +152,7 @@ fn a_killed_leader_loses_no_create_rename_or_unlink_of_several_clients() {
 /// The paths the history's calls act on. `/lin/d` is never renamed: the
 /// client library resolves a path before the shard of its last component
 /// acts, so a call below a directory that another client renames at that
-/// moment acts on the directory's new place (see ARCHITECTURE.md); the
+/// moment acts on the directory's new place (see actors/docs/metadata.md); the
 /// history checks the shards' replication, not that.
 const NAMES: [&str; 6] = [
     "/lin/a", "/lin/b", "/lin/c", "/lin/d", "/lin/d/x", "/lin/d/y",
