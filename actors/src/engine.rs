@@ -1,10 +1,11 @@
 //! The storage engine of one metadata environment: the LMDB environment,
-//! its write-ahead log ([`crate::wal`]) and its write thread
-//! ([`crate::writer`]), owned by one object.
+//! its write-ahead log (`wal`) and its write thread (`writer`), owned by
+//! one object. The stores and the writer name the engine; the engine names
+//! neither (it keeps the write thread's handle without knowing its type).
 //!
 //! Whoever opens an environment holds its [`Engine`] and hands it to the
-//! shard stores that live in it ([`crate::store::ShardStore::open`]); no
-//! registry of the process finds it by path. Dropping the last handle
+//! shard stores that live in it (`ShardStore::open`); no registry of the
+//! process finds it by path. Dropping the last handle
 //! (the engine, its stores, the writers and the log's pinned snapshot)
 //! closes the environment, so a test can open an environment, drop it
 //! without a clean stop (a crash of the process, as LMDB's pages already
@@ -15,6 +16,7 @@
 //! LMDB allows one environment per path per process: opening a path whose
 //! engine is still alive is refused with an error naming it.
 
+use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -22,8 +24,23 @@ use heed::{Env, EnvOpenOptions, WithoutTls};
 
 use curvine_messages::{FsError, FsResult};
 
-use crate::store::StoreOptions;
 use crate::wal::{Wal, WalOptions};
+
+/// Options for opening an environment.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub map_size: u64,
+    pub max_readers: u32,
+    pub sync_commit: bool,
+    /// Make changes durable with a write-ahead log (`meta.wal`) instead of
+    /// LMDB's synced commits.
+    pub wal: bool,
+    pub wal_size: u64,
+    pub checkpoint_interval: std::time::Duration,
+    /// This node's member id in the shards' Raft groups
+    /// (`replica::member_id` of its node id).
+    pub replica_id: u64,
+}
 
 /// One metadata environment, its log and its write thread.
 pub struct Engine {
@@ -31,8 +48,9 @@ pub struct Engine {
     path: PathBuf,
     options: StoreOptions,
     wal: Option<Arc<Mutex<Wal>>>,
-    /// The write thread, while a [`crate::writer::Writer`] of it lives.
-    pub(crate) writer: Mutex<Weak<crate::writer::Inner>>,
+    /// The write thread's handle, while a `Writer` of it lives (the writer
+    /// module's own type).
+    pub(crate) writer: Mutex<Weak<dyn Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -51,7 +69,7 @@ impl Engine {
             path: path.to_path_buf(),
             options: options.clone(),
             wal: wal.map(|w| Arc::new(Mutex::new(w))),
-            writer: Mutex::new(Weak::new()),
+            writer: Mutex::new(Weak::<()>::new()),
         }))
     }
 

@@ -70,7 +70,7 @@ enum Input {
     Transfer(ShardId, u64, Done),
 }
 
-pub(crate) struct Inner {
+struct Inner {
     tx: mpsc::Sender<Input>,
     status: StatusBoard,
 }
@@ -121,7 +121,10 @@ impl Writer {
             .writer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(inner) = running.upgrade() {
+        if let Some(inner) = running
+            .upgrade()
+            .and_then(|any| any.downcast::<Inner>().ok())
+        {
             return Writer { inner, shard };
         }
         let env = engine.env().clone();
@@ -151,7 +154,8 @@ impl Writer {
             })
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx, status });
-        *running = Arc::downgrade(&inner);
+        let any: Arc<dyn std::any::Any + Send + Sync> = inner.clone();
+        *running = Arc::downgrade(&any);
         Writer { inner, shard }
     }
 

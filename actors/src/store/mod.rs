@@ -88,21 +88,7 @@ pub struct ShardIdentity {
     pub shard_count: u32,
 }
 
-/// Options for opening an environment.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    pub map_size: u64,
-    pub max_readers: u32,
-    pub sync_commit: bool,
-    /// Make changes durable with a write-ahead log (`meta.wal`) instead of
-    /// LMDB's synced commits.
-    pub wal: bool,
-    pub wal_size: u64,
-    pub checkpoint_interval: std::time::Duration,
-    /// This node's member id in the shards' Raft groups
-    /// (`replica::member_id` of its node id).
-    pub replica_id: u64,
-}
+pub use crate::engine::StoreOptions;
 
 /// One shard's store. Cheap to share: reads run on any thread, writes on the
 /// shard's writer thread.
