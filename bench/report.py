@@ -789,9 +789,9 @@ def load_section(r, rows, meta):
             r.target("Load", f"{loaded['connections']} connections, {pace}: errors; p99 "
                      "against one alone", "0; <= 10x", f"{loaded['errors']}; {ratio:.1f}x",
                      loaded["errors"] == 0 and ratio <= 10,
-                     "the clients, the node and loopback TCP share 2 cores: where they take both, "
-                     "calls queue for CPU (measured 4.1x on a faster host, notes-meta.md); the "
-                     "flush of each checkpoint is mostly done ahead while the writer has time")
+                     "calls queue for the CPU where the clients, the node and loopback TCP take both "
+                     "cores, and creates and removes wait for checkpoints whose flush could not "
+                     "be done ahead (the run-to-run spread is in notes-meta.md)")
         else:
             r.target("Load", f"{loaded['connections']} connections, unpaced: errors", "0",
                      str(loaded["errors"]), loaded["errors"] == 0,
