@@ -17,7 +17,7 @@
 //! engine is still alive is refused with an error naming it.
 
 use std::any::Any;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use heed::{Env, EnvOpenOptions, WithoutTls};
@@ -45,7 +45,6 @@ pub struct StoreOptions {
 /// One metadata environment, its log and its write thread.
 pub struct Engine {
     env: Env<WithoutTls>,
-    path: PathBuf,
     options: StoreOptions,
     wal: Option<Arc<Mutex<Wal>>>,
     /// The write thread's handle, while a `Writer` of it lives (the writer
@@ -55,7 +54,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("path", &self.path).finish()
+        f.debug_struct("Engine")
+            .field("path", &self.env.path())
+            .finish()
     }
 }
 
@@ -66,7 +67,6 @@ impl Engine {
         let (env, wal) = open_env(path, options)?;
         Ok(Arc::new(Engine {
             env,
-            path: path.to_path_buf(),
             options: options.clone(),
             wal: wal.map(|w| Arc::new(Mutex::new(w))),
             writer: Mutex::new(Weak::<()>::new()),
@@ -78,7 +78,7 @@ impl Engine {
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.env.path()
     }
 
     pub fn options(&self) -> &StoreOptions {
