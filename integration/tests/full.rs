@@ -395,6 +395,47 @@ fn space_freed_by_rm_or_truncation_serves_the_next_write_at_once() {
     }
 }
 
+/// A writer that has begun a block holds room for what it wrote, not for
+/// the whole block ahead: on an empty tier of 80 MiB with blocks of 64
+/// MiB, a second writer stores 48 MiB while the first has written 1 MiB,
+/// and the first then goes on; short-circuit and through the data port.
+/// (A whole block reserved by the first writer left the second 16 MiB.)
+#[test]
+fn a_begun_writer_leaves_the_room_it_has_not_written_to_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = small_node(dir.path(), "80MiB");
+    runtime().block_on(async {
+        for short_circuit in [true, false] {
+            let c = client(&node, short_circuit).await;
+            let first = format!("/first-{short_circuit}");
+            let second = format!("/second-{short_circuit}");
+            let head = random_bytes(MIB, 1);
+            let mut w1 = FileWriter::open(&c, &first, &WriteOptions::create())
+                .await
+                .unwrap();
+            w1.write(&head).await.unwrap();
+            let big = random_bytes(48 * MIB, 2);
+            let mut w2 = FileWriter::open(&c, &second, &WriteOptions::create())
+                .await
+                .unwrap();
+            for piece in big.chunks(4 * MIB) {
+                w2.write(piece).await.unwrap_or_else(|e| {
+                    panic!("short_circuit {short_circuit}: the second writer: {e}")
+                });
+            }
+            w2.close().await.unwrap();
+            let tail = random_bytes(8 * MIB, 3);
+            w1.write(&tail).await.unwrap();
+            w1.close().await.unwrap();
+            assert!(get(&c, &second).await == big);
+            assert!(get(&c, &first).await == [head, tail].concat());
+            c.remove(&first, false).await.unwrap();
+            c.remove(&second, false).await.unwrap();
+            assert_eq!(tier(&c).await.reserved, 0, "every reservation given back");
+        }
+    });
+}
+
 /// A reader that opened a file before it was removed reads it whole
 /// (through the data port and short-circuit), its blocks stay in use
 /// meanwhile (a write needing them is refused), and its close gives their

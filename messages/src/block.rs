@@ -637,9 +637,10 @@ pub enum BlockMsg {
         block: BlockId,
         tier: Option<TierKind>,
         size: u64,
-        /// The writer grows the reservation as it writes: where no tier
-        /// has room for `size`, a first part ([`FIRST_RESERVATION`]) is
-        /// enough. Writers of a known length (fills, copies) ask for all.
+        /// The writer grows the reservation as it writes: a first part
+        /// ([`FIRST_RESERVATION`]) is reserved, in the fastest tier with
+        /// room for `size` where one has it. Writers of a known length
+        /// (fills, copies) ask for all.
         grows: bool,
         /// A block being written just before it by the same writer, and
         /// its length: the new block may follow it in one extent file

@@ -165,8 +165,12 @@ impl BlockState {
         }
         // The fastest tier with room for the whole block, as a lower tier
         // with room is better than a write that fails when it grows;
-        // else the fastest with room for its first part, which the writer
-        // grows as it writes (many small files on a small tier).
+        // else the fastest with room for its first part. A writer that
+        // grows its reservation as it writes is given its first part only,
+        // whatever the room: a whole block reserved ahead by one writer
+        // would refuse another's bytes while the first has not written
+        // them (many small files on a small tier; two large writers of
+        // which the first took a block's room).
         let room = |need: u64| {
             candidates
                 .iter()
@@ -178,10 +182,7 @@ impl BlockState {
         } else {
             size
         };
-        let Some((tier, size)) = room(size)
-            .map(|t| (t, size))
-            .or_else(|| room(first).map(|t| (t, first)))
-        else {
+        let Some((tier, size)) = room(size).or_else(|| room(first)).map(|t| (t, first)) else {
             let t = &store.tiers[candidates[0]];
             return Err(FsError::NoSpace(format!(
                 "{}, no room for a block of {}{}; blocks that are the only copy of their data are never dropped",

@@ -52,11 +52,11 @@ impl BlockState {
         } else {
             size
         };
-        let need = match t.free() {
-            free if free >= size => size,
-            free if free >= first => first,
-            _ => return None,
-        };
+        // As [`BlockState::reserve`]: a growing writer's first part only.
+        if t.free() < first {
+            return None;
+        }
+        let need = first;
         let (extent, start) = match p.extent {
             Some((extent, offset)) => {
                 let len = fs::metadata(store.extent_path(tier, extent)).ok()?.len();

@@ -54,13 +54,32 @@ impl Tier {
         )
     }
 
+    /// The tier, its use and what part of it is not stored data: writes
+    /// in progress and removed files still open somewhere.
     pub(super) fn describe(&self) -> String {
+        let reserved = self.reserved.load(Ordering::Relaxed);
+        let held = self.held.load(Ordering::Relaxed);
+        let mut parts = Vec::new();
+        if reserved > 0 {
+            parts.push(format!(
+                "{} reserved by writes in progress",
+                human(reserved)
+            ));
+        }
+        if held > 0 {
+            parts.push(format!("{} held by removed files still open", human(held)));
+        }
         format!(
-            "tier {} ({}): {} of {} in use",
+            "tier {} ({}): {} of {} in use{}",
             self.info.kind,
             self.info.root.display(),
-            human(self.used.load(Ordering::Relaxed) + self.reserved.load(Ordering::Relaxed)),
-            human(self.info.capacity)
+            human(self.used.load(Ordering::Relaxed) + reserved),
+            human(self.info.capacity),
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", parts.join(", "))
+            }
         )
     }
 }

@@ -257,10 +257,9 @@ impl FileWriter {
             .chain
             .take()
             .filter(|c| local && c.index + 1 == index && c.node == grant.node.node_id);
-        // The node reserves the whole block where a tier has room for it,
-        // else only a first part: the writer counts on the first part and
-        // asks for more before it passes it (a no-op for a block reserved
-        // whole).
+        // The node reserves a first part (in a tier with room for the
+        // whole block where one has it): the writer asks for more, at
+        // least double, before it passes what it has.
         let reserved = self.bs.min(FIRST_RESERVATION);
         let mut kind = None;
         if local {
