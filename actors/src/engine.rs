@@ -24,6 +24,7 @@ use heed::{Env, EnvOpenOptions, WithoutTls};
 
 use curvine_messages::{FsError, FsResult};
 
+use crate::clock::Clock;
 use crate::wal::{Wal, WalOptions};
 
 /// Options for opening an environment.
@@ -46,6 +47,7 @@ pub struct StoreOptions {
 pub struct Engine {
     env: Env<WithoutTls>,
     options: StoreOptions,
+    clock: Clock,
     wal: Option<Arc<Mutex<Wal>>>,
     /// The write thread's handle, while a `Writer` of it lives (the writer
     /// module's own type).
@@ -64,10 +66,21 @@ impl Engine {
     /// Opens (creating it when missing) the environment at `path`: a log
     /// left by the last run is applied first (see [`crate::wal`]).
     pub fn open(path: &Path, options: &StoreOptions) -> FsResult<Arc<Engine>> {
-        let (env, wal) = open_env(path, options)?;
+        Self::open_with_clock(path, options, Clock::system())
+    }
+
+    /// [`Self::open`] on `clock` (a manual clock in tests and the
+    /// simulation: its write thread, log and groups read that time).
+    pub fn open_with_clock(
+        path: &Path,
+        options: &StoreOptions,
+        clock: Clock,
+    ) -> FsResult<Arc<Engine>> {
+        let (env, wal) = open_env(path, options, clock.clone())?;
         Ok(Arc::new(Engine {
             env,
             options: options.clone(),
+            clock,
             wal: wal.map(|w| Arc::new(Mutex::new(w))),
             writer: Mutex::new(Weak::<()>::new()),
         }))
@@ -83,6 +96,10 @@ impl Engine {
 
     pub fn options(&self) -> &StoreOptions {
         &self.options
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// An event set once the environment is closed: once the engine, its
@@ -123,6 +140,7 @@ impl Engine {
 pub(crate) fn open_env(
     path: &Path,
     options: &StoreOptions,
+    clock: Clock,
 ) -> FsResult<(Env<WithoutTls>, Option<Wal>)> {
     std::fs::create_dir_all(path)
         .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
@@ -161,6 +179,6 @@ pub(crate) fn open_env(
         size: options.wal_size,
         checkpoint_interval: options.checkpoint_interval,
     });
-    let wal = Wal::open(&env, recovery, wal)?;
+    let wal = Wal::open(&env, recovery, wal, clock)?;
     Ok((env, wal))
 }

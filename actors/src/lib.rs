@@ -12,6 +12,7 @@
 //! - [`supervisor`]: the restart policy every supervisor applies.
 
 pub mod blocks;
+pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod host;

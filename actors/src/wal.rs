@@ -102,6 +102,9 @@ pub struct Wal {
     /// The snapshot of the last checkpoint, held so its pages stay.
     pin: Option<RoTxn<'static, WithoutTls>>,
     base_at: Instant,
+    /// The engine's clock: checkpoint intervals and the writer's busy
+    /// share are measured on it.
+    clock: crate::clock::Clock,
     base_pages: usize,
     /// Set when a sync of the log failed: nothing more is acknowledged.
     broken: Option<String>,
@@ -336,6 +339,7 @@ impl Wal {
         env: &Env<WithoutTls>,
         recovery: Option<Recovery>,
         opts: Option<WalOptions>,
+        clock: crate::clock::Clock,
     ) -> FsResult<Option<Wal>> {
         let dir = env.path().to_path_buf();
         let path = dir.join(LOG_NAME);
@@ -380,7 +384,13 @@ impl Wal {
         }
         let data_path = dir.join("data.mdb");
         let data = File::open(&data_path).map_err(|e| io("open", &data_path, e))?;
-        let preflush = preflush::PreFlush::start(&data, &data_path.display().to_string());
+        // A simulated run has no thread of its own: what reached the disk
+        // is what its checkpoints synced.
+        let preflush = if clock.is_manual() {
+            None
+        } else {
+            preflush::PreFlush::start(&data, &data_path.display().to_string())
+        };
         let mut wal = Wal {
             env: env.clone(),
             opts,
@@ -392,7 +402,8 @@ impl Wal {
             next_seq: 1,
             offset: RECORDS_AT,
             pin: None,
-            base_at: Instant::now(),
+            base_at: clock.now(),
+            clock,
             base_pages: 0,
             broken: None,
             carry: LogRecord::default(),
@@ -518,7 +529,9 @@ impl Wal {
         let overdue = (self.opts.checkpoint_interval * OVERDUE_INTERVALS)
             .max(std::time::Duration::from_secs(1));
         self.offset > RECORDS_AT
-            && (self.wanted || self.base_at.elapsed() >= overdue || self.offset > self.len / 4 * 3)
+            && (self.wanted
+                || self.clock.since(self.base_at) >= overdue
+                || self.offset > self.len / 4 * 3)
     }
 
     /// Counts time the writer spent in a pass.
@@ -546,7 +559,7 @@ impl Wal {
         if self.offset <= RECORDS_AT {
             return Ok(());
         }
-        let since = self.base_at.elapsed();
+        let since = self.clock.since(self.base_at);
         let interval = self.opts.checkpoint_interval;
         let flushing = since < interval * 2 && self.preflush.as_ref().is_some_and(|pre| pre.busy());
         let grown = self
@@ -604,7 +617,8 @@ impl Wal {
             self.broken = Some(why);
             return self.check();
         }
-        self.busy_share = self.busy.as_secs_f64() / self.base_at.elapsed().as_secs_f64().max(1e-9);
+        self.busy_share =
+            self.busy.as_secs_f64() / self.clock.since(self.base_at).as_secs_f64().max(1e-9);
         self.busy = Duration::ZERO;
         let synced = started.elapsed();
         let pin = self.env.clone().static_read_txn().map_err(lmdb)?;
@@ -636,7 +650,7 @@ impl Wal {
         self.wanted = false;
         self.next_seq = 1;
         self.offset = RECORDS_AT;
-        self.base_at = Instant::now();
+        self.base_at = self.clock.now();
         self.base_pages = self.env.info().last_page_number;
         self.checkpoints.observe(started.elapsed());
         tracing::debug!(

@@ -32,6 +32,7 @@ use curvine_messages::{now_ns, FsError, FsResult, ShardId};
 
 use raft::eraftpb::ConfChangeV2;
 
+use crate::clock::Clock;
 use crate::replica::{
     Done, GroupMessage, Groups, MayFound, MemberChange, ShardCopy, StatusBoard, Transport,
 };
@@ -127,36 +128,86 @@ impl Writer {
         {
             return Writer { inner, shard };
         }
-        let env = engine.env().clone();
-        let wal = engine.wal().cloned();
+        let (core, tx, rx) = Self::core(store, group_max, transport, may_found, None);
+        let status = core.groups.status();
         let path = engine.path().to_path_buf();
-        let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
-        let groups = Groups::new(store.replica_id, store.tables(), copy, transport, may_found);
-        let status = groups.status();
-        let answers = store.answers_db();
-        let (tx, rx) = mpsc::channel::<Input>();
         let name = format!(
             "lmdb-writer-{}",
             path.file_name().and_then(|n| n.to_str()).unwrap_or("env")
         );
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || {
-                run(
-                    env,
-                    wal,
-                    groups,
-                    answers,
-                    rx,
-                    group_max.max(1),
-                    commit_delay,
-                )
-            })
+            .spawn(move || run(core, rx, commit_delay))
             .expect("spawning a thread only fails when the OS is out of resources");
         let inner = Arc::new(Inner { tx, status });
         let any: Arc<dyn std::any::Any + Send + Sync> = inner.clone();
         *running = Arc::downgrade(&any);
         Writer { inner, shard }
+    }
+
+    /// A writer of `store`'s environment whose passes its caller runs
+    /// ([`Stepper::step`]) instead of a thread; other shards of the
+    /// environment get the same write side from [`Self::for_store`] while
+    /// this writer lives. Refused when the environment's write side runs
+    /// already.
+    /// `election_tick` fixes this member's election timeout in ticks
+    /// (see [`Groups::set_election_tick`]).
+    pub fn stepped(
+        store: &ShardStore,
+        group_max: usize,
+        transport: Option<Arc<dyn Transport>>,
+        election_tick: Option<usize>,
+    ) -> FsResult<(Writer, Stepper)> {
+        let engine = store.engine();
+        let mut running = engine
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if running.upgrade().is_some() {
+            return Err(FsError::InvalidArgument(format!(
+                "the write side of {} runs already",
+                engine.path().display()
+            )));
+        }
+        let (core, tx, rx) = Self::core(store, group_max, transport, None, election_tick);
+        let inner = Arc::new(Inner {
+            tx,
+            status: core.groups.status(),
+        });
+        let any: Arc<dyn std::any::Any + Send + Sync> = inner.clone();
+        *running = Arc::downgrade(&any);
+        Ok((
+            Writer {
+                inner,
+                shard: store.shard,
+            },
+            Stepper { core, rx },
+        ))
+    }
+
+    fn core(
+        store: &ShardStore,
+        group_max: usize,
+        transport: Option<Arc<dyn Transport>>,
+        may_found: Option<MayFound>,
+        election_tick: Option<usize>,
+    ) -> (Core, mpsc::Sender<Input>, mpsc::Receiver<Input>) {
+        let engine = store.engine();
+        let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
+        let mut groups = Groups::new(store.replica_id, store.tables(), copy, transport, may_found);
+        if let Some(ticks) = election_tick {
+            groups.set_election_tick(ticks);
+        }
+        let core = Core::new(
+            engine.env().clone(),
+            engine.wal().cloned(),
+            groups,
+            store.answers_db(),
+            engine.clock().clone(),
+            group_max,
+        );
+        let (tx, rx) = mpsc::channel::<Input>();
+        (core, tx, rx)
     }
 
     /// Where other members' Raft messages for this environment go.
@@ -322,84 +373,102 @@ impl ShardCopy for Copies {
     }
 }
 
-fn run(
+/// What one environment's write side keeps between passes: its
+/// environment and log, its groups, and when they next tick. Its thread
+/// ([`run`]) waits for inputs and steps it; a test or the simulation
+/// steps it on its own (a [`Stepper`]), on the engine's clock.
+struct Core {
     env: Env<WithoutTls>,
     wal: Option<Arc<Mutex<crate::wal::Wal>>>,
-    mut groups: Groups,
+    groups: Groups,
     answers: crate::txn::Db,
-    rx: mpsc::Receiver<Input>,
+    space: Headroom,
+    clock: Clock,
     group_max: usize,
-    commit_delay: Duration,
-) {
-    let mut space = Headroom::new(&env);
-    groups.set_logged(wal.is_some());
-    if let Err(e) = env
-        .read_txn()
-        .map_err(lmdb_err)
-        .and_then(|txn| groups.load_stored(&txn))
-    {
-        tracing::error!(env = %env.path().display(), error = %e, "cannot load the shards' Raft groups");
+    /// How many callers shared the last commit.
+    last_batch: usize,
+    next_tick: Instant,
+    next_expiry: Instant,
+    pass: Pass,
+}
+
+impl Core {
+    fn new(
+        env: Env<WithoutTls>,
+        wal: Option<Arc<Mutex<crate::wal::Wal>>>,
+        mut groups: Groups,
+        answers: crate::txn::Db,
+        clock: Clock,
+        group_max: usize,
+    ) -> Core {
+        groups.set_logged(wal.is_some());
+        groups.set_clock(clock.clone());
+        if let Err(e) = env
+            .read_txn()
+            .map_err(lmdb_err)
+            .and_then(|txn| groups.load_stored(&txn))
+        {
+            tracing::error!(env = %env.path().display(), error = %e, "cannot load the shards' Raft groups");
+        }
+        let now = clock.now();
+        Core {
+            space: Headroom::new(&env),
+            env,
+            wal,
+            groups,
+            answers,
+            clock,
+            group_max: group_max.max(1),
+            last_batch: 0,
+            next_tick: now + RAFT_TICK,
+            next_expiry: now,
+            pass: Pass::default(),
+        }
     }
-    let mut last_batch = 0;
-    let mut next_tick = Instant::now() + RAFT_TICK;
-    let mut next_expiry = Instant::now();
-    let mut pass = Pass::default();
-    loop {
-        let wake = groups
+
+    /// When the groups next need a pass without any input: a tick, or
+    /// entries a follower holds back.
+    fn wake(&self) -> Instant {
+        self.groups
             .next_apply()
-            .map_or(next_tick, |at| at.min(next_tick));
-        let wait = wake.saturating_duration_since(Instant::now());
-        // A checkpoint is overdue while a leader's changes wait for their
-        // commit: new mutations wait until they are committed.
-        let hold = groups.speculating()
-            && wal.as_ref().is_some_and(|w| {
+            .map_or(self.next_tick, |at| at.min(self.next_tick))
+    }
+
+    /// A checkpoint is overdue while a leader's changes wait for their
+    /// commit: new mutations wait until they are committed.
+    fn hold(&self) -> bool {
+        self.groups.speculating()
+            && self.wal.as_ref().is_some_and(|w| {
                 w.lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .checkpoint_overdue()
-            });
-        let first = if groups.has_work() || (!pass.jobs.is_empty() && !hold) {
-            rx.try_recv().ok()
-        } else {
-            match rx.recv_timeout(wait) {
-                Ok(input) => Some(input),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        };
-        if let Some(input) = first {
-            pass.take(input);
+            })
+    }
+
+    /// Whether a pass has work now, without waiting for input.
+    fn ready(&self, hold: bool) -> bool {
+        self.groups.has_work() || (!self.pass.jobs.is_empty() && !hold)
+    }
+
+    fn full(&self) -> bool {
+        self.pass.jobs.len() >= self.group_max
+    }
+
+    /// Runs one pass over what was taken, ticking the groups and expiring
+    /// old answers when due. `Ok(false)`: there was nothing to do. An
+    /// error leaves the groups and LMDB untrustworthy (see [`crash`]).
+    fn run_pass(&mut self, hold: bool) -> FsResult<bool> {
+        if self.clock.now() >= self.next_tick {
+            self.groups.tick();
+            self.next_tick = self.clock.now() + RAFT_TICK;
         }
-        while pass.jobs.len() < group_max {
-            match rx.try_recv() {
-                Ok(input) => pass.take(input),
-                Err(_) => break,
-            }
-        }
-        // Several callers shared the last commit: they are likely sending
-        // their next mutations right now. Waiting a moment for them puts
-        // them in this commit instead of the next (PostgreSQL's
-        // commit_delay). A lone caller never waits.
-        // It stops waiting once as many have come as shared the last commit.
-        if last_batch > 1 && !commit_delay.is_zero() && !pass.jobs.is_empty() {
-            let deadline = Instant::now() + commit_delay;
-            while pass.jobs.len() < group_max.min(last_batch) {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(input) => pass.take(input),
-                    Err(_) => break,
-                }
+        if self.clock.now() >= self.next_expiry {
+            self.next_expiry = self.clock.now() + ANSWER_EXPIRY_EVERY;
+            if let Err(e) = expire_answers(&self.env, self.answers) {
+                tracing::warn!(env = %self.env.path().display(), error = %e, "cannot delete expired answers of calls");
             }
         }
-        if Instant::now() >= next_tick {
-            groups.tick();
-            next_tick = Instant::now() + RAFT_TICK;
-        }
-        if Instant::now() >= next_expiry {
-            next_expiry = Instant::now() + ANSWER_EXPIRY_EVERY;
-            if let Err(e) = expire_answers(&env, answers) {
-                tracing::warn!(env = %env.path().display(), error = %e, "cannot delete expired answers of calls");
-            }
-        }
+        let pass = &mut self.pass;
         let jobs = if hold {
             Vec::new()
         } else {
@@ -413,22 +482,111 @@ fn run(
             joins: std::mem::take(&mut pass.joins),
             transfers: std::mem::take(&mut pass.transfers),
         };
-        if jobs.is_empty() && others.is_empty() && !groups.has_work() {
-            continue;
+        if jobs.is_empty() && others.is_empty() && !self.groups.has_work() {
+            return Ok(false);
         }
-        last_batch = jobs.len();
-        let pass_started = Instant::now();
-        if let Err(e) = commit_batch(&env, &wal, &mut groups, jobs, others) {
-            crash(&env, &e);
-        }
-        if let Some(wal) = &wal {
+        self.last_batch = jobs.len();
+        let pass_started = self.clock.now();
+        commit_batch(&self.env, &self.wal, &mut self.groups, jobs, others)?;
+        if let Some(wal) = &self.wal {
             wal.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .add_busy(pass_started.elapsed());
+                .add_busy(self.clock.since(pass_started));
         }
-        space.keep_ahead();
+        self.space.keep_ahead();
+        Ok(true)
     }
-    tracing::debug!(env = %env.path().display(), "metadata writer stopped");
+}
+
+/// The write thread: waits for inputs (or the groups' next tick), takes
+/// what is queued and runs a pass, until every handle is gone.
+fn run(mut core: Core, rx: mpsc::Receiver<Input>, commit_delay: Duration) {
+    loop {
+        let hold = core.hold();
+        let first = if core.ready(hold) {
+            rx.try_recv().ok()
+        } else {
+            let wait = core.wake().saturating_duration_since(core.clock.now());
+            match rx.recv_timeout(wait) {
+                Ok(input) => Some(input),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        if let Some(input) = first {
+            core.pass.take(input);
+        }
+        while !core.full() {
+            match rx.try_recv() {
+                Ok(input) => core.pass.take(input),
+                Err(_) => break,
+            }
+        }
+        // Several callers shared the last commit: they are likely sending
+        // their next mutations right now. Waiting a moment for them puts
+        // them in this commit instead of the next (PostgreSQL's
+        // commit_delay). A lone caller never waits.
+        // It stops waiting once as many have come as shared the last commit.
+        if core.last_batch > 1 && !commit_delay.is_zero() && !core.pass.jobs.is_empty() {
+            let deadline = Instant::now() + commit_delay;
+            while core.pass.jobs.len() < core.group_max.min(core.last_batch) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(input) => core.pass.take(input),
+                    Err(_) => break,
+                }
+            }
+        }
+        if let Err(e) = core.run_pass(hold) {
+            crash(&core.env, &e);
+        }
+    }
+    tracing::debug!(env = %core.env.path().display(), "metadata writer stopped");
+}
+
+/// An environment's write side stepped by its caller instead of a thread
+/// (tests and the simulation, on the engine's manual clock): each
+/// [`Stepper::step`] takes what the environment's [`Writer`]s and
+/// [`Inbox`]es queued and runs the passes due now. A failed pass is
+/// returned instead of stopping the process: the caller treats the member
+/// as crashed (drops its engine and opens it again).
+pub struct Stepper {
+    core: Core,
+    rx: mpsc::Receiver<Input>,
+}
+
+impl Stepper {
+    /// Runs passes until nothing is left to do at the clock's present
+    /// time; how many ran.
+    pub fn step(&mut self) -> FsResult<usize> {
+        let mut passes = 0;
+        // Bounded: a pass that leaves work behind (a follower's deferred
+        // entries, a held checkpoint) is stepped again at the next time.
+        while passes < 64 {
+            while !self.core.full() {
+                match self.rx.try_recv() {
+                    Ok(input) => self.core.pass.take(input),
+                    Err(_) => break,
+                }
+            }
+            let hold = self.core.hold();
+            if !self.core.run_pass(hold)? {
+                break;
+            }
+            passes += 1;
+        }
+        Ok(passes)
+    }
+
+    /// When the groups next need a pass without any input.
+    pub fn wake(&self) -> Instant {
+        self.core.wake()
+    }
+
+    /// The environment this stepper writes.
+    pub fn path(&self) -> &std::path::Path {
+        self.core.env.path()
+    }
 }
 
 /// The exit status of a process whose metadata pass failed (EX_IOERR).

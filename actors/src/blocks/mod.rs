@@ -27,7 +27,8 @@
 //! Modules: `store` (the block files and their index), `handle` (the
 //! node's reference to its current BlockManager), `manager` (the
 //! BlockManager actor: reservations, commits, moves, removal), `runs`
-//! (blocks written one after another into one extent file), `holds` (what
+//! (blocks written one after another into one extent file), `tier` (a
+//! tier's configuration and accounting), `holds` (what
 //! readers still need of freed blocks), `room` (clean cached blocks dropped
 //! for a writer that finds no room), `sweep` (freed blocks removed once
 //! no reader holds them, and orphans, in the background), `evictor` (the
@@ -43,6 +44,7 @@ mod room;
 mod runs;
 mod store;
 mod sweep;
+mod tier;
 
 pub use copy::fill_extent;
 pub use evictor::{EvictArgs, EvictMsg, EvictState, TierEvictor};

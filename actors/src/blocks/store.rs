@@ -27,62 +27,11 @@ use curvine_messages::codec::{decode_versioned, encode_versioned};
 use curvine_messages::{now_ns, FsError, FsResult};
 
 use super::holds::{HeldFiles, ReadHolds};
-use super::{human, io_err};
+use super::io_err;
 use crate::store::lmdb_err;
 
-/// A configured tier.
-#[derive(Debug, Clone)]
-pub struct TierInfo {
-    pub kind: TierKind,
-    pub root: PathBuf,
-    pub capacity: u64,
-}
-
-pub(super) struct Tier {
-    pub(super) info: TierInfo,
-    pub(super) used: AtomicU64,
-    pub(super) reserved: AtomicU64,
-    pub(super) blocks: AtomicU64,
-    /// Bytes of removed files a process still holds open (part of `used`).
-    pub(super) held: AtomicU64,
-}
-
-impl Tier {
-    pub(super) fn free(&self) -> u64 {
-        self.info.capacity.saturating_sub(
-            self.used.load(Ordering::Relaxed) + self.reserved.load(Ordering::Relaxed),
-        )
-    }
-
-    /// The tier, its use and what part of it is not stored data: writes
-    /// in progress and removed files still open somewhere.
-    pub(super) fn describe(&self) -> String {
-        let reserved = self.reserved.load(Ordering::Relaxed);
-        let held = self.held.load(Ordering::Relaxed);
-        let mut parts = Vec::new();
-        if reserved > 0 {
-            parts.push(format!(
-                "{} reserved by writes in progress",
-                human(reserved)
-            ));
-        }
-        if held > 0 {
-            parts.push(format!("{} held by removed files still open", human(held)));
-        }
-        format!(
-            "tier {} ({}): {} of {} in use{}",
-            self.info.kind,
-            self.info.root.display(),
-            human(self.used.load(Ordering::Relaxed) + reserved),
-            human(self.info.capacity),
-            if parts.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", parts.join(", "))
-            }
-        )
-    }
-}
+pub(super) use super::tier::Tier;
+pub use super::tier::TierInfo;
 
 /// The node's block files and their index. Reads (the data port) use it
 /// directly; every change goes through the [`BlockManager`](super::BlockManager).
@@ -652,7 +601,7 @@ impl Index {
             max_readers: 254,
             sync_commit: true,
         };
-        let (env, _) = crate::engine::open_env(dir, &options)?;
+        let (env, _) = crate::engine::open_env(dir, &options, crate::clock::Clock::system())?;
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let (db, meta) = match env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {

@@ -267,8 +267,9 @@ impl Group {
         dbs: &[Db],
         txn: &mut RwTxn,
         entries: &[Entry],
+        now: Instant,
     ) -> FsResult<()> {
-        if entries.is_empty() && !self.deferral_due(Instant::now()) {
+        if entries.is_empty() && !self.deferral_due(now) {
             return Ok(());
         }
         let defer = shard != 0
@@ -280,10 +281,10 @@ impl Group {
             return self.apply_committed(shard, dbs, txn, entries);
         }
         if self.deferred.is_empty() && !entries.is_empty() {
-            self.deferred_since = Some(Instant::now());
+            self.deferred_since = Some(now);
         }
         self.deferred.extend_from_slice(entries);
-        if defer && !self.deferral_due(Instant::now()) {
+        if defer && !self.deferral_due(now) {
             return Ok(());
         }
         self.apply_deferred(shard, dbs, txn)

@@ -109,7 +109,6 @@ impl Groups {
         self.open_reads.insert(shard, ctx.clone());
         group.raw.read_index(ctx.clone());
         group.touched = true;
-        self.reads
-            .insert(ctx, (shard, done, std::time::Instant::now()));
+        self.reads.insert(ctx, (shard, done, self.clock.now()));
     }
 }

@@ -100,52 +100,57 @@ impl GroupStore {
 
     /// Makes a snapshot of `store`'s shard as LMDB holds it now, which is
     /// the state at `index` (of `term`, with members `conf`): read in a
-    /// transaction opened here, exported by a thread of its own.
+    /// transaction opened here, exported by a thread of its own (`inline`:
+    /// by this one, before it returns, as a simulated run needs).
     pub fn make(
         &self,
         copy: &std::sync::Arc<dyn ShardCopy>,
-        shard: GroupId,
-        index: u64,
-        term: u64,
+        (shard, index, term): (GroupId, u64, u64),
         conf: ConfState,
+        inline: bool,
     ) -> FsResult<()> {
         let txn = copy.read_txn()?;
         self.cell().making = true;
         let snap = self.snap.clone();
         let copy = copy.clone();
+        let export = move || {
+            let exported = copy.export(shard, &txn);
+            drop(txn);
+            let mut cell = snap.lock().unwrap_or_else(|p| p.into_inner());
+            cell.making = false;
+            match exported {
+                Ok(records) => {
+                    let data = SnapshotData { shard, records };
+                    let mut snapshot = Snapshot {
+                        data: encode_versioned(&data).into(),
+                        ..Default::default()
+                    };
+                    let meta = snapshot.mut_metadata();
+                    meta.index = index;
+                    meta.term = term;
+                    meta.set_conf_state(conf);
+                    tracing::info!(
+                        shard,
+                        index,
+                        records = data.records.len(),
+                        bytes = snapshot.data.len(),
+                        "made a snapshot of the shard for a member that needs one"
+                    );
+                    cell.ready = Some(snapshot);
+                    cell.wanted = false;
+                }
+                Err(e) => {
+                    tracing::error!(shard, error = %e, "cannot make a snapshot of the shard")
+                }
+            }
+        };
+        if inline {
+            export();
+            return Ok(());
+        }
         let made = std::thread::Builder::new()
             .name(format!("snapshot-{shard}"))
-            .spawn(move || {
-                let exported = copy.export(shard, &txn);
-                drop(txn);
-                let mut cell = snap.lock().unwrap_or_else(|p| p.into_inner());
-                cell.making = false;
-                match exported {
-                    Ok(records) => {
-                        let data = SnapshotData { shard, records };
-                        let mut snapshot = Snapshot {
-                            data: encode_versioned(&data).into(),
-                            ..Default::default()
-                        };
-                        let meta = snapshot.mut_metadata();
-                        meta.index = index;
-                        meta.term = term;
-                        meta.set_conf_state(conf);
-                        tracing::info!(
-                            shard,
-                            index,
-                            records = data.records.len(),
-                            bytes = snapshot.data.len(),
-                            "made a snapshot of the shard for a member that needs one"
-                        );
-                        cell.ready = Some(snapshot);
-                        cell.wanted = false;
-                    }
-                    Err(e) => {
-                        tracing::error!(shard, error = %e, "cannot make a snapshot of the shard")
-                    }
-                }
-            });
+            .spawn(export);
         if let Err(e) = made {
             self.cell().making = false;
             return Err(FsError::Io(format!("starting a snapshot thread: {e}")));
