@@ -715,16 +715,18 @@ def simulation_section(r, rows, meta):
     r.p(r.run_line(meta, "run-simulation.sh") + "; raw figures in `results/simulation.jsonl`")
     r.p("- each seed: the members' real engines (LMDB and its log on tmpfs) stepped on "
         "simulated time; crashes of processes and machines (unsynced LMDB pages lost), "
-        "pauses, partitions, lossy and duplicating links, clock jumps; checked: nothing "
+        "pauses, partitions, lossy and duplicating links, clock jumps, failed writes and syncs "
+        "of the log and flushes of LMDB; checked: nothing "
         "acknowledged lost or applied twice, every member ends with the same names, the "
         "shard serves again within 15 s of the faults healing (simulated)", "")
     r.p("| members | seeds | failed | seeds/s | operations (acknowledged) | crashes (machine) "
-        "| partitions | pauses | clock jumps | served again, max |",
-        "|---|---|---|---|---|---|---|---|---|---|")
+        "| partitions | pauses | clock jumps | disk faults (failed passes) | served again, max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         r.p(f"| {x['members']} | {x['seeds']:,} | {x['failed']} | {x['seeds_per_s']:.1f} | "
             f"{x['ops']:,} ({x['acknowledged']:,}) | {x['crashes']:,} ({x['machine_crashes']:,}) | "
             f"{x['partitions']:,} | {x['pauses']:,} | {x['clock_jumps']:,} | "
+            f"{x.get('disk_faults', 0):,} ({x.get('failed_passes', 0):,}) | "
             f"{x['served_after_max_s']:.2f} s |")
         if x["members"] == 3:
             r.target("Simulation", "seeds of 3 members, all held", ">= 100,000",

@@ -25,6 +25,7 @@ use heed::{Env, EnvOpenOptions, WithoutTls};
 use curvine_messages::{FsError, FsResult};
 
 use crate::clock::Clock;
+pub use crate::faults::DiskFaults;
 use crate::wal::{Wal, WalOptions};
 
 /// Options for opening an environment.
@@ -48,6 +49,7 @@ pub struct Engine {
     env: Env<WithoutTls>,
     options: StoreOptions,
     clock: Clock,
+    faults: DiskFaults,
     wal: Option<Arc<Mutex<Wal>>>,
     /// The write thread's handle, while a `Writer` of it lives (the writer
     /// module's own type).
@@ -76,11 +78,13 @@ impl Engine {
         options: &StoreOptions,
         clock: Clock,
     ) -> FsResult<Arc<Engine>> {
-        let (env, wal) = open_env(path, options, clock.clone())?;
+        let faults = DiskFaults::default();
+        let (env, wal) = open_env(path, options, (clock.clone(), faults.clone()))?;
         Ok(Arc::new(Engine {
             env,
             options: options.clone(),
             clock,
+            faults,
             wal: wal.map(|w| Arc::new(Mutex::new(w))),
             writer: Mutex::new(Weak::<()>::new()),
         }))
@@ -100,6 +104,11 @@ impl Engine {
 
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Where a test arms disk faults of this engine.
+    pub fn faults(&self) -> &DiskFaults {
+        &self.faults
     }
 
     /// An event set once the environment is closed: once the engine, its
@@ -140,7 +149,7 @@ impl Engine {
 pub(crate) fn open_env(
     path: &Path,
     options: &StoreOptions,
-    clock: Clock,
+    seams: (Clock, DiskFaults),
 ) -> FsResult<(Env<WithoutTls>, Option<Wal>)> {
     std::fs::create_dir_all(path)
         .map_err(|e| FsError::Io(format!("create {}: {e}", path.display())))?;
@@ -179,6 +188,6 @@ pub(crate) fn open_env(
         size: options.wal_size,
         checkpoint_interval: options.checkpoint_interval,
     });
-    let wal = Wal::open(&env, recovery, wal, clock)?;
+    let wal = Wal::open(&env, recovery, wal, seams)?;
     Ok((env, wal))
 }

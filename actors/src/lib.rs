@@ -15,6 +15,7 @@ pub mod blocks;
 pub mod clock;
 pub mod cluster;
 pub mod engine;
+pub mod faults;
 pub mod host;
 pub mod membership;
 pub mod mounts;

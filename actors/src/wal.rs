@@ -105,6 +105,8 @@ pub struct Wal {
     /// The engine's clock: checkpoint intervals and the writer's busy
     /// share are measured on it.
     clock: crate::clock::Clock,
+    /// Faults a test armed.
+    faults: crate::faults::DiskFaults,
     base_pages: usize,
     /// Set when a sync of the log failed: nothing more is acknowledged.
     broken: Option<String>,
@@ -339,7 +341,7 @@ impl Wal {
         env: &Env<WithoutTls>,
         recovery: Option<Recovery>,
         opts: Option<WalOptions>,
-        clock: crate::clock::Clock,
+        (clock, faults): (crate::clock::Clock, crate::faults::DiskFaults),
     ) -> FsResult<Option<Wal>> {
         let dir = env.path().to_path_buf();
         let path = dir.join(LOG_NAME);
@@ -404,6 +406,7 @@ impl Wal {
             pin: None,
             base_at: clock.now(),
             clock,
+            faults,
             base_pages: 0,
             broken: None,
             carry: LogRecord::default(),
@@ -465,7 +468,12 @@ impl Wal {
     /// the pages: nothing written since can be trusted, and the log
     /// refuses every change from then on.
     fn sync_log(&mut self) -> FsResult<()> {
-        if let Err(e) = self.log.sync_data() {
+        let synced = if self.faults.take(crate::faults::DiskFaults::LOG_SYNC) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            self.log.sync_data()
+        };
+        if let Err(e) = synced {
             tracing::error!(env = %self.env.path().display(), error = %e, "the metadata log cannot be synced; refusing further changes");
             self.broken = Some(format!("fdatasync: {e}"));
             return self.check();
@@ -500,6 +508,13 @@ impl Wal {
         let crc = crc(&[&record[8..24], &payload]);
         record[4..8].copy_from_slice(&crc.to_le_bytes());
         record.extend_from_slice(&payload);
+        if self.faults.take(crate::faults::DiskFaults::LOG_WRITE) {
+            let _ = self
+                .log
+                .write_all_at(&record[..record.len() / 2], self.offset);
+            let e = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(io("write", &self.path(), e));
+        }
         self.log
             .write_all_at(&record, self.offset)
             .map_err(|e| io("write", &self.path(), e))?;
@@ -608,6 +623,9 @@ impl Wal {
         };
         let settled = started.elapsed();
         let flushed = flushed.and_then(|()| {
+            if self.faults.take(crate::faults::DiskFaults::DATA_FLUSH) {
+                return Err("flushing LMDB: Input/output error (os error 5)".to_string());
+            }
             self.env
                 .force_sync()
                 .map_err(|e| format!("flushing LMDB: {e}"))

@@ -128,7 +128,13 @@ impl Writer {
         {
             return Writer { inner, shard };
         }
-        let (core, tx, rx) = Self::core(store, group_max, transport, may_found, None);
+        let (core, tx, rx) = Self::core(
+            store,
+            group_max,
+            transport,
+            may_found,
+            &StepOptions::default(),
+        );
         let status = core.groups.status();
         let path = engine.path().to_path_buf();
         let name = format!(
@@ -150,13 +156,10 @@ impl Writer {
     /// environment get the same write side from [`Self::for_store`] while
     /// this writer lives. Refused when the environment's write side runs
     /// already.
-    /// `election_tick` fixes this member's election timeout in ticks
-    /// (see [`Groups::set_election_tick`]).
     pub fn stepped(
         store: &ShardStore,
-        group_max: usize,
         transport: Option<Arc<dyn Transport>>,
-        election_tick: Option<usize>,
+        options: &StepOptions,
     ) -> FsResult<(Writer, Stepper)> {
         let engine = store.engine();
         let mut running = engine
@@ -169,7 +172,7 @@ impl Writer {
                 engine.path().display()
             )));
         }
-        let (core, tx, rx) = Self::core(store, group_max, transport, None, election_tick);
+        let (core, tx, rx) = Self::core(store, options.group_max, transport, None, options);
         let inner = Arc::new(Inner {
             tx,
             status: core.groups.status(),
@@ -190,13 +193,16 @@ impl Writer {
         group_max: usize,
         transport: Option<Arc<dyn Transport>>,
         may_found: Option<MayFound>,
-        election_tick: Option<usize>,
+        options: &StepOptions,
     ) -> (Core, mpsc::Sender<Input>, mpsc::Receiver<Input>) {
         let engine = store.engine();
         let copy: Arc<dyn ShardCopy> = Arc::new(Copies(store.sibling(store.shard)));
         let mut groups = Groups::new(store.replica_id, store.tables(), copy, transport, may_found);
-        if let Some(ticks) = election_tick {
+        if let Some(ticks) = options.election_tick {
             groups.set_election_tick(ticks);
+        }
+        if let Some(entries) = options.log_window {
+            groups.set_log_window(entries);
         }
         let core = Core::new(
             engine.env().clone(),
@@ -542,6 +548,28 @@ fn run(mut core: Core, rx: mpsc::Receiver<Input>, commit_delay: Duration) {
         }
     }
     tracing::debug!(env = %core.env.path().display(), "metadata writer stopped");
+}
+
+/// How a stepped write side runs ([`Writer::stepped`]).
+#[derive(Debug, Clone)]
+pub struct StepOptions {
+    /// Mutations in one pass at most.
+    pub group_max: usize,
+    /// Fixes this member's election timeout in ticks
+    /// ([`Groups::set_election_tick`]).
+    pub election_tick: Option<usize>,
+    /// Entries kept below what was applied ([`Groups::set_log_window`]).
+    pub log_window: Option<u64>,
+}
+
+impl Default for StepOptions {
+    fn default() -> StepOptions {
+        StepOptions {
+            group_max: 64,
+            election_tick: None,
+            log_window: None,
+        }
+    }
 }
 
 /// An environment's write side stepped by its caller instead of a thread

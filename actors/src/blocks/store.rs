@@ -601,7 +601,7 @@ impl Index {
             max_readers: 254,
             sync_commit: true,
         };
-        let (env, _) = crate::engine::open_env(dir, &options, crate::clock::Clock::system())?;
+        let (env, _) = crate::engine::open_env(dir, &options, Default::default())?;
         let wtxn = env.write_txn().map_err(lmdb_err)?;
         let (db, meta) = match env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {

@@ -59,6 +59,9 @@ pub(super) struct Group {
     /// When this leader last proposed a change of members: a quorum that
     /// confirmed it before then may not be one of the new members.
     pub(super) members_at: Option<std::time::Instant>,
+    /// Since when a member has waited for a snapshot this leader could not
+    /// make, and its commit then (see `Groups::make_snapshots`).
+    pub(super) snapshot_stuck: Option<(Instant, u64)>,
 }
 
 /// How long a follower of a replicated group may hold committed entries
@@ -73,7 +76,7 @@ pub(super) const APPLY_DELAY: Duration = Duration::from_millis(20);
 /// Committed entries a follower holds at most before it applies them (well
 /// inside the window of entries its log keeps for the others, so a
 /// checkpoint can always write them again).
-const DEFER_MAX: usize = 1024;
+pub(super) const DEFER_MAX: usize = 1024;
 
 /// Entries a member keeps in memory below what it applied, for members
 /// that are behind: a leader's members further behind, and a follower's
@@ -107,6 +110,7 @@ impl Group {
             lease_until: None,
             no_lease_term: 0,
             members_at: None,
+            snapshot_stuck: None,
         };
         group.follow_role(shard);
         group
@@ -267,9 +271,9 @@ impl Group {
         dbs: &[Db],
         txn: &mut RwTxn,
         entries: &[Entry],
-        now: Instant,
+        (now, defer_max): (Instant, usize),
     ) -> FsResult<()> {
-        if entries.is_empty() && !self.deferral_due(now) {
+        if entries.is_empty() && !self.deferral_due(now, defer_max) {
             return Ok(());
         }
         let defer = shard != 0
@@ -284,7 +288,7 @@ impl Group {
             self.deferred_since = Some(now);
         }
         self.deferred.extend_from_slice(entries);
-        if defer && !self.deferral_due(now) {
+        if defer && !self.deferral_due(now, defer_max) {
             return Ok(());
         }
         self.apply_deferred(shard, dbs, txn)
@@ -303,8 +307,8 @@ impl Group {
     }
 
     /// Whether the entries held back must be applied by `now`.
-    pub(super) fn deferral_due(&self, now: Instant) -> bool {
-        self.deferred.len() >= DEFER_MAX
+    pub(super) fn deferral_due(&self, now: Instant, defer_max: usize) -> bool {
+        self.deferred.len() >= defer_max
             || self
                 .deferred_since
                 .is_some_and(|since| now >= since + APPLY_DELAY)
@@ -427,8 +431,9 @@ impl Group {
         Some((committed, log.term(committed).ok()?))
     }
 
-    /// Drops log entries no member needs any more.
-    pub(super) fn compact(&mut self) {
+    /// Drops log entries no member needs any more; `window`: the entries
+    /// kept below what was applied ([`LOG_WINDOW`] but in simulations).
+    pub(super) fn compact(&mut self, window: u64) {
         let applied = self.raw.raft.raft_log.applied;
         let first = raft::Storage::first_index(self.raw.store()).unwrap_or(applied);
         let mut upto = applied;
@@ -438,7 +443,7 @@ impl Group {
                 if *id == self.raw.raft.id {
                     continue;
                 }
-                if applied.saturating_sub(progress.matched) > LOG_WINDOW {
+                if applied.saturating_sub(progress.matched) > window {
                     // A member this far behind (down, or cut off) catches
                     // up by snapshot: the leader does not keep every entry
                     // in memory for it for as long as it is away.
@@ -453,9 +458,9 @@ impl Group {
             }
         } else if self.raw.raft.prs().conf().voters().ids().len() > 1 {
             // A follower may lead later: it keeps a window for the others.
-            upto = applied.saturating_sub(LOG_WINDOW);
+            upto = applied.saturating_sub(window);
         }
-        if upto > first + 64 {
+        if upto > first + 64.min(window) {
             let _ = self.raw.store().mem.wl().compact(upto);
         }
     }

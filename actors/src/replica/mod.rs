@@ -179,6 +179,10 @@ pub struct Groups {
     /// fixed (`set_election_tick`); else raft-rs draws it from 10 to 19 at
     /// each reset with the process's random generator.
     election_tick: Option<usize>,
+    /// Entries a member keeps in memory below what it applied
+    /// ([`group::LOG_WINDOW`]; smaller in simulations, so that members
+    /// catch up by snapshot within a short run).
+    log_window: u64,
 }
 
 /// What the groups wrote in one pass, to make durable before they advance.
@@ -249,7 +253,14 @@ impl Groups {
             logged: false,
             clock: Clock::system(),
             election_tick: None,
+            log_window: group::LOG_WINDOW,
         }
+    }
+
+    /// Keeps `entries` below what was applied (at least 8) instead of
+    /// [`group::LOG_WINDOW`].
+    pub fn set_log_window(&mut self, entries: u64) {
+        self.log_window = entries.max(8);
     }
 
     /// Fixes this member's election timeout at `ticks` (at least 10): the
@@ -710,9 +721,11 @@ impl Groups {
             delete_tail(self.dbs[0], txn, shard)?;
         }
         let now = self.clock.now();
+        // Held back entries stay well inside the window the log keeps.
+        let defer_max = group::DEFER_MAX.min(self.log_window as usize / 2).max(1);
         for (&shard, group) in self.groups.iter_mut() {
             let late = std::mem::take(&mut group.late);
-            group.take_committed(shard, &self.dbs, txn, &late, now)?;
+            group.take_committed(shard, &self.dbs, txn, &late, (now, defer_max))?;
             if group.raw.has_ready() {
                 group.touched = true;
                 let mut rd = group.raw.ready();
@@ -753,7 +766,7 @@ impl Groups {
                     push(&mut self.outbox, shard, message);
                 }
                 let committed = rd.take_committed_entries();
-                group.take_committed(shard, &self.dbs, txn, &committed, now)?;
+                group.take_committed(shard, &self.dbs, txn, &committed, (now, defer_max))?;
                 let entries: Vec<LogEntry> = rd.entries().iter().map(to_log_entry).collect();
                 let hs = rd.hs().map(hard_state);
                 if !rd.entries().is_empty() {
@@ -847,7 +860,7 @@ impl Groups {
         self.answer_committed();
         for group in self.groups.values_mut() {
             if group.touched {
-                group.compact();
+                group.compact(self.log_window);
             }
         }
         self.publish();
@@ -944,29 +957,6 @@ impl Groups {
     /// durable.
     pub fn installing(&self) -> bool {
         !self.installed.is_empty()
-    }
-
-    /// Starts making the snapshots members asked for, of groups whose
-    /// LMDB state is exactly what they applied (no uncommitted change of
-    /// this leader in it). Called after a commit.
-    pub fn make_snapshots(&mut self) {
-        for (&shard, group) in &self.groups {
-            if !group.raw.store().snapshot_wanted() || !group.is_leader() {
-                continue;
-            }
-            let Some((index, term)) = group.snapshot_point() else {
-                continue;
-            };
-            let conf = group.raw.raft.prs().conf().to_conf_state();
-            let inline = self.clock.is_manual();
-            if let Err(e) = group
-                .raw
-                .store()
-                .make(&self.copy, (shard, index, term), conf, inline)
-            {
-                tracing::error!(shard, error = %e, "cannot make a snapshot of the shard");
-            }
-        }
     }
 }
 

@@ -236,3 +236,61 @@ pub fn install(
     );
     Ok(())
 }
+
+/// How long a leader waits, with a member asking for a snapshot it cannot
+/// make and its commit standing still, before it steps down (see
+/// [`super::Groups::make_snapshots`]): an election timeout.
+pub const SNAPSHOT_STUCK: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl super::Groups {
+    /// Starts making the snapshots members asked for, of groups whose
+    /// LMDB state is exactly what they applied (no uncommitted change of
+    /// this leader in it). Called after a commit.
+    ///
+    /// A leader whose LMDB holds changes of its own that are not committed
+    /// makes none; if its commit stays where it is meanwhile, those changes
+    /// wait for the very member that waits for the snapshot (the other
+    /// members down or cut off), and neither would ever move. After
+    /// [`SNAPSHOT_STUCK`] of that it steps down: taking back what it did
+    /// not commit, as any deposed leader does, leaves LMDB at the commit,
+    /// and in its next term it snapshots that (its earlier entries then
+    /// commit and are applied from its log).
+    pub fn make_snapshots(&mut self) {
+        let now = self.clock.now();
+        for (&shard, group) in self.groups.iter_mut() {
+            if !group.raw.store().snapshot_wanted() || !group.is_leader() {
+                group.snapshot_stuck = None;
+                continue;
+            }
+            let Some((index, term)) = group.snapshot_point() else {
+                let committed = group.raw.raft.raft_log.committed;
+                match group.snapshot_stuck {
+                    Some((since, at)) if at == committed => {
+                        if now.saturating_duration_since(since) >= SNAPSHOT_STUCK {
+                            group.snapshot_stuck = None;
+                            tracing::warn!(
+                                shard,
+                                committed,
+                                "a member needs a snapshot this leader cannot make while its uncommitted changes wait for that member; stepping down to take them back"
+                            );
+                            let term = group.raw.raft.term;
+                            group.raw.raft.become_follower(term, raft::INVALID_ID);
+                        }
+                    }
+                    _ => group.snapshot_stuck = Some((now, committed)),
+                }
+                continue;
+            };
+            group.snapshot_stuck = None;
+            let conf = group.raw.raft.prs().conf().to_conf_state();
+            let inline = self.clock.is_manual();
+            if let Err(e) = group
+                .raw
+                .store()
+                .make(&self.copy, (shard, index, term), conf, inline)
+            {
+                tracing::error!(shard, error = %e, "cannot make a snapshot of the shard");
+            }
+        }
+    }
+}

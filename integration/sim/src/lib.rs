@@ -1,19 +1,27 @@
 //! Deterministic simulation of a replicated metadata shard.
 //!
 //! One seed drives a whole run in one thread: 3 to 5 members of one
-//! shard's Raft group, each a real [`Engine`] (LMDB and its log, on
-//! tmpfs) whose write side is stepped by the simulator ([`Stepper`])
-//! instead of a thread, on a manual [`Clock`] of its own; a simulated
-//! network between them (delay, loss, duplication and so reordering,
-//! partitions); and a random workload of namespace operations. Faults are
-//! drawn from the seed: crashes of a member's process (its engine dropped
-//! without a clean stop and opened again, which recovers it from its log),
-//! crashes of its machine (as well, LMDB's pages written since its last
-//! checkpoint are lost, each or not), pauses, partitions, lossy periods
-//! and clock jumps. raft-rs draws its election timeouts from a random
-//! generator of its own: each member's is fixed from the seed instead.
+//! shard's Raft group, each a real [`curvine_actors::engine::Engine`]
+//! (LMDB and its log, on tmpfs) whose write side is stepped by the
+//! simulator (`curvine_actors::writer::Stepper`) instead of a thread, on a
+//! manual [`Clock`] of its own; a simulated network between them (delay,
+//! loss, duplication and so reordering, partitions both ways and one way);
+//! and a random workload of namespace operations. Faults are drawn from
+//! the seed: crashes of a member's process (its engine dropped without a
+//! clean stop and opened again, which recovers it from its log), crashes
+//! of its machine (as well, LMDB's pages written since its last checkpoint
+//! are lost, each or not), crash loops of every member, pauses, partitions,
+//! lossy periods, clock jumps, and disk faults ([`DiskFaults`]: a write of
+//! the log half done then ENOSPC, a failed sync of the log, a failed flush
+//! of LMDB), after which the member's pass fails and its process stops and
+//! starts again, as a node's does (status 74). Each member keeps a log
+//! window the seed draws (8 to 4,096 entries), so members also catch up by
+//! snapshot. raft-rs draws its election timeouts from a random generator
+//! of its own: each member's is fixed from the seed instead, all distinct.
 //!
-//! After the faults heal, the run checks what a user would:
+//! After the faults heal (in some seeds one member stays down until the
+//! shard served: a majority must serve on its own), the run checks what a
+//! user would:
 //!
 //! - every acknowledged create is there and every acknowledged unlink is
 //!   gone (on the leader, and on every member once they agree);
@@ -25,7 +33,7 @@
 //!   simulated time, and every member holds the same names.
 //!
 //! A failing run names its seed; running that seed again (`curvine-sim
-//! --seed N`) is the same run.
+//! --seed N`) is the same run; `CURVINE_SIM_TRACE=1` prints its faults.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::path::Path;
@@ -36,6 +44,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use curvine_actors::clock::Clock;
+use curvine_actors::engine::DiskFaults;
 use curvine_messages::{FileKind, FsError, FsResult, NewInode, ROOT_INO};
 
 mod member;
@@ -88,6 +97,10 @@ pub struct Report {
     pub partitions: usize,
     pub pauses: usize,
     pub clock_jumps: usize,
+    /// Disk faults armed (each fails the member's next pass that meets it).
+    pub disk_faults: usize,
+    /// Passes that failed (the member's process stops and is started again).
+    pub failed_passes: usize,
     pub messages: u64,
     pub dropped: u64,
     /// Simulated time from the end of the faults until the shard served.
@@ -163,6 +176,21 @@ enum Fault {
         member: usize,
         dur: Duration,
     },
+    /// Every member crashes (each its process or its machine), all start
+    /// again after `down`, and `again` later all crash once more (a crash
+    /// loop: an operator or a power supply restarting twice).
+    CrashAll {
+        down: Duration,
+        again: Option<Duration>,
+    },
+    /// Only what the member sends is lost (`outgoing`), or only what it
+    /// receives: a deposed leader then hears its successor before it
+    /// notices it lost its quorum.
+    OneWay {
+        member: usize,
+        outgoing: bool,
+        dur: Duration,
+    },
     Heal {
         member: usize,
     },
@@ -175,6 +203,12 @@ enum Fault {
     ClockJump {
         member: usize,
         by: Duration,
+    },
+    /// The next write or sync of the member's log, or flush of its LMDB
+    /// data file, fails ([`DiskFaults`]).
+    Disk {
+        member: usize,
+        fault: u8,
     },
 }
 
@@ -205,14 +239,23 @@ impl Sim {
             tempfile::Builder::new().prefix("curvine-sim").tempdir()
         }
         .map_err(|e| format!("temporary directory: {e}"))?;
+        let log_window = [8, 16, 64, 4096][rng.gen_range(0..4)];
+        // Election timeouts, distinct: raft-rs draws a new one at each
+        // reset, which breaks ties between candidates; fixed ones that
+        // were equal would tie for ever.
+        let mut ticks: Vec<usize> = (10..20).collect();
+        for i in (1..ticks.len()).rev() {
+            ticks.swap(i, rng.gen_range(0..=i));
+        }
         let mut members = Vec::new();
-        for &id in &ids {
+        for (&id, &election_tick) in ids.iter().zip(&ticks) {
             members.push(Member {
                 id,
                 dir: dir.path().join(format!("m{id}")),
                 clock: Clock::manual(),
                 ahead: Duration::ZERO,
-                election_tick: rng.gen_range(10..20),
+                election_tick,
+                log_window,
                 live: None,
                 paused_until: Duration::ZERO,
                 down_until: None,
@@ -255,7 +298,14 @@ impl Sim {
         while at < active {
             let member = self.rng.gen_range(0..n);
             let fault = match self.rng.gen_range(0..100) {
-                0..=29 => Fault::Crash {
+                0..=4 => Fault::CrashAll {
+                    down: Duration::from_millis(self.rng.gen_range(0..1500)),
+                    again: self
+                        .rng
+                        .gen_bool(0.6)
+                        .then(|| Duration::from_millis(self.rng.gen_range(100..1200))),
+                },
+                5..=29 => Fault::Crash {
                     member,
                     machine: self.rng.gen_bool(0.3),
                     down: Duration::from_millis(self.rng.gen_range(0..2500)),
@@ -264,11 +314,24 @@ impl Sim {
                     member,
                     dur: Duration::from_millis(self.rng.gen_range(100..3000)),
                 },
-                45..=69 => Fault::Partition {
+                45..=54 => Fault::OneWay {
+                    member,
+                    outgoing: self.rng.gen_bool(0.7),
+                    dur: Duration::from_millis(self.rng.gen_range(100..4000)),
+                },
+                55..=69 => Fault::Partition {
                     member,
                     dur: Duration::from_millis(self.rng.gen_range(100..4000)),
                 },
-                70..=84 => Fault::Lossy {
+                70..=79 => Fault::Disk {
+                    member,
+                    fault: [
+                        DiskFaults::LOG_WRITE,
+                        DiskFaults::LOG_SYNC,
+                        DiskFaults::DATA_FLUSH,
+                    ][self.rng.gen_range(0..3)],
+                },
+                80..=89 => Fault::Lossy {
                     loss: self.rng.gen_range(0.0..0.4),
                     dup: self.rng.gen_range(0.0..0.2),
                     dur: Duration::from_millis(self.rng.gen_range(100..3000)),
@@ -295,8 +358,20 @@ impl Sim {
         while self.t < active {
             self.advance(active, true)?;
         }
-        // Heal: every link, every member up and running, no loss.
+        // Heal: every link, every member up and running, no loss; in some
+        // seeds one member stays down until the shard served (a majority
+        // must serve on its own).
         let healed_at = self.t;
+        let away = self
+            .rng
+            .gen_bool(0.4)
+            .then(|| self.rng.gen_range(0..self.members.len()));
+        if let Some(i) = away {
+            let m = &mut self.members[i];
+            m.crash(false, &mut self.rng)
+                .map_err(|e| format!("seed {}: {e}", self.seed))?;
+            m.down_until = None;
+        }
         {
             let mut net = self.net.lock().unwrap();
             net.cut.clear();
@@ -306,7 +381,7 @@ impl Sim {
         self.faults.clear();
         for i in 0..self.members.len() {
             self.members[i].paused_until = Duration::ZERO;
-            if self.members[i].live.is_none() {
+            if self.members[i].live.is_none() && away != Some(i) {
                 self.members[i].down_until = None;
                 let ids = self.ids.clone();
                 let net = self.net.clone();
@@ -333,9 +408,22 @@ impl Sim {
                 probe = Some(self.submit(Kind::Create(format!("probe-{probes}"))));
             }
             if self.t >= deadline {
+                let states: Vec<String> = self
+                    .members
+                    .iter()
+                    .map(|m| match &m.live {
+                        None => format!("{}: down", m.id),
+                        Some(l) => format!(
+                            "{}: {:?}",
+                            m.id,
+                            l.writer.status().lock().unwrap().get(&SHARD)
+                        ),
+                    })
+                    .collect();
                 return Err(self.err(format!(
-                    "the shard does not serve {:?} after the faults healed",
-                    SERVE_BOUND
+                    "the shard does not serve {:?} after the faults healed; members: {}",
+                    SERVE_BOUND,
+                    states.join("; ")
                 )));
             }
             let until = self.t + Duration::from_millis(50);
@@ -344,6 +432,11 @@ impl Sim {
             }
         };
         self.report.served_after = served.saturating_sub(healed_at);
+        if let Some(i) = away {
+            let ids = self.ids.clone();
+            let net = self.net.clone();
+            self.members[i].open(&ids, &net).map_err(|e| self.err(e))?;
+        }
         // Let every member catch up, then check.
         let settle = self.t + Duration::from_secs(3);
         while self.t < settle {
@@ -360,10 +453,12 @@ impl Sim {
         // FNV-1a over the history.
         let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
         for op in &self.ops {
-            let line = format!(
-                "{:?} {} {:?} {:?}",
-                op.kind, op.member, op.invoked, op.result
-            );
+            // Errors by kind: their messages name the run's directory.
+            let result = op
+                .result
+                .as_ref()
+                .map(|(at, r)| (at, r.as_ref().map_err(|e| e.errno())));
+            let line = format!("{:?} {} {:?} {result:?}", op.kind, op.member, op.invoked);
             for b in line.bytes() {
                 digest = (digest ^ b as u64).wrapping_mul(0x0100_0000_01b3);
             }
@@ -460,13 +555,12 @@ impl Sim {
             let Some(live) = m.live.as_mut() else {
                 continue;
             };
-            if let Err(e) = live.stepper.step() {
-                // The process would stop (status 74): a crash.
-                let id = m.id;
+            if live.stepper.step().is_err() {
+                // The process stops (status 74) and is started again.
                 m.crash(false, &mut self.rng)
                     .map_err(|e| format!("seed {}: {e}", self.seed))?;
                 m.down_until = Some(t + Duration::from_millis(100));
-                let _ = (id, e);
+                self.report.failed_passes += 1;
                 continue;
             }
             m.note_checkpoint();
@@ -503,6 +597,23 @@ impl Sim {
                     }
                 }
             }
+            Fault::CrashAll { down, again } => {
+                for i in 0..self.members.len() {
+                    let machine = self.rng.gen_bool(0.3);
+                    let m = &mut self.members[i];
+                    if m.live.is_some() {
+                        m.crash(machine, &mut self.rng)
+                            .map_err(|e| format!("seed {}: {e}", self.seed))?;
+                        self.report.crashes += 1;
+                        self.report.machine_crashes += machine as usize;
+                    }
+                    m.down_until = Some(t + down);
+                }
+                if let Some(again) = again {
+                    let fault = Fault::CrashAll { down, again: None };
+                    self.faults.insert((t + down + again, k), fault);
+                }
+            }
             Fault::Pause { member, dur } => {
                 self.members[member].paused_until = t + dur;
                 self.report.pauses += 1;
@@ -514,6 +625,23 @@ impl Sim {
                     if other != id {
                         net.cut.insert((id, other));
                         net.cut.insert((other, id));
+                    }
+                }
+                drop(net);
+                self.faults.insert((t + dur, k), Fault::Heal { member });
+                self.report.partitions += 1;
+            }
+            Fault::OneWay {
+                member,
+                outgoing,
+                dur,
+            } => {
+                let id = self.members[member].id;
+                let mut net = self.net.lock().unwrap();
+                for &other in &self.ids {
+                    if other != id {
+                        net.cut
+                            .insert(if outgoing { (id, other) } else { (other, id) });
                     }
                 }
                 drop(net);
@@ -539,6 +667,12 @@ impl Sim {
                 let mut net = self.net.lock().unwrap();
                 net.loss = 0.0;
                 net.dup = 0.0;
+            }
+            Fault::Disk { member, fault } => {
+                if let Some(live) = &self.members[member].live {
+                    live.store.engine().faults().arm(fault);
+                    self.report.disk_faults += 1;
+                }
             }
             Fault::ClockJump { member, by } => {
                 self.members[member].ahead += by;

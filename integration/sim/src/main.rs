@@ -27,6 +27,8 @@ struct Total {
     partitions: usize,
     pauses: usize,
     clock_jumps: usize,
+    disk_faults: usize,
+    failed_passes: usize,
     served_after_max: Duration,
     simulated: Duration,
 }
@@ -40,6 +42,8 @@ impl Total {
         self.partitions += r.partitions;
         self.pauses += r.pauses;
         self.clock_jumps += r.clock_jumps;
+        self.disk_faults += r.disk_faults;
+        self.failed_passes += r.failed_passes;
         self.served_after_max = self.served_after_max.max(r.served_after);
         self.simulated += r.simulated;
     }
@@ -133,7 +137,7 @@ fn main() {
     let t = total.lock().unwrap();
     if json {
         println!(
-            "{{\"seeds\": {seeds}, \"from\": {from}, \"members\": {}, \"seconds\": {secs:.1}, \"seeds_per_s\": {:.1}, \"failed\": {}, \"ops\": {}, \"acknowledged\": {}, \"crashes\": {}, \"machine_crashes\": {}, \"partitions\": {}, \"pauses\": {}, \"clock_jumps\": {}, \"served_after_max_s\": {:.3}, \"simulated_s\": {:.0}}}",
+            "{{\"seeds\": {seeds}, \"from\": {from}, \"members\": {}, \"seconds\": {secs:.1}, \"seeds_per_s\": {:.1}, \"failed\": {}, \"ops\": {}, \"acknowledged\": {}, \"crashes\": {}, \"machine_crashes\": {}, \"partitions\": {}, \"pauses\": {}, \"clock_jumps\": {}, \"disk_faults\": {}, \"failed_passes\": {}, \"served_after_max_s\": {:.3}, \"simulated_s\": {:.0}}}",
             settings.members,
             seeds as f64 / secs,
             failed.len(),
@@ -144,12 +148,14 @@ fn main() {
             t.partitions,
             t.pauses,
             t.clock_jumps,
+            t.disk_faults,
+            t.failed_passes,
             t.served_after_max.as_secs_f64(),
             t.simulated.as_secs_f64(),
         );
     } else {
         println!(
-            "{seeds} seeds from {from} in {secs:.1} s ({:.1} seeds/s), {} failed; {} operations ({} acknowledged), {} crashes ({} of the machine), {} partitions, {} pauses, {} clock jumps, {:.0} s simulated; served again within {:?} of the faults healing at most",
+            "{seeds} seeds from {from} in {secs:.1} s ({:.1} seeds/s), {} failed; {} operations ({} acknowledged), {} crashes ({} of the machine), {} partitions, {} pauses, {} clock jumps, {} disk faults ({} failed passes), {:.0} s simulated; served again within {:?} of the faults healing at most",
             seeds as f64 / secs,
             failed.len(),
             t.ops,
@@ -159,6 +165,8 @@ fn main() {
             t.partitions,
             t.pauses,
             t.clock_jumps,
+            t.disk_faults,
+            t.failed_passes,
             t.simulated.as_secs_f64(),
             t.served_after_max,
         );

@@ -13,7 +13,7 @@ use curvine_actors::clock::Clock;
 use curvine_actors::engine::Engine;
 use curvine_actors::replica::{read_group_state, write_group_state, Transport};
 use curvine_actors::store::{ShardIdentity, ShardStore, StoreOptions};
-use curvine_actors::writer::{Inbox, Stepper, Writer};
+use curvine_actors::writer::{Inbox, StepOptions, Stepper, Writer};
 use curvine_messages::wal::GroupState;
 
 use crate::net::{Link, Net};
@@ -34,6 +34,9 @@ pub(crate) struct Member {
     /// How far its clock runs ahead of simulated time (clock jumps).
     pub(crate) ahead: Duration,
     pub(crate) election_tick: usize,
+    /// Entries its log keeps below what it applied (small: members catch
+    /// up by snapshot within a run).
+    pub(crate) log_window: u64,
     pub(crate) live: Option<Live>,
     /// Not stepped before this time (a paused process).
     pub(crate) paused_until: Duration,
@@ -100,8 +103,13 @@ impl Member {
             from: self.id,
             net: net.clone(),
         });
-        let (writer, stepper) = Writer::stepped(&store, 64, Some(link), Some(self.election_tick))
-            .map_err(|e| e.to_string())?;
+        let options = StepOptions {
+            election_tick: Some(self.election_tick),
+            log_window: Some(self.log_window),
+            ..StepOptions::default()
+        };
+        let (writer, stepper) =
+            Writer::stepped(&store, Some(link), &options).map_err(|e| e.to_string())?;
         let inbox = writer.inbox();
         self.live = Some(Live {
             store,

@@ -52,7 +52,7 @@ fn a_thousand_seeded_runs_lose_nothing_acknowledged_and_serve_again() {
     let sum =
         |f: fn(&curvine_sim::Report) -> usize| reports.iter().map(|(_, r)| f(r)).sum::<usize>();
     println!(
-        "{seeds} seeds in {secs:.1} s: {:.1} seeds/s; {} operations ({} acknowledged), {} crashes ({} of the machine), {} partitions, {} pauses, {} clock jumps; served again after the faults within {:?} at most",
+        "{seeds} seeds in {secs:.1} s: {:.1} seeds/s; {} operations ({} acknowledged), {} crashes ({} of the machine), {} partitions, {} pauses, {} clock jumps, {} disk faults ({} failed passes); served again after the faults within {:?} at most",
         seeds as f64 / secs,
         sum(|r| r.ops),
         sum(|r| r.acknowledged),
@@ -61,6 +61,8 @@ fn a_thousand_seeded_runs_lose_nothing_acknowledged_and_serve_again() {
         sum(|r| r.partitions),
         sum(|r| r.pauses),
         sum(|r| r.clock_jumps),
+        sum(|r| r.disk_faults),
+        sum(|r| r.failed_passes),
         reports.iter().map(|(_, r)| r.served_after).max().unwrap_or_default(),
     );
     let failed = failed.lock().unwrap();
@@ -72,6 +74,7 @@ fn a_thousand_seeded_runs_lose_nothing_acknowledged_and_serve_again() {
     );
     // The faults were there to find something.
     assert!(sum(|r| r.machine_crashes) > seeds as usize / 4);
+    assert!(sum(|r| r.failed_passes) > seeds as usize / 4);
     assert!(sum(|r| r.acknowledged) > seeds as usize * 20);
     // The same seed is the same run.
     for (seed, first) in reports.iter().take(8) {
