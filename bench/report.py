@@ -733,6 +733,7 @@ def simulation_section(r, rows, meta):
                      f"{x['seeds']:,}, {x['failed']} failed",
                      x["seeds"] >= 100000 and x["failed"] == 0,
                      f"{x['seeds_per_s']:.0f} seeds/s on 2 threads")
+    r.notes("simulation")
     r.p("")
 
 

@@ -208,16 +208,36 @@ fn lose_unsynced_pages(data: &PathBuf, base: &[u8], seed: u64) {
 /// Where the log's records start: after its two header slots.
 const RECORDS_AT: usize = (64 + 2 * 65536usize).div_ceil(4096) * 4096 * 2;
 
-/// Where the records of a log end: each is `len u32 | crc | epoch | seq`
-/// then `len` bytes; a zero length ends them.
+/// Where the records of a log's epoch (its newest header's) end: each is
+/// `len u32 | crc | epoch u64 | seq u64` then `len` bytes, the first with
+/// seq 1; a zero length, another epoch or a seq out of turn ends them
+/// (records of an earlier epoch may follow: the log starts over at a
+/// checkpoint).
 fn records_end(log: &[u8]) -> usize {
+    let field = |at: usize, n: usize| -> Option<u64> {
+        let b = log.get(at..at + n)?;
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(b);
+        Some(u64::from_le_bytes(v))
+    };
+    // The newest of the two header slots' epochs (magic, then epoch).
+    let epoch = [0, RECORDS_AT / 2]
+        .into_iter()
+        .filter(|&at| log.get(at..at + 7) == Some(&b"CRVNWAL"[..]))
+        .filter_map(|at| field(at + 8, 8))
+        .max();
     let mut end = RECORDS_AT;
+    let mut seq = 1;
     loop {
-        let len = u32::from_le_bytes(log[end..end + 4].try_into().unwrap()) as usize;
-        if len == 0 {
+        let (Some(len), Some(e), Some(s)) = (field(end, 4), field(end + 8, 8), field(end + 16, 8))
+        else {
+            return end;
+        };
+        if len == 0 || Some(e) != epoch || s != seq || end + 24 + len as usize > log.len() {
             return end;
         }
-        end += 24 + len;
+        end += 24 + len as usize;
+        seq += 1;
     }
 }
 

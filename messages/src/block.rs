@@ -632,7 +632,8 @@ pub struct FreeSummary {
 pub enum BlockMsg {
     /// Reserve space for a new block in `tier` (or the fastest with room).
     /// Asked again for a block being written, grows its reservation to
-    /// `size`.
+    /// `size` (a writer that grows it), or is refused as unavailable (a
+    /// copy or fill of a known length: another is writing the block).
     Reserve {
         block: BlockId,
         tier: Option<TierKind>,

@@ -149,6 +149,15 @@ impl BlockState {
         after: Option<(BlockId, u64)>,
     ) -> FsResult<Reservation> {
         if self.reservations.contains_key(&block) {
+            if !grows {
+                // A copy or fill of a known length that finds the block
+                // being written here already (a pull at a file's close and
+                // one of the re-replication at once): the second would
+                // write the same file under the first.
+                return Err(FsError::Unavailable(format!(
+                    "block {block:#x} is being written on this node already"
+                )));
+            }
             let tier = self.grow(block, size)?;
             return Ok(self.reservation(tier, block));
         }

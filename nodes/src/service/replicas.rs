@@ -258,16 +258,34 @@ impl Replicas {
         Ok(fixer.fixed)
     }
 
-    /// Copies a block from another node into this node's store (a replica).
+    /// Copies a block from another node into this node's store (a replica);
+    /// done when a copy of it is committed here, by this pull or another.
     pub async fn pull_block(&self, pull: PullBlock) -> FsResult<()> {
         let id = pull.id;
         if self.blocks.locate(id).is_ok() {
             return Ok(()); // already here (a retried pull)
         }
-        let reservation = self
-            .manager
-            .reserve(id, None, pull.len.max(1), false, None)
-            .await?;
+        // Another pull of this block may be under way here (the one of a
+        // file's close and one of the re-replication): its copy is this
+        // one's, once committed; if it fails, this one copies.
+        let waited = std::time::Instant::now();
+        let reservation = loop {
+            match self
+                .manager
+                .reserve(id, None, pull.len.max(1), false, None)
+                .await
+            {
+                Ok(r) => break r,
+                Err(FsError::Unavailable(why)) if waited.elapsed() < PULL_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if self.blocks.locate(id).is_ok() {
+                        return Ok(());
+                    }
+                    tracing::trace!(block = id, why, "waiting for another copy of the block");
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let path = std::path::PathBuf::from(&reservation.path);
         let copied =
             curvine_wire::data::copy_block(&self.pool, &pull.from, &pull.token, pull.len, &path)
@@ -301,6 +319,9 @@ impl Replicas {
         Ok(())
     }
 }
+
+/// How long a pull waits for another pull of the same block here.
+const PULL_WAIT: Duration = Duration::from_secs(30);
 
 /// An async callback over blocks (a trait so it can borrow its state).
 trait AsyncBlockFn {
