@@ -848,7 +848,7 @@ fn commit_batch(
                     txn.commit().map_err(lmdb_err)?;
                 }
                 groups.settle();
-                wal.set_groups(groups.carry(), groups.speculating());
+                wal.set_groups(groups.carry()?, groups.speculating());
                 // An installed snapshot is durable only with a checkpoint.
                 let epoch = wal.epoch();
                 if groups.installing() {

@@ -434,7 +434,10 @@ impl Group {
     /// Drops log entries no member needs any more; `window`: the entries
     /// kept below what was applied ([`LOG_WINDOW`] but in simulations).
     pub(super) fn compact(&mut self, window: u64) {
-        let applied = self.raw.raft.raft_log.applied;
+        // What LMDB holds: raft-rs counts as applied the entries this pass
+        // learnt committed (`late`), which only the next pass applies;
+        // until then a checkpoint's carry must still find them here.
+        let applied = self.raw.raft.raft_log.applied.min(self.spec_index);
         let first = raft::Storage::first_index(self.raw.store()).unwrap_or(applied);
         let mut upto = applied;
         if self.is_leader() {

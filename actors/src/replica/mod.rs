@@ -883,7 +883,7 @@ impl Groups {
     /// What must be written again right after a checkpoint: the entries
     /// each group has not applied yet and its hard state (the checkpoint
     /// starts the log over).
-    pub fn carry(&self) -> LogRecord {
+    pub fn carry(&self) -> FsResult<LogRecord> {
         let mut record = LogRecord::default();
         for (&shard, group) in &self.groups {
             let hs = hard_state(&group.raw.raft.hard_state());
@@ -894,13 +894,19 @@ impl Groups {
                 continue;
             }
             let entries = if last > applied {
+                // The log must still hold every entry LMDB lacks: a carry
+                // without one would make the checkpoint drop it.
                 group
                     .raw
                     .raft
                     .raft_log
                     .entries(applied + 1, u64::MAX, raft::GetEntriesContext::empty(false))
                     .map(|es| es.iter().map(to_log_entry).collect())
-                    .unwrap_or_default()
+                    .map_err(|e| {
+                        FsError::Io(format!(
+                            "shard {shard}: the entries after {applied}, which LMDB has not applied, are not in the log ({e}); no checkpoint is taken"
+                        ))
+                    })?
             } else {
                 Vec::new()
             };
@@ -910,7 +916,7 @@ impl Groups {
                 hard_state: Some(hs),
             });
         }
-        record
+        Ok(record)
     }
 
     /// Sends what the groups have for other members now (a leader's

@@ -578,6 +578,15 @@ impl Sim {
         let t = self.t;
         if std::env::var_os("CURVINE_SIM_TRACE").is_some() {
             eprintln!("{:.3}s {fault:?}", t.as_secs_f64());
+            for m in &self.members {
+                if let Some(l) = &m.live {
+                    eprintln!(
+                        "    {}: {:?}",
+                        m.id,
+                        l.writer.status().lock().unwrap().get(&SHARD)
+                    );
+                }
+            }
         }
         let k = self.faults.len() as u64 + 1_000_000;
         match fault {

@@ -85,6 +85,14 @@ fn main() {
         }
     }
     if let Some(seed) = one {
+        // One seed replayed: the engines' logs on stderr (RUST_LOG, e.g.
+        // `RUST_LOG=curvine_actors=debug,raft=debug`).
+        if std::env::var_os("RUST_LOG").is_some() {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .init();
+        }
         match run_seed(seed, &settings) {
             Ok(report) => println!("seed {seed} held: {report:?}"),
             Err(e) => {
@@ -173,9 +181,9 @@ fn main() {
     }
     if !failed.is_empty() {
         for e in failed.iter().take(20) {
-            println!("failed: {e}");
+            eprintln!("failed: {e}");
         }
-        println!("replay one with: curvine-sim --seed N");
+        eprintln!("replay one with: curvine-sim --seed N");
         std::process::exit(1);
     }
 }
