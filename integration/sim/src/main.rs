@@ -11,43 +11,9 @@
 //!
 //! Exits 1 naming every failing seed (at most the first 20 are printed).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use curvine_sim::{run_seed, Report, Settings};
-
-/// What the seeds that held did together.
-#[derive(Default)]
-struct Total {
-    ops: usize,
-    acknowledged: usize,
-    crashes: usize,
-    machine_crashes: usize,
-    partitions: usize,
-    pauses: usize,
-    clock_jumps: usize,
-    disk_faults: usize,
-    failed_passes: usize,
-    served_after_max: Duration,
-    simulated: Duration,
-}
-
-impl Total {
-    fn add(&mut self, r: &Report) {
-        self.ops += r.ops;
-        self.acknowledged += r.acknowledged;
-        self.crashes += r.crashes;
-        self.machine_crashes += r.machine_crashes;
-        self.partitions += r.partitions;
-        self.pauses += r.pauses;
-        self.clock_jumps += r.clock_jumps;
-        self.disk_faults += r.disk_faults;
-        self.failed_passes += r.failed_passes;
-        self.served_after_max = self.served_after_max.max(r.served_after);
-        self.simulated += r.simulated;
-    }
-}
+use curvine_sim::{run_seed, run_seeds, Settings};
 
 fn usage() -> ! {
     eprintln!(
@@ -102,52 +68,14 @@ fn main() {
         }
         return;
     }
-    let next = Arc::new(AtomicU64::new(from));
-    let done = Arc::new(AtomicUsize::new(0));
-    let failed: Arc<Mutex<Vec<String>>> = Arc::default();
-    let total: Arc<Mutex<Total>> = Arc::default();
-    let started = Instant::now();
-    let end = from + seeds;
-    let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            let (next, done, failed, total, settings) = (
-                next.clone(),
-                done.clone(),
-                failed.clone(),
-                total.clone(),
-                settings.clone(),
-            );
-            std::thread::spawn(move || loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= end {
-                    break;
-                }
-                match run_seed(seed, &settings) {
-                    Ok(r) => total.lock().unwrap().add(&r),
-                    Err(e) => {
-                        eprintln!("{e}");
-                        failed.lock().unwrap().push(e);
-                    }
-                }
-                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if n % 1000 == 0 {
-                    let secs = started.elapsed().as_secs_f64();
-                    eprintln!("{n} seeds in {secs:.0} s ({:.1} seeds/s)", n as f64 / secs);
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        let _ = w.join();
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let failed = failed.lock().unwrap();
-    let t = total.lock().unwrap();
+    let t = run_seeds(from..from + seeds, threads, &settings, true);
+    let failed = &t.failed;
     if json {
         println!(
-            "{{\"seeds\": {seeds}, \"from\": {from}, \"members\": {}, \"seconds\": {secs:.1}, \"seeds_per_s\": {:.1}, \"failed\": {}, \"ops\": {}, \"acknowledged\": {}, \"crashes\": {}, \"machine_crashes\": {}, \"partitions\": {}, \"pauses\": {}, \"clock_jumps\": {}, \"disk_faults\": {}, \"failed_passes\": {}, \"served_after_max_s\": {:.3}, \"simulated_s\": {:.0}}}",
+            "{{\"seeds\": {seeds}, \"from\": {from}, \"members\": {}, \"seconds\": {:.1}, \"seeds_per_s\": {:.1}, \"failed\": {}, \"ops\": {}, \"acknowledged\": {}, \"crashes\": {}, \"machine_crashes\": {}, \"partitions\": {}, \"pauses\": {}, \"clock_jumps\": {}, \"disk_faults\": {}, \"failed_passes\": {}, \"served_after_max_s\": {:.3}, \"simulated_s\": {:.0}}}",
             settings.members,
-            seeds as f64 / secs,
+            t.elapsed.as_secs_f64(),
+            t.seeds_per_s(),
             failed.len(),
             t.ops,
             t.acknowledged,
@@ -162,22 +90,7 @@ fn main() {
             t.simulated.as_secs_f64(),
         );
     } else {
-        println!(
-            "{seeds} seeds from {from} in {secs:.1} s ({:.1} seeds/s), {} failed; {} operations ({} acknowledged), {} crashes ({} of the machine), {} partitions, {} pauses, {} clock jumps, {} disk faults ({} failed passes), {:.0} s simulated; served again within {:?} of the faults healing at most",
-            seeds as f64 / secs,
-            failed.len(),
-            t.ops,
-            t.acknowledged,
-            t.crashes,
-            t.machine_crashes,
-            t.partitions,
-            t.pauses,
-            t.clock_jumps,
-            t.disk_faults,
-            t.failed_passes,
-            t.simulated.as_secs_f64(),
-            t.served_after_max,
-        );
+        println!("from seed {from}: {}", t.summary());
     }
     if !failed.is_empty() {
         for e in failed.iter().take(20) {
